@@ -1,0 +1,270 @@
+"""A small OpenAI-compatible client shared by every stage (gate, sweep, rollout health checks).
+
+Speaks `/v1/models` and `/v1/chat/completions` (streaming and not), and knows the two server
+flavours we care about: SGLang (`/server_info`, `/metrics` with `sglang:` series, spec-decoding
+details in responses) and llama.cpp (`/props`, `/metrics` with `llamacpp:` series). Streaming
+requests send `Connection: close`: llama.cpp closes the socket after each stream and a reused
+connection then shows spurious disconnects.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from pipeline.errors import TargetError, UsageError
+
+
+@dataclass
+class ChatResult:
+    """One chat completion, with the timings measured on the client."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    latency_s: float
+    ttft_s: float | None = None
+    chunks: int = 0
+    raw: dict[str, Any] = field(default_factory=dict)
+    spec_accept_length: float | None = None
+    spec_verify_ct: int | None = None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Decode rate: output tokens over the time after the first token (whole latency if no stream)."""
+        if not self.completion_tokens:
+            return None
+        span = self.latency_s - (self.ttft_s or 0.0) if self.ttft_s is not None else self.latency_s
+        if self.ttft_s is not None and self.completion_tokens > 1:
+            return (self.completion_tokens - 1) / span if span > 0 else None
+        return self.completion_tokens / self.latency_s if self.latency_s > 0 else None
+
+
+def _extract_spec(obj: dict[str, Any]) -> tuple[float | None, int | None]:
+    """SGLang puts spec-decoding stats in meta_info or, on OpenAI routes, beside usage/choices."""
+    for holder in (obj.get("meta_info"), obj.get("usage"), obj, *(obj.get("choices") or [])):
+        if not isinstance(holder, dict):
+            continue
+        acc = holder.get("spec_accept_length")
+        ct = holder.get("spec_verify_ct")
+        if acc is not None or ct is not None:
+            return (float(acc) if acc is not None else None, int(ct) if ct is not None else None)
+    return None, None
+
+
+class OpenAIClient:
+    """Client for one OpenAI-compatible endpoint, e.g. ``http://127.0.0.1:30000``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        timeout_s: float = 120.0,
+        api_key: str | None = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise UsageError(f"target must be an http(s) URL, got '{base_url}'")
+        self.base_url = base_url.rstrip("/")
+        if self.base_url.endswith("/v1"):
+            self.base_url = self.base_url[:-3]
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers)
+        self._model = model
+        self._kind: str | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> OpenAIClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ discovery
+    def _get(self, path: str) -> httpx.Response:
+        try:
+            return self._http.get(self.base_url + path)
+        except httpx.HTTPError as exc:
+            raise TargetError(f"cannot reach {self.base_url}{path}: {type(exc).__name__}: {exc}") from None
+
+    def list_models(self) -> list[str]:
+        """Model ids from /v1/models; TargetError if the answer is not an OpenAI model list."""
+        resp = self._get("/v1/models")
+        if resp.status_code != 200:
+            raise TargetError(f"{self.base_url}/v1/models answered HTTP {resp.status_code}: not OpenAI-compatible")
+        try:
+            data = resp.json()
+            ids = [str(m["id"]) for m in data["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise TargetError(f"{self.base_url}/v1/models did not return an OpenAI model list") from None
+        return ids
+
+    @property
+    def model(self) -> str:
+        """The model name: as given, else the first (only) one the server lists."""
+        if self._model is None:
+            ids = self.list_models()
+            if not ids:
+                raise TargetError(f"{self.base_url}/v1/models lists no models")
+            self._model = ids[0]
+        return self._model
+
+    def server_kind(self) -> str:
+        """'sglang', 'llamacpp' or 'openai' (anything else that answers /v1/models)."""
+        if self._kind is None:
+            self._kind = "openai"
+            try:
+                if self._http.get(self.base_url + "/server_info").status_code == 200:
+                    self._kind = "sglang"
+                elif self._http.get(self.base_url + "/props").status_code == 200:
+                    self._kind = "llamacpp"
+            except httpx.HTTPError:
+                pass
+        return self._kind
+
+    def server_info(self) -> dict[str, Any] | None:
+        """SGLang's /server_info (None elsewhere)."""
+        try:
+            resp = self._http.get(self.base_url + "/server_info")
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            return None
+
+    def metrics_text(self) -> str | None:
+        """Prometheus text from /metrics, None when the server has none."""
+        try:
+            resp = self._http.get(self.base_url + "/metrics")
+        except httpx.HTTPError:
+            return None
+        return resp.text if resp.status_code == 200 else None
+
+    # ------------------------------------------------------------------ generation
+    def chat(
+        self,
+        messages: list[dict[str, str]] | str,
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        seed: int | None = None,
+        stream: bool = True,
+        extra: dict[str, Any] | None = None,
+    ) -> ChatResult:
+        """One chat completion. Streams by default so TTFT is measured."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "stream": stream,
+        }
+        if top_p is not None:
+            body["top_p"] = top_p
+        if top_k is not None:
+            body["top_k"] = top_k
+        if seed is not None:
+            body["seed"] = seed
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if extra:
+            body.update(extra)
+        url = self.base_url + "/v1/chat/completions"
+        t0 = time.perf_counter()
+        try:
+            if stream:
+                return self._chat_stream(url, body, t0)
+            resp = self._http.post(url, json=body)
+        except httpx.TimeoutException:
+            raise TargetError(f"{url}: request timed out") from None
+        except httpx.HTTPError as exc:
+            raise TargetError(f"{url}: {type(exc).__name__}: {exc}") from None
+        latency = time.perf_counter() - t0
+        if resp.status_code != 200:
+            raise TargetError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
+        try:
+            data = resp.json()
+            choice = data["choices"][0]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise TargetError(f"{url}: response is not an OpenAI chat completion") from None
+        usage = data.get("usage") or {}
+        acc, ct = _extract_spec(data)
+        return ChatResult(
+            text=(choice.get("message") or {}).get("content") or "",
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            latency_s=latency,
+            raw=data,
+            spec_accept_length=acc,
+            spec_verify_ct=ct,
+        )
+
+    def _chat_stream(self, url: str, body: dict[str, Any], t0: float) -> ChatResult:
+        parts: list[str] = []
+        finish: str | None = None
+        usage: dict[str, Any] = {}
+        ttft: float | None = None
+        chunks = 0
+        done = False
+        last: dict[str, Any] = {}
+        acc = ct = None
+        with self._http.stream("POST", url, json=body, headers={"Connection": "close"}) as resp:
+            if resp.status_code != 200:
+                resp.read()
+                raise TargetError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
+            for line in resp.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                try:
+                    obj = json.loads(payload)
+                except ValueError:
+                    raise TargetError(f"{url}: malformed stream chunk: {payload[:120]!r}") from None
+                last = obj
+                if obj.get("usage"):
+                    usage = obj["usage"]
+                a, c = _extract_spec(obj)
+                if a is not None or c is not None:
+                    acc, ct = a, c
+                for choice in obj.get("choices") or []:
+                    delta = (choice.get("delta") or {}).get("content")
+                    if delta:
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                        parts.append(delta)
+                        chunks += 1
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+        latency = time.perf_counter() - t0
+        if not done:
+            raise TargetError(f"{url}: stream ended before [DONE]")
+        text = "".join(parts)
+        return ChatResult(
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=usage.get("prompt_tokens"),
+            completion_tokens=usage.get("completion_tokens"),
+            latency_s=latency,
+            ttft_s=ttft,
+            chunks=chunks,
+            raw={"last_chunk": last, "usage": usage},
+            spec_accept_length=acc,
+            spec_verify_ct=ct,
+        )
