@@ -189,7 +189,9 @@ class EmbeddedServer:
                 return self
             time.sleep(0.2)
         self.stop()
-        raise TargetError(f"embedded engine not ready after {self.cfg.ready_timeout_s:.0f}s ({why}); log {self.log_path}")
+        raise TargetError(
+            f"embedded engine not ready after {self.cfg.ready_timeout_s:.0f}s ({why}); log {self.log_path}"
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
