@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# SSH test hosts for the Ansible rollout, each in its own network namespace.
+#
+#   scripts/testhosts.sh start N [DIR]   # hosts rt1..rtN, state in DIR (default runs/testhosts)
+#   scripts/testhosts.sh stop [DIR]      # stop the sshds this script started, delete the namespaces
+#   scripts/testhosts.sh cut NAME [DIR]  # make host NAME unreachable: link down + its processes killed
+#   scripts/testhosts.sh status [DIR]
+#
+# Host k gets namespace rt<k>, a veth pair 10.231.<k>.1 (root side) <-> 10.231.<k>.2 (namespace side) and
+# an sshd (its own config and host key) listening on 10.231.<k>.2:22. Root logs in with the key DIR/id_ed25519.
+# DIR/hosts.tsv lists "name<TAB>ssh address<TAB>gateway" for the inventory writer (rollout/testbed.py).
+#
+# Differences from production (see docs/rollout.md): the namespaces have their own network stack and
+# hostname view, but share the filesystem and the ONE Docker engine of this machine (the engine socket is
+# a file). Containers run with --network=host in the root namespace, so each test host is given its own
+# container name, port, state dir and the gateway address (10.231.<k>.1) to reach its own server.
+set -euo pipefail
+
+PREFIX=${TESTHOSTS_PREFIX:-rt}
+die() { printf 'testhosts: error: %s\n' "$*" >&2; exit 2; }
+[[ $(id -u) -eq 0 ]] || die "must run as root (ip netns)"
+SSHD=/usr/sbin/sshd
+[[ -x $SSHD ]] || die "$SSHD missing: apt-get install openssh-server (.ci/stages/rollout.sh does)"
+
+start() {
+  local n=$1 dir=$2
+  [[ $n =~ ^[0-9]+$ && $n -ge 1 && $n -le 64 ]] || die "N must be 1..64, got '$n'"
+  mkdir -p "$dir" /run/sshd
+  dir=$(cd "$dir" && pwd)
+  [[ -f $dir/id_ed25519 ]] || ssh-keygen -q -t ed25519 -N '' -C rollout-tests -f "$dir/id_ed25519"
+  [[ -f $dir/ssh_host_ed25519_key ]] || ssh-keygen -q -t ed25519 -N '' -f "$dir/ssh_host_ed25519_key"
+  cp "$dir/id_ed25519.pub" "$dir/authorized_keys"
+  chmod 600 "$dir/authorized_keys" "$dir/id_ed25519" "$dir/ssh_host_ed25519_key"
+  : >"$dir/hosts.tsv"
+  local k
+  for ((k = 1; k <= n; k++)); do
+    local ns=$PREFIX$k ha=vh$PREFIX$k hb=vn$PREFIX$k gw=10.231.$k.1 addr=10.231.$k.2
+    if ! ip netns list | grep -qw "$ns"; then
+      ip netns add "$ns"
+      ip link add "$ha" type veth peer name "$hb"
+      ip link set "$hb" netns "$ns"
+      ip addr add "$gw/30" dev "$ha"
+      ip link set "$ha" up
+      ip netns exec "$ns" ip addr add "$addr/30" dev "$hb"
+      ip netns exec "$ns" ip link set "$hb" up
+      ip netns exec "$ns" ip link set lo up
+    fi
+    cat >"$dir/sshd_$ns.conf" <<EOF
+ListenAddress $addr
+Port 22
+HostKey $dir/ssh_host_ed25519_key
+PidFile $dir/sshd_$ns.pid
+AuthorizedKeysFile $dir/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+StrictModes no
+UsePAM no
+MaxSessions 64
+MaxStartups 64:30:128
+LogLevel ERROR
+EOF
+    if ! { [[ -s $dir/sshd_$ns.pid ]] && kill -0 "$(cat "$dir/sshd_$ns.pid")" 2>/dev/null; }; then
+      ip netns exec "$ns" "$SSHD" -f "$dir/sshd_$ns.conf" -E "$dir/sshd_$ns.log"
+    fi
+    printf '%s\t%s\t%s\n' "$ns" "$addr" "$gw" >>"$dir/hosts.tsv"
+  done
+  # Wait until every sshd accepts a login.
+  local deadline=$((SECONDS + 30))
+  for ((k = 1; k <= n; k++)); do
+    until ssh -q -i "$dir/id_ed25519" -o BatchMode=yes -o StrictHostKeyChecking=no \
+      -o UserKnownHostsFile=/dev/null -o ConnectTimeout=2 "root@10.231.$k.2" true 2>/dev/null; do
+      ((SECONDS < deadline)) || die "sshd in $PREFIX$k not answering (see $dir/sshd_$PREFIX$k.log)"
+      sleep 0.2
+    done
+  done
+  echo "testhosts: $n host(s) up, inventory data in $dir/hosts.tsv"
+}
+
+stop() {
+  local dir=$1 f ns pid
+  shopt -s nullglob
+  for f in "$dir"/sshd_*.pid; do
+    pid=$(cat "$f" 2>/dev/null || true)
+    [[ $pid =~ ^[0-9]+$ ]] && kill "$pid" 2>/dev/null || true
+    rm -f "$f"
+  done
+  for f in "$dir"/sshd_*.conf; do
+    ns=$(basename "$f" .conf); ns=${ns#sshd_}
+    if ip netns list | grep -qw "$ns"; then
+      # Sessions the sshd forked live in the namespace too; they are ours (started through our sshd).
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill "$pid" 2>/dev/null || true; done
+      ip link del "vh$ns" 2>/dev/null || true
+      ip netns del "$ns"
+    fi
+  done
+  echo "testhosts: stopped"
+}
+
+cut() {
+  local ns=$1 dir=$2 pid
+  ip netns list | grep -qw "$ns" || die "no test host '$ns'"
+  ip link set "vh$ns" down
+  for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+  rm -f "$dir/sshd_$ns.pid"
+  echo "testhosts: $ns cut off"
+}
+
+status() {
+  local dir=$1 line ns addr gw
+  [[ -f $dir/hosts.tsv ]] || { echo "testhosts: none"; return 3; }
+  while IFS=$'\t' read -r ns addr gw; do
+    if [[ -s $dir/sshd_$ns.pid ]] && kill -0 "$(cat "$dir/sshd_$ns.pid")" 2>/dev/null; then
+      echo "$ns $addr up"
+    else
+      echo "$ns $addr down"
+    fi
+  done <"$dir/hosts.tsv"
+}
+
+action=${1:-}
+case $action in
+  start) [[ $# -ge 2 ]] || die "usage: $0 start N [DIR]"; start "$2" "${3:-runs/testhosts}" ;;
+  stop) stop "${2:-runs/testhosts}" ;;
+  cut) [[ $# -ge 2 ]] || die "usage: $0 cut NAME [DIR]"; cut "$2" "${3:-runs/testhosts}" ;;
+  status) status "${2:-runs/testhosts}" ;;
+  *) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
