@@ -1,0 +1,311 @@
+"""Locust users for OpenAI-compatible streaming chat completions.
+
+Headless through `python -m loadtests run ...` / `make loadtest`, or with Locust's web UI:
+
+    locust -f loadtests/locustfile.py --host http://127.0.0.1:30000      # + LOADTEST_CONFIG=cfg.json
+
+Per request this fires Locust request events, so the numbers show in Locust's stats, CSV and UI:
+
+* `POST chat`        response_time = end-to-end latency (ms), response_length = output tokens;
+                     failures carry the error class (http_503, timeout, stream_cut, ...)
+* `METRIC TTFT`      time to first token (ms)
+* `METRIC ITL`       every inter-token gap (ms) (`itl_events: mean` -> one mean per request)
+* `METRIC TPOT`      (E2E - TTFT) / (tokens - 1) (ms)
+* `METRIC tokens/s`  output tokens per second of the request (value, not ms)
+* `METRIC output_tokens`  output tokens (value, not ms)
+
+Every process also appends one JSON line per request to `$LOADTEST_OUT/records/<pid>.jsonl`; the
+summary (percentiles over every ITL gap, goodput, length mismatches) is computed from those.
+
+Settings come from the JSON file in `$LOADTEST_CONFIG` (written by `python -m loadtests`), else the
+defaults of `LoadTestConfig`. A watchdog bounds every run by duration and request count, web UI too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import gevent
+import gevent.lock
+import gevent.pool
+import locust.runners
+from locust import LoadTestShape, User, constant, events, task
+from locust.env import Environment
+from locust.runners import LocalRunner, MasterRunner, WorkerRunner
+
+from loadtests.config import LoadTestConfig
+from loadtests.stream import Endpoint, StreamResult, get_json, stream_chat
+from loadtests.workload import RequestSpec, build_requests
+
+# Workers report stats to the master every second (default 3 s) so the watchdog reacts quickly.
+locust.runners.WORKER_REPORT_INTERVAL = 1.0
+
+
+def _load_settings() -> dict[str, Any]:
+    path = os.environ.get("LOADTEST_CONFIG")
+    if path:
+        return json.loads(Path(path).read_text())
+    return {"config": {}}
+
+
+SETTINGS = _load_settings()
+CFG = LoadTestConfig.model_validate(SETTINGS["config"])
+OUT = Path(os.environ.get("LOADTEST_OUT", "runs/locust-ui"))
+
+
+class RequestError(Exception):
+    """A failed request; str() is the error class only, so Locust groups failures by class."""
+
+    def __init__(self, error_class: str, detail: str = "") -> None:
+        super().__init__(error_class)
+        self.error_class = error_class
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.error_class
+
+    def __repr__(self) -> str:
+        return self.error_class
+
+
+class _Process:
+    """Per-process state (created lazily, after Locust's --processes fork)."""
+
+    def __init__(self, env: Environment) -> None:
+        host = CFG.host or env.host
+        if not host:
+            raise RuntimeError("no target: pass --host (there is no default target)")
+        cfg = CFG if CFG.host else CFG.model_copy(update={"host": host.rstrip("/")})
+        self.cfg = cfg
+        self.ep = Endpoint.parse(cfg.host or host, cfg.path)
+        model = SETTINGS.get("model") or cfg.model
+        if not model:
+            status, data = get_json(host, "/v1/models", api_key=cfg.api_key)
+            model = data["data"][0]["id"] if status == 200 and data and data.get("data") else "default"
+        cal = SETTINGS.get("calibration") or {}
+        self.specs: list[RequestSpec] = build_requests(cfg, model, cal.get("words_per_tok", 1.0),
+                                                       cal.get("overhead_toks", 0))
+        self.counter = itertools.count()
+        n_proc = max(1, cfg.processes)
+        self.budget = -(-cfg.max_requests // n_proc)  # ceil: per-process share of the request bound
+        self.issued = 0
+        self.inflight = 0
+        self.max_inflight = max(1, cfg.max_inflight // n_proc)
+        rec_dir = OUT / "records"
+        rec_dir.mkdir(parents=True, exist_ok=True)
+        self.records = open(rec_dir / f"{os.getpid()}.jsonl", "a", buffering=1 << 16)  # noqa: SIM115
+        atexit.register(self.records.close)
+
+    def next_spec(self) -> RequestSpec | None:
+        if self.issued >= self.budget:
+            return None
+        self.issued += 1
+        return self.specs[next(self.counter) % len(self.specs)]
+
+    def write(self, rec: dict[str, Any]) -> None:
+        self.records.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+
+_STATE: _Process | None = None
+_STATE_LOCK = gevent.lock.Semaphore()
+
+
+def _state(env: Environment) -> _Process:
+    global _STATE
+    with _STATE_LOCK:
+        if _STATE is None:
+            _STATE = _Process(env)
+    return _STATE
+
+
+def report(env: Environment, res: StreamResult, spec: RequestSpec, itl_events: str = "each") -> dict[str, Any]:
+    """Fire the Locust events for one request and return its record."""
+    fire = env.events.request.fire
+    e2e_ms = res.e2e * 1000.0
+    n = res.output_tokens
+    if res.ok:
+        fire(request_type="POST", name="chat", response_time=e2e_ms, response_length=n, exception=None, context={})
+        fire(request_type="METRIC", name="TTFT", response_time=(res.ttft or 0.0) * 1000.0, response_length=0,
+             exception=None, context={})
+        if res.itl and itl_events == "each":
+            for gap in res.itl:
+                fire(request_type="METRIC", name="ITL", response_time=gap * 1000.0, response_length=0,
+                     exception=None, context={})
+        elif res.itl and itl_events == "mean":
+            fire(request_type="METRIC", name="ITL", response_time=sum(res.itl) * 1000.0 / len(res.itl),
+                 response_length=0, exception=None, context={})
+        tpot = res.tpot
+        if tpot is not None:
+            fire(request_type="METRIC", name="TPOT", response_time=tpot * 1000.0, response_length=0,
+                 exception=None, context={})
+        fire(request_type="METRIC", name="tokens/s", response_time=res.tokens_per_s or 0.0, response_length=0,
+             exception=None, context={})
+        fire(request_type="METRIC", name="output_tokens", response_time=n, response_length=0, exception=None,
+             context={})
+    else:
+        fire(request_type="POST", name="chat", response_time=e2e_ms, response_length=0,
+             exception=RequestError(res.error or "error", res.detail), context={})
+    rec: dict[str, Any] = {
+        "t": round(res.t_start, 6),
+        "ok": res.ok,
+        "e2e": round(e2e_ms, 4),
+        "n": n,
+        "src": "usage" if res.usage_tokens is not None else "chunks",
+        "chunks": res.chunks,
+        "aout": spec.asked_output,
+        "exact": spec.exact_output,
+    }
+    if res.ok:
+        rec["ttft"] = round((res.ttft or 0.0) * 1000.0, 4)
+        rec["itl"] = [round(g * 1000.0, 4) for g in res.itl]
+        rec["fin"] = res.finish_reason
+    else:
+        rec["err"] = res.error
+        rec["detail"] = res.detail[:200]
+    if res.prompt_tokens is not None:
+        rec["pin"] = res.prompt_tokens
+    if spec.asked_input is not None:
+        rec["ain"] = spec.asked_input
+    return rec
+
+
+class ChatStreamUser(User):
+    """Closed loop (default): one streaming request after another. Rate mode: an arrival generator."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        self.st = _state(self.environment)
+        self.pool = gevent.pool.Pool()
+
+    def on_stop(self) -> None:
+        self.pool.kill(block=False)
+
+    def _one(self, spec: RequestSpec) -> None:
+        st = self.st
+        st.inflight += 1
+        try:
+            res = stream_chat(st.ep, spec.raw, st.cfg.request_timeout_s)
+        finally:
+            st.inflight -= 1
+        st.write(report(self.environment, res, spec, st.cfg.itl_events))
+
+    def _exhausted(self) -> None:
+        runner = self.environment.runner
+        if isinstance(runner, LocalRunner) and self.environment.parsed_options is not None \
+                and self.environment.parsed_options.headless:
+            _stop(self.environment, "max_requests")
+        gevent.sleep(1.0)
+
+    @task
+    def chat(self) -> None:
+        st = self.st
+        if st.cfg.rate is None:
+            spec = st.next_spec()
+            if spec is None:
+                self._exhausted()
+                return
+            self._one(spec)
+            return
+        # Open loop: this user generates rate/users arrivals per second (sum over users = rate).
+        per_user = st.cfg.rate / st.cfg.users  # users are spread over workers; the sum stays `rate`
+        poisson = st.cfg.arrival == "poisson"
+        rng = random.Random()
+        now = time.perf_counter()
+        nxt = now + (rng.expovariate(per_user) if poisson else rng.uniform(0, 1.0 / per_user))
+        while True:
+            delay = nxt - time.perf_counter()
+            if delay > 0:
+                gevent.sleep(delay)
+            spec = st.next_spec()
+            if spec is None:
+                self._exhausted()
+                continue
+            if st.inflight >= st.max_inflight:
+                res = StreamResult(error="dropped", detail="max_inflight reached: arrival not sent",
+                                   t_start=time.time())
+                st.write(report(self.environment, res, spec))
+            else:
+                self.pool.spawn(self._one, spec)
+            nxt += rng.expovariate(per_user) if poisson else 1.0 / per_user
+
+
+def _stop(env: Environment, reason: str) -> None:
+    """Write why the run ended and stop it (headless: quit; web UI: stop the test, keep the UI)."""
+    if env.runner is None or getattr(env, "_lt_stopping", False):
+        return
+    env._lt_stopping = True  # type: ignore[attr-defined]
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "stop_reason.json").write_text(json.dumps({"reason": reason, "at": time.time()}))
+    headless = env.parsed_options is None or env.parsed_options.headless
+    gevent.spawn(env.runner.quit if headless else env.runner.stop)
+
+
+def _watchdog(env: Environment) -> None:
+    cfg = CFG
+    t0 = time.monotonic()
+    hard = cfg.total_duration_s + cfg.stop_timeout_s + 2.0
+    if cfg.step_control:
+        hard = cfg.capacity.max_step_s + 2.0
+    warm_n: int | None = None
+    while True:
+        gevent.sleep(0.2)
+        el = time.monotonic() - t0
+        chat = env.stats.get("chat", "POST")
+        n = chat.num_requests
+        if n >= cfg.max_requests:
+            return _stop(env, "max_requests")
+        if el >= hard:
+            return _stop(env, "duration")
+        if not cfg.step_control:
+            continue
+        cap, slo = cfg.capacity, cfg.slo
+        if el >= cfg.warmup_s and warm_n is None:
+            warm_n = n
+        measured = n - (warm_n or 0) if warm_n is not None else 0
+        if el >= cfg.duration_s and measured >= cap.min_samples:
+            return _stop(env, "step_complete")
+        if el >= cfg.duration_s + 0.5 and el >= cap.max_step_s - 0.5:
+            return _stop(env, "max_step_time")
+        ttft = env.stats.get("TTFT", "METRIC")
+        early_n = max(5, min(cap.min_samples, 20))
+        if el >= cfg.warmup_s and ttft.num_requests >= early_n \
+                and ttft.get_response_time_percentile(0.95) > cap.early_stop_factor * slo.ttft_p95_ms:
+            return _stop(env, "saturated_ttft")
+        if n >= early_n and chat.num_failures / n > max(0.5, 2 * slo.max_error_rate):
+            return _stop(env, "saturated_errors")
+
+
+@events.test_start.add_listener
+def _on_test_start(environment: Environment, **_: Any) -> None:
+    if isinstance(environment.runner, MasterRunner | LocalRunner) and not isinstance(environment.runner, WorkerRunner):
+        environment._lt_stopping = False  # type: ignore[attr-defined]
+        gevent.spawn(_watchdog, environment)
+
+
+@events.quitting.add_listener
+def _on_quitting(environment: Environment, **_: Any) -> None:
+    if _STATE is not None:
+        _STATE.records.flush()
+
+
+if CFG.steps:
+
+    class StepShape(LoadTestShape):
+        """Step ramp from the config's `steps`: hold each user count for its duration, then stop."""
+
+        def tick(self) -> tuple[int, float] | None:
+            t = self.get_run_time()
+            acc = 0.0
+            for s in CFG.steps:
+                acc += s.duration_s
+                if t < acc:
+                    return s.users, s.spawn_rate or CFG.spawn_rate
+            return None

@@ -1,0 +1,294 @@
+"""Run Locust headless in a subprocess and turn its per-request records into our summary.
+
+Locust always runs in a child process (`python -m locust -f loadtests/locustfile.py ...`): importing
+locust monkey-patches the importing process with gevent, and the caller (CLI, tests, the main job)
+must stay clean. The child gets its settings through a JSON file in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtests.config import LoadTestConfig
+from loadtests.stream import ERR_NOT_STREAMING, Endpoint, build_request, get_json, stream_chat
+from loadtests.workload import build_requests, synthetic_prompt
+from pipeline.errors import PipelineError, TargetError, UsageError
+
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PERCENTILES = (50, 90, 95, 99)
+
+
+class RunFailed(PipelineError):
+    """The Locust run itself failed (crash, no results): the report is marked incomplete."""
+
+    exit_code = 2
+
+
+def validate_workload(cfg: LoadTestConfig) -> None:
+    """Build the request pool once with a placeholder model: catches unparseable datasets early."""
+    build_requests(cfg.model_copy(update={"host": cfg.host or "http://127.0.0.1:1"}), "probe", pool=1)
+
+
+def preflight(cfg: LoadTestConfig) -> dict[str, Any]:
+    """Check the target speaks streaming OpenAI chat; return the model and (synthetic) length calibration."""
+    if not cfg.host:
+        raise UsageError("no target: pass --host URL (there is no default target)")
+    try:
+        status, data = get_json(cfg.host, "/v1/models", timeout_s=10.0, api_key=cfg.api_key)
+    except OSError as exc:
+        raise TargetError(f"cannot reach {cfg.host}: {type(exc).__name__}: {exc}") from None
+    if status != 200 or not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise TargetError(f"{cfg.host}/v1/models answered HTTP {status} without a model list: not OpenAI-compatible")
+    ids = [str(m.get("id")) for m in data["data"] if isinstance(m, dict)]
+    model = cfg.model or (ids[0] if ids else None)
+    if not model:
+        raise TargetError(f"{cfg.host}/v1/models lists no models")
+    ep = Endpoint.parse(cfg.host, cfg.path)
+    probe_cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"max_tokens": 4,
+                                                                                   "output_tokens": 4})})
+    spec = build_requests(probe_cfg, model, pool=1)[0]
+    res = stream_chat(ep, spec.raw, timeout_s=min(cfg.request_timeout_s, 60.0))
+    if res.error == ERR_NOT_STREAMING:
+        raise TargetError(f"{cfg.host} does not stream chat completions ({res.detail}); the load test needs SSE")
+    if not res.ok:
+        raise TargetError(f"{cfg.host}: streaming probe request failed: {res.error}: {res.detail[:200]}")
+    info: dict[str, Any] = {"model": model, "models": ids, "probe_usage": res.usage_tokens is not None}
+    if cfg.workload.kind == "synthetic":
+        info["calibration"] = _calibrate(cfg, ep, model)
+    return info
+
+
+def _calibrate(cfg: LoadTestConfig, ep: Endpoint, model: str) -> dict[str, Any]:
+    """Prompt tokens per word and fixed overhead (chat template), from two probes' usage.prompt_tokens."""
+    counts = []
+    for n_words in (16, 256):
+        prompt = synthetic_prompt(random.Random(1), n_words, 0)
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 1,
+                "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
+        res = stream_chat(ep, build_request(ep, body, cfg.api_key), timeout_s=60.0)
+        if res.prompt_tokens is None:
+            return {"words_per_tok": 1.0, "overhead_toks": 0, "calibrated": False,
+                    "why": "server sends no usage.prompt_tokens"}
+        counts.append(res.prompt_tokens)
+    tpw = max(0.2, (counts[1] - counts[0]) / 240.0)
+    overhead = max(0, round(counts[0] - 16 * tpw))
+    return {"words_per_tok": 1.0 / tpw, "overhead_toks": overhead, "calibrated": True}
+
+
+@dataclass
+class LocustOutcome:
+    rc: int
+    stop_reason: str | None
+    wall_s: float
+    log: Path
+
+
+def locust_command(cfg: LoadTestConfig, out: Path, web_ui: bool = False) -> list[str]:
+    """The Locust command line for this config (headless unless web_ui)."""
+    assert cfg.host
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", cfg.host,
+           "--loglevel", "WARNING", "--exit-code-on-error", "0"]
+    if not web_ui:
+        cmd += ["--headless", "--only-summary", "--csv", str(out / "locust"), "--html", str(out / "locust.html")]
+    if cfg.stop_timeout_s:
+        cmd += ["--stop-timeout", f"{math.ceil(cfg.stop_timeout_s)}s"]
+    if not cfg.steps:
+        run_time = cfg.capacity.max_step_s if cfg.step_control else cfg.duration_s
+        cmd += ["-u", str(cfg.users), "-r", f"{cfg.spawn_rate:g}", "-t", f"{math.ceil(run_time)}s"]
+    if cfg.processes > 1:
+        cmd += ["--processes", str(cfg.processes)]
+    return cmd
+
+
+def write_settings(cfg: LoadTestConfig, out: Path, info: dict[str, Any]) -> Path:
+    path = out / "loadtest-settings.json"
+    path.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "model": info.get("model"),
+                                "calibration": info.get("calibration")}, indent=2))
+    return path
+
+
+def child_env(settings: Path, out: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["LOADTEST_CONFIG"] = str(settings.resolve())
+    env["LOADTEST_OUT"] = str(out.resolve())
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def run_locust(cfg: LoadTestConfig, out: Path, info: dict[str, Any]) -> LocustOutcome:
+    """One bounded headless Locust run writing CSV, HTML and per-request records into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    settings = write_settings(cfg, out, info)
+    log = out / "locust.log"
+    bound = (cfg.capacity.max_step_s if cfg.step_control else cfg.total_duration_s) + cfg.stop_timeout_s + 60
+    t0 = time.monotonic()
+    with log.open("wb") as fh:
+        try:
+            proc = subprocess.run(locust_command(cfg, out), env=child_env(settings, out), stdout=fh,
+                                  stderr=subprocess.STDOUT, timeout=bound, cwd=REPO_ROOT, check=False)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = -9
+    reason_file = out / "stop_reason.json"
+    reason = json.loads(reason_file.read_text())["reason"] if reason_file.is_file() else None
+    if reason is None and rc == 0:
+        reason = "duration" if not cfg.steps else "shape_complete"
+    return LocustOutcome(rc, reason, time.monotonic() - t0, log)
+
+
+# ---------------------------------------------------------------------------------------------- summary
+def load_records(out: Path) -> list[dict[str, Any]]:
+    recs: list[dict[str, Any]] = []
+    for f in sorted((out / "records").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            if line.strip():
+                recs.append(json.loads(line))
+    recs.sort(key=lambda r: r["t"])
+    return recs
+
+
+def dist(values: list[float] | np.ndarray) -> dict[str, float | int | None]:
+    """count, mean, p50/p90/p95/p99, max of a sample (None when empty)."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        return {"count": 0, "mean": None, **{f"p{p}": None for p in PERCENTILES}, "max": None}
+    out: dict[str, float | int | None] = {"count": int(arr.size), "mean": round(float(arr.mean()), 4)}
+    for p, v in zip(PERCENTILES, np.percentile(arr, PERCENTILES), strict=True):
+        out[f"p{p}"] = round(float(v), 4)
+    out["max"] = round(float(arr.max()), 4)
+    return out
+
+
+def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig) -> dict[str, Any]:
+    """Our summary of a run's records (requests started during warm-up left out)."""
+    if not recs:
+        return {"requests": {"total": 0, "ok": 0, "failed": 0}, "measured": False}
+    t_first = recs[0]["t"]
+    measured = [r for r in recs if r["t"] >= t_first + cfg.warmup_s]
+    ok = [r for r in measured if r["ok"]]
+    errors: dict[str, int] = {}
+    for r in measured:
+        if not r["ok"]:
+            errors[r["err"]] = errors.get(r["err"], 0) + 1
+    t0 = min((r["t"] for r in measured), default=t_first)
+    t1 = max((r["t"] + r["e2e"] / 1000.0 for r in measured), default=t0)
+    window = max(t1 - t0, 1e-9)
+    itl_all = [g for r in ok for g in r["itl"]]
+    tpot = [(r["e2e"] - r["ttft"]) / (r["n"] - 1) for r in ok if r["n"] > 1]
+    tps = [r["n"] / (r["e2e"] / 1000.0) for r in ok if r["e2e"] > 0]
+    slo = cfg.slo
+
+    def good(r: dict[str, Any]) -> bool:
+        if not r["ok"] or r["ttft"] > slo.ttft_p95_ms:
+            return False
+        return not r["itl"] or float(np.percentile(r["itl"], 95)) <= slo.itl_p95_ms
+
+    n_good = sum(1 for r in ok if good(r))
+    total = len(measured)
+    error_rate = (total - len(ok)) / total if total else 1.0
+    ttft = dist([r["ttft"] for r in ok])
+    itl = dist(itl_all)
+    tol = cfg.workload.length_tolerance
+    out_mismatch = [r for r in ok if (r["exact"] and abs(r["n"] - r["aout"]) > tol * r["aout"]) or r["n"] > r["aout"]]
+    with_in = [r for r in ok if "ain" in r and "pin" in r]
+    in_mismatch = [r for r in with_in if abs(r["pin"] - r["ain"]) > tol * r["ain"]]
+    checks = {
+        "ttft_p95": {"value_ms": ttft["p95"], "slo_ms": slo.ttft_p95_ms,
+                     "ok": ttft["p95"] is not None and ttft["p95"] <= slo.ttft_p95_ms},
+        "itl_p95": {"value_ms": itl["p95"], "slo_ms": slo.itl_p95_ms,
+                    "ok": itl["p95"] is None or itl["p95"] <= slo.itl_p95_ms},
+        "error_rate": {"value": round(error_rate, 4), "max": slo.max_error_rate,
+                       "ok": error_rate <= slo.max_error_rate},
+    }
+    return {
+        "measured": True,
+        "warmup_s": cfg.warmup_s,
+        "window_s": round(window, 3),
+        "requests": {"total": total, "ok": len(ok), "failed": total - len(ok), "errors": errors,
+                     "warmup_excluded": len(recs) - total},
+        "error_rate": round(error_rate, 4),
+        "ttft_ms": ttft,
+        "itl_ms": itl,
+        "tpot_ms": dist(tpot),
+        "e2e_ms": dist([r["e2e"] for r in ok]),
+        "output_len": dist([r["n"] for r in ok]),
+        "request_tok_per_s": dist(tps),
+        "throughput": {
+            "requests_per_s": round(len(ok) / window, 4),
+            "output_tok_per_s": round(sum(r["n"] for r in ok) / window, 3),
+            "goodput_requests_per_s": round(n_good / window, 4),
+            "good_requests": n_good,
+        },
+        "length_source": {"usage": sum(1 for r in ok if r["src"] == "usage"),
+                               "counted_chunks": sum(1 for r in ok if r["src"] == "chunks")},
+        "lengths": {
+            "output_asked_mean": round(float(np.mean([r["aout"] for r in ok])), 2) if ok else None,
+            "output_received_mean": round(float(np.mean([r["n"] for r in ok])), 2) if ok else None,
+            "output_mismatches": len(out_mismatch),
+            "input_asked_mean": round(float(np.mean([r["ain"] for r in with_in])), 2) if with_in else None,
+            "input_received_mean": round(float(np.mean([r["pin"] for r in with_in])), 2) if with_in else None,
+            "input_mismatches": len(in_mismatch),
+            "tolerance": tol,
+        },
+        "slo": {"met": all(c["ok"] for c in checks.values()) and len(ok) > 0, "checks": checks},
+    }
+
+
+def finished_ok(outcome: LocustOutcome, recs: list[dict[str, Any]]) -> str | None:
+    """None when the Locust run ended normally with results; else why the report is incomplete."""
+    if outcome.rc == -9:
+        return f"Locust did not finish within its bound; log {outcome.log}"
+    if outcome.rc != 0:
+        tail = outcome.log.read_text(errors="replace").strip().splitlines()[-3:]
+        return f"Locust exited with code {outcome.rc}: {' | '.join(tail)[:400]}"
+    if not recs:
+        return f"Locust ran but recorded no requests; log {outcome.log}"
+    return None
+
+
+def run_loadtest(cfg: LoadTestConfig, out: Path, info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Preflight (unless `info` given), one Locust run, summary. Raises RunFailed for an incomplete run.
+
+    Writes into `out`: locust_stats.csv & co (Locust's CSV), locust.html, records/*.jsonl, summary.json.
+    """
+    from pipeline.reports import write_json
+
+    validate_workload(cfg)
+    info = info or preflight(cfg)
+    outcome = run_locust(cfg, out, info)
+    recs = load_records(out)
+    problem = finished_ok(outcome, recs)
+    summary: dict[str, Any] = {
+        "complete": problem is None,
+        "host": cfg.host,
+        "model": info.get("model"),
+        "load": ({"mode": "rate", "rate": cfg.rate, "arrival": cfg.arrival, "generators": cfg.users}
+                 if cfg.rate is not None else
+                 {"mode": "steps", "steps": [s.model_dump() for s in cfg.steps]} if cfg.steps else
+                 {"mode": "users", "users": cfg.users}),
+        "processes": cfg.processes,
+        "duration_s": cfg.total_duration_s,
+        "stop_reason": outcome.stop_reason,
+        "wall_s": round(outcome.wall_s, 2),
+        "calibration": info.get("calibration"),
+        "files": {"locust_csv": "locust_stats.csv", "locust_html": "locust.html", "records": "records/"},
+    }
+    if problem is not None:
+        summary["error"] = problem
+        write_json(out / "summary.json", summary)
+        raise RunFailed(problem)
+    summary.update(summarize(recs, cfg))
+    write_json(out / "summary.json", summary)
+    return summary
