@@ -1,0 +1,160 @@
+"""Typed gate configuration. Every default lives here; deployment files override subsets.
+
+A deployment file is YAML with a top-level ``gate:`` section (or the keys at top level), e.g.::
+
+    gate:
+      temperatures: [0, 0.6, 0.8, 1.0]
+      thresholds: {loop_min_repeats: 10}
+      spec: {min_accept_length: 2.5}
+
+See ``validation/profiles/`` for the shipped per-deployment overrides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.config import StrictModel, load_config, read_yaml
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+DEFAULT_SUITE = PACKAGE_DIR / "prompts" / "suite-v1.yaml"
+
+
+class DetectorThresholds(StrictModel):
+    """Limits of the garbage detectors (see validation/detectors.py)."""
+
+    disabled: list[str] = Field(default_factory=list, description="detector names to skip")
+    min_chars: int = Field(default=1, ge=1)
+    # char_run: longest allowed run of one character, by class
+    max_letter_run: int = Field(default=8, ge=2)
+    max_digit_run: int = Field(default=24, ge=2)
+    max_symbol_run: int = Field(default=5, ge=2)
+    max_bracket_run: int = Field(default=6, ge=2)
+    max_rule_run: int = Field(default=80, ge=2)
+    max_zero_run: int = Field(default=120, ge=2)
+    max_space_run: int = Field(default=200, ge=2)
+    skip_code_for_runs: bool = True
+    # ngram_loop: a block of <= loop_max_period tokens repeated >= loop_min_repeats times in a row,
+    # covering >= loop_min_tokens tokens
+    loop_max_period: int = Field(default=40, ge=1)
+    loop_min_repeats: int = Field(default=4, ge=2)
+    loop_min_tokens: int = Field(default=24, ge=2)
+    # token_soup
+    lexicon_size: int = Field(default=200_000, ge=1000)
+    soup_min_words: int = Field(default=8, ge=1)
+    max_unknown_word_rate: float = Field(default=0.2, gt=0, le=1)
+    max_glued_words: int = Field(default=1, ge=0)
+    max_glued_rate: float = Field(default=0.1, ge=0, le=1)
+    # bad_chars / script_salad
+    max_bad_chars: int = Field(default=0, ge=0)
+    max_mixed_script_words: int = Field(default=1, ge=0)
+    max_scripts: int = Field(default=4, ge=1)
+    script_min_share: float = Field(default=0.05, gt=0, le=1)
+    # collapse
+    collapse_min_words: int = Field(default=30, ge=4)
+    collapse_tail_fraction: float = Field(default=0.35, gt=0, lt=1)
+    collapse_max_symbol_share: float = Field(default=0.35, gt=0, le=1)
+
+    @field_validator("disabled")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        known = {"empty", "char_run", "ngram_loop", "token_soup", "bad_chars", "script_salad", "collapse"}
+        unknown = sorted(set(v) - known)
+        if unknown:
+            raise ValueError(f"unknown detector(s) {unknown}; known: {sorted(known)}")
+        return v
+
+
+class SamplingConfig(StrictModel):
+    """Sampling settings sent with every suite request (part of the suite config)."""
+
+    top_p: float | None = Field(default=0.95, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    extra: dict[str, Any] = Field(default_factory=dict, description="extra request body keys")
+
+
+class DeterminismConfig(StrictModel):
+    enabled: bool = True
+    prompt_ids: list[str] = Field(default_factory=lambda: ["factual", "code"])
+    repeats: int = Field(default=3, ge=2, le=64)
+    concurrent: int = Field(default=4, ge=2, le=256)
+
+
+class VariationConfig(StrictModel):
+    enabled: bool = True
+    temperature: float = Field(default=0.8, gt=0)
+    prompt_ids: list[str] = Field(default_factory=lambda: ["poem"])
+    seeds: list[int] = Field(default_factory=lambda: [11, 22, 33])
+    min_distinct: int = Field(default=2, ge=2)
+    check_seed_reproducible: bool = True
+
+    @model_validator(mode="after")
+    def _enough_seeds(self) -> VariationConfig:
+        if self.enabled and len(set(self.seeds)) < self.min_distinct:
+            raise ValueError(f"variation needs at least min_distinct={self.min_distinct} distinct seeds")
+        return self
+
+
+class SpecConfig(StrictModel):
+    """Speculative-decoding floors (SGLang: accept length per verify step; llama.cpp: accepted drafts)."""
+
+    enabled: str = Field(default="auto", pattern="^(auto|on|off)$",
+                         description="auto: on when the server reports speculative decoding")
+    min_accept_length: float = Field(default=1.5, ge=1.0)
+    min_accept_rate: float = Field(default=0.0, ge=0, le=1)
+
+
+class LosslessConfig(StrictModel):
+    baseline: str | None = Field(default=None, description="baseline JSON from `record-baseline`")
+    require_identical: bool = True
+    min_identical_fraction: float = Field(default=1.0, ge=0, le=1)
+
+
+class GateConfig(StrictModel):
+    """The whole gate. Defaults are what an SGLang production deployment is gated with."""
+
+    suite: str = str(DEFAULT_SUITE)
+    temperatures: list[float] = Field(default_factory=lambda: [0.0, 0.6, 0.8, 1.0])
+    seed: int = 1234
+    max_tokens: int | None = Field(default=None, ge=1, description="overrides every prompt's max_tokens")
+    concurrency: int = Field(default=4, ge=1, le=256)
+    request_timeout_s: float = Field(default=120.0, gt=0)
+    model: str | None = None
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    thresholds: DetectorThresholds = Field(default_factory=DetectorThresholds)
+    determinism: DeterminismConfig = Field(default_factory=DeterminismConfig)
+    variation: VariationConfig = Field(default_factory=VariationConfig)
+    spec: SpecConfig = Field(default_factory=SpecConfig)
+    lossless: LosslessConfig = Field(default_factory=LosslessConfig)
+    # finish / usage sanity
+    allowed_finish_reasons: list[str] = Field(default_factory=lambda: ["stop", "length"])
+
+    @field_validator("temperatures")
+    @classmethod
+    def _temps(cls, v: list[float]) -> list[float]:
+        if not v:
+            raise ValueError("at least one temperature")
+        if any(t < 0 or t > 5 for t in v):
+            raise ValueError("temperatures must be within [0, 5]")
+        return v
+
+    @field_validator("suite")
+    @classmethod
+    def _suite_exists(cls, v: str) -> str:
+        p = Path(v)
+        if not p.is_absolute() and not p.exists() and (PACKAGE_DIR / v).exists():
+            p = PACKAGE_DIR / v
+        if not p.is_file():
+            raise ValueError(f"prompt suite not found: {v}")
+        return str(p)
+
+
+def load_gate_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> GateConfig:
+    """Defaults <- file (its `gate:` section, or top level) <- overrides."""
+    section = None
+    if path is not None and "gate" in read_yaml(path):
+        section = "gate"
+    return load_config(GateConfig, path, overrides, section=section)

@@ -1,0 +1,395 @@
+"""The pre-promotion gate: run the prompt suite against a target and judge every answer.
+
+    result = run_gate("http://127.0.0.1:30000", load_gate_config("deploy.yaml"), out_dir="runs/gate")
+    result.passed  -> bool; result.cases -> named checks; reports written into out_dir
+
+Checks (each its own JUnit case, grouped by temperature where that applies):
+  request_errors, finish_usage, <detector>@T<t> for every garbage detector, determinism_sequential,
+  determinism_concurrent, variation_distinct, seed_reproducible, spec_accept_length, lossless_t0,
+  throughput (recorded, informational).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.client import ChatResult, OpenAIClient
+from pipeline.errors import PipelineError, TargetError, UsageError
+from pipeline.reports import Case, write_html, write_json, write_junit
+from validation.config import GateConfig
+from validation.detectors import DETECTORS, Finding, score_text
+from validation.spec import SpecReading, read_spec_metrics
+from validation.suite import Prompt, Suite, load_suite
+
+
+@dataclass
+class Sample:
+    """One generation and its verdicts."""
+
+    prompt_id: str
+    temperature: float
+    seed: int | None
+    purpose: str  # suite | determinism-seq | determinism-conc | variation | reproduce
+    max_tokens: int
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float = 0.0
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    error: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+    spec_accept_length: float | None = None
+    draft_n: int | None = None
+    draft_accepted: int | None = None
+
+    @property
+    def label(self) -> str:
+        s = f"{self.prompt_id}@T{self.temperature:g}"
+        return s + (f"/seed{self.seed}" if self.seed is not None and self.temperature > 0 else "")
+
+
+@dataclass
+class GateResult:
+    target: str
+    model: str
+    server_kind: str
+    passed: bool
+    cases: list[Case]
+    samples: list[Sample]
+    summary: dict[str, Any]
+    out_dir: Path | None = None
+
+    @property
+    def failed_cases(self) -> list[Case]:
+        return [c for c in self.cases if not c.ok and not c.skipped]
+
+
+def quote(text: str, limit: int = 160) -> str:
+    t = text.replace("\n", "⏎")
+    return repr(t[:limit] + ("…" if len(t) > limit else ""))
+
+
+class Gate:
+    """Runs the suite against one target with one config."""
+
+    def __init__(self, target: str, cfg: GateConfig, console: Console | None = None) -> None:
+        self.cfg = cfg
+        self.client = OpenAIClient(target, model=cfg.model, timeout_s=cfg.request_timeout_s)
+        self.console = console or Console(stderr=True)
+        self.suite: Suite = load_suite(cfg.suite)
+        for pid in [*cfg.determinism.prompt_ids, *cfg.variation.prompt_ids]:
+            try:
+                self.suite.get(pid)
+            except KeyError:
+                raise UsageError(f"config names prompt '{pid}' which is not in suite {cfg.suite}") from None
+
+    # ------------------------------------------------------------------ requests
+    def _generate(self, p: Prompt, temperature: float, seed: int | None, purpose: str) -> Sample:
+        cfg = self.cfg
+        max_tokens = cfg.max_tokens or p.max_tokens
+        s = Sample(p.id, temperature, seed, purpose, max_tokens)
+        extra = dict(cfg.sampling.extra)
+        if self.kind == "sglang":
+            extra.setdefault("return_spec_tokens_details", True)
+        try:
+            r: ChatResult = self.client.chat(
+                p.messages(), max_tokens=max_tokens, temperature=temperature,
+                top_p=cfg.sampling.top_p if temperature > 0 else None,
+                top_k=cfg.sampling.top_k if temperature > 0 else None,
+                seed=seed, stream=True, extra=extra or None,
+            )
+        except TargetError as exc:
+            s.error = str(exc)
+            return s
+        s.text, s.finish_reason = r.text, r.finish_reason
+        s.prompt_tokens, s.completion_tokens = r.prompt_tokens, r.completion_tokens
+        s.latency_s, s.ttft_s, s.tokens_per_s = r.latency_s, r.ttft_s, r.tokens_per_s
+        s.spec_accept_length = r.spec_accept_length
+        timings = (r.raw.get("last_chunk") or {}).get("timings") or r.raw.get("timings") or {}
+        if "draft_n" in timings:
+            s.draft_n, s.draft_accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+        s.findings = score_text(s.text, cfg.thresholds)
+        return s
+
+    def _run_all(self, jobs: list[tuple[Prompt, float, int | None, str]], progress: Progress, label: str,
+                 workers: int | None = None) -> list[Sample]:
+        task = progress.add_task(label, total=len(jobs))
+        out: list[Sample] = []
+        with ThreadPoolExecutor(max_workers=workers or self.cfg.concurrency) as pool:
+            for s in pool.map(lambda j: self._generate(*j), jobs):
+                out.append(s)
+                progress.advance(task)
+        return out
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> GateResult:
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        model = self.client.model  # raises TargetError when unreachable / not OpenAI / no model
+        self.kind = self.client.server_kind()
+        spec_before = read_spec_metrics(self.client, self.kind)
+        samples: list[Sample] = []
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=self.console, transient=False) as progress:
+            jobs = [(p, t, cfg.seed, "suite") for t in cfg.temperatures for p in self.suite.prompts]
+            samples += self._run_all(jobs, progress, "suite")
+            if cfg.determinism.enabled:
+                for pid in cfg.determinism.prompt_ids:
+                    p = self.suite.get(pid)
+                    seq = [(p, 0.0, cfg.seed, "determinism-seq")] * cfg.determinism.repeats
+                    samples += self._run_all(seq, progress, f"determinism {pid} sequential", workers=1)
+                    conc = [(p, 0.0, cfg.seed, "determinism-conc")] * cfg.determinism.concurrent
+                    samples += self._run_all(conc, progress, f"determinism {pid} concurrent",
+                                             workers=cfg.determinism.concurrent)
+            if cfg.variation.enabled:
+                v = cfg.variation
+                jobs = [(self.suite.get(pid), v.temperature, s, "variation") for pid in v.prompt_ids for s in v.seeds]
+                if v.check_seed_reproducible:
+                    jobs += [(self.suite.get(pid), v.temperature, v.seeds[0], "reproduce") for pid in v.prompt_ids]
+                samples += self._run_all(jobs, progress, "variation")
+        spec_after = read_spec_metrics(self.client, self.kind)
+        cases = self._judge(samples, spec_before, spec_after)
+        passed = all(c.ok or c.skipped for c in cases)
+        ok_samples = [s for s in samples if not s.error]
+        summary = {
+            "verdict": "PASS" if passed else "FAIL",
+            "target": self.client.base_url,
+            "model": model,
+            "server_kind": self.kind,
+            "suite": f"{Path(cfg.suite).name} (v{self.suite.version})",
+            "temperatures": cfg.temperatures,
+            "requests": len(samples),
+            "request_errors": sum(1 for s in samples if s.error),
+            "checks": len(cases),
+            "failed_checks": [c.name for c in cases if not c.ok and not c.skipped],
+            "duration_s": round(time.perf_counter() - t_start, 2),
+            "median_ttft_s": _median(s.ttft_s for s in ok_samples),
+            "median_tokens_per_s": _median(s.tokens_per_s for s in ok_samples),
+            "spec": spec_after.as_dict() if spec_after else None,
+        }
+        return GateResult(self.client.base_url, model, self.kind, passed, cases, samples, summary)
+
+    # ------------------------------------------------------------------ judging
+    def _judge(self, samples: list[Sample], spec_before: SpecReading | None,
+               spec_after: SpecReading | None) -> list[Case]:
+        cfg = self.cfg
+        cases: list[Case] = []
+        errs = [s for s in samples if s.error]
+        err_msg = "; ".join(f"{s.label}: {s.error}" for s in errs[:5])
+        cases.append(Case("request_errors", "transport", not errs, err_msg or f"{len(samples)} requests ok",
+                          {"errors": [asdict(s) for s in errs[:20]]}))
+        good = [s for s in samples if not s.error]
+        bad_fu = []
+        for s in good:
+            why = []
+            if s.finish_reason not in cfg.allowed_finish_reasons:
+                why.append(f"finish_reason={s.finish_reason!r}")
+            if not s.completion_tokens:
+                why.append(f"usage.completion_tokens={s.completion_tokens!r}")
+            elif s.finish_reason == "length" and s.completion_tokens != s.max_tokens:
+                why.append(f"finish_reason=length but {s.completion_tokens} tokens != max_tokens {s.max_tokens}")
+            elif s.completion_tokens > s.max_tokens:
+                why.append(f"{s.completion_tokens} tokens > max_tokens {s.max_tokens}")
+            if not s.prompt_tokens:
+                why.append(f"usage.prompt_tokens={s.prompt_tokens!r}")
+            if why:
+                bad_fu.append(f"{s.label}: {', '.join(why)}")
+        cases.append(Case("finish_usage", "sanity", not bad_fu, "; ".join(bad_fu[:8]) or "finish_reason and usage sane",
+                          {"problems": bad_fu}))
+        # Garbage detectors, one case per detector and temperature over every sample at that temperature.
+        temps = sorted({s.temperature for s in good})
+        for t in temps:
+            at_t = [s for s in good if s.temperature == t]
+            for det in DETECTORS:
+                if det in cfg.thresholds.disabled:
+                    cases.append(Case(f"{det}@T{t:g}", "coherence", True, "disabled by config", skipped=True))
+                    continue
+                hits = [(s, f) for s in at_t for f in s.findings if f.check == det]
+                msg = "; ".join(f"{s.label}: {f.reason} — {f.excerpt or quote(s.text)}" for s, f in hits[:6])
+                cases.append(Case(f"{det}@T{t:g}", "coherence", not hits,
+                                  msg or f"{len(at_t)} answers clean",
+                                  {"offending": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt,
+                                                  "text": s.text[:2000]} for s, f in hits]}))
+        if cfg.determinism.enabled:
+            for purpose, name in (("determinism-seq", "determinism_sequential"),
+                                  ("determinism-conc", "determinism_concurrent")):
+                msgs, ok = [], True
+                for pid in cfg.determinism.prompt_ids:
+                    texts = [s.text for s in good if s.purpose == purpose and s.prompt_id == pid]
+                    base = [s.text for s in good if s.purpose == "suite" and s.prompt_id == pid and s.temperature == 0]
+                    texts = base + texts
+                    distinct = list(dict.fromkeys(texts))
+                    if len(texts) < 2:
+                        ok = False
+                        msgs.append(f"{pid}: too few successful repeats")
+                    elif len(distinct) > 1:
+                        ok = False
+                        msgs.append(f"{pid}: {len(distinct)} different T=0 answers in {len(texts)}: "
+                                    + " vs ".join(quote(d, 80) for d in distinct[:3]))
+                cases.append(Case(name, "determinism", ok, "; ".join(msgs) or "identical T=0 answers"))
+        if cfg.variation.enabled:
+            v = cfg.variation
+            msgs, ok = [], True
+            for pid in v.prompt_ids:
+                texts = [s.text for s in good if s.purpose == "variation" and s.prompt_id == pid]
+                if len(set(texts)) < v.min_distinct:
+                    ok = False
+                    msgs.append(f"{pid}: only {len(set(texts))} distinct answers from seeds {v.seeds} "
+                                f"at T={v.temperature}")
+            cases.append(Case("variation_distinct", "variation", ok, "; ".join(msgs) or "seeds give different answers"))
+            if v.check_seed_reproducible:
+                msgs, ok = [], True
+                for pid in v.prompt_ids:
+                    first = [s.text for s in good if s.purpose == "variation" and s.prompt_id == pid
+                             and s.seed == v.seeds[0]]
+                    again = [s.text for s in good if s.purpose == "reproduce" and s.prompt_id == pid]
+                    if not first or not again or first[0] != again[0]:
+                        ok = False
+                        msgs.append(f"{pid}: same seed {v.seeds[0]} gave different answers: "
+                                    + " vs ".join(quote(t, 80) for t in first[:1] + again[:1]))
+                cases.append(Case("seed_reproducible", "variation", ok, "; ".join(msgs) or "same seed, same answer"))
+        cases.append(self._spec_case(good, spec_before, spec_after))
+        if cfg.lossless.baseline:
+            cases.append(lossless_case(good, cfg.lossless.baseline, self.client.model, cfg))
+        tps = [s.tokens_per_s for s in good if s.tokens_per_s]
+        ttft = [s.ttft_s for s in good if s.ttft_s is not None]
+        cases.append(Case("throughput", "performance", True,
+                          f"median TTFT {_fmt(_median(ttft))} s, median decode {_fmt(_median(tps))} tok/s over "
+                          f"{len(good)} requests (recorded, not gated)",
+                          {"ttft_s": ttft, "tokens_per_s": tps}))
+        return cases
+
+    def _spec_case(self, good: list[Sample], before: SpecReading | None, after: SpecReading | None) -> Case:
+        cfg = self.cfg.spec
+        per_req = [s.spec_accept_length for s in good if s.spec_accept_length is not None]
+        drafted = [(s.completion_tokens or 0, s.draft_accepted or 0) for s in good if s.draft_n]
+        lengths = list(per_req)
+        for toks, acc in drafted:
+            steps = toks - acc
+            if steps > 0:
+                lengths.append(toks / steps)
+        server_len = after.accept_length if after else None
+        reported = bool(lengths) or server_len is not None
+        if cfg.enabled == "off" or (cfg.enabled == "auto" and not reported):
+            return Case("spec_accept_length", "speculative", True,
+                        "server reports no speculative decoding" if not reported else "disabled", skipped=True)
+        if not reported:
+            return Case("spec_accept_length", "speculative", False,
+                        "spec.enabled=on but the server reports no accept length (responses, /server_info, /metrics)")
+        mean = statistics.fmean(lengths) if lengths else server_len
+        assert mean is not None
+        rate = None
+        if drafted:
+            total_draft = sum(s.draft_n or 0 for s in good)
+            rate = sum(a for _, a in drafted) / total_draft if total_draft else 0.0
+        ok = mean >= cfg.min_accept_length and (rate is None or rate >= cfg.min_accept_rate)
+        msg = (f"mean accept length {mean:.2f} tokens/step (floor {cfg.min_accept_length})"
+               + (f", draft accept rate {rate:.0%} (floor {cfg.min_accept_rate:.0%})" if rate is not None else "")
+               + (f", server {server_len:.2f}" if server_len is not None else ""))
+        dist = {"min": min(lengths), "p50": statistics.median(lengths), "max": max(lengths)} if lengths else {}
+        return Case("spec_accept_length", "speculative", ok, msg,
+                    {"per_request": lengths, "distribution": dist, "server": after.as_dict() if after else None,
+                     "server_before": before.as_dict() if before else None})
+
+
+def lossless_case(good: list[Sample], baseline_path: str, model: str, cfg: GateConfig) -> Case:
+    """T=0 answers must equal those recorded from the non-speculative deployment."""
+    try:
+        base = json.loads(Path(baseline_path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read baseline {baseline_path}: {exc}") from None
+    if base.get("model") != model:
+        raise UsageError(f"baseline {baseline_path} was recorded for model {base.get('model')!r}, "
+                         f"target serves {model!r}")
+    if Path(base.get("suite", "")).name != Path(cfg.suite).name:
+        raise UsageError(f"baseline suite {base.get('suite')} differs from gate suite {Path(cfg.suite).name}")
+    ref: dict[str, str] = base["answers"]
+    mine = {s.prompt_id: s.text for s in good if s.purpose == "suite" and s.temperature == 0}
+    diffs = []
+    for pid, text in ref.items():
+        got = mine.get(pid)
+        if got is None:
+            diffs.append(f"{pid}: no T=0 answer")
+        elif got != text:
+            i = next((k for k, (a, b) in enumerate(zip(got, text, strict=False)) if a != b), min(len(got), len(text)))
+            diffs.append(f"{pid}: diverges at char {i}: got {quote(got[max(0, i - 20):i + 60], 90)} "
+                         f"baseline {quote(text[max(0, i - 20):i + 60], 90)}")
+    same = 1 - len(diffs) / max(1, len(ref))
+    ok = not diffs if cfg.lossless.require_identical else same >= cfg.lossless.min_identical_fraction
+    return Case("lossless_t0", "speculative", ok,
+                "; ".join(diffs[:5]) or f"{len(ref)} T=0 answers identical to baseline",
+                {"identical_fraction": same, "diffs": diffs})
+
+
+def _median(xs: Iterable[float | None]) -> float | None:
+    v = [x for x in xs if x is not None]
+    return round(statistics.median(v), 4) if v else None
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def write_reports(result: GateResult, out_dir: str | Path, cfg: GateConfig) -> dict[str, Path]:
+    """report.json, junit.xml, report.html (+ samples.jsonl) in out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result.out_dir = out
+    samples = [{**asdict(s), "findings": [asdict(f) for f in s.findings]} for s in result.samples]
+    paths = {
+        "json": write_json(out / "report.json", {"summary": result.summary, "config": cfg.model_dump(mode="json"),
+                                                  "cases": result.cases, "samples": samples}),
+        "junit": write_junit(out / "junit.xml", "validation", result.cases),
+        "html": write_html(out / "report.html", f"Validation gate — {result.model}", verdict=result.summary["verdict"],
+                           summary={k: v for k, v in result.summary.items() if k != "spec"}, cases=result.cases,
+                           tables=[("Answers at each temperature", ["prompt", "T", "tokens", "tok/s", "findings",
+                                                                    "text"],
+                                    [[s.prompt_id, s.temperature, s.completion_tokens, _fmt(s.tokens_per_s),
+                                      ", ".join(f.check for f in s.findings) or "-", s.text[:300]]
+                                     for s in result.samples if s.purpose == "suite"])]),
+    }
+    with open(out / "samples.jsonl", "w", encoding="utf-8") as fh:
+        for s in samples:
+            fh.write(json.dumps(s) + "\n")
+    return paths
+
+
+def print_summary(result: GateResult, console: Console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"gate {result.summary['verdict']} — {result.model} @ {result.target}", show_lines=False)
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("detail", overflow="fold")
+    for c in result.cases:
+        res = "[dim]skip[/]" if c.skipped else ("[green]pass[/]" if c.ok else "[bold red]FAIL[/]")
+        table.add_row(c.name, res, c.message if not c.ok or c.skipped else c.message[:100])
+    console.print(table)
+
+
+def run_gate(target: str, cfg: GateConfig, out_dir: str | Path | None = None,
+             console: Console | None = None, on_result: Callable[[GateResult], None] | None = None) -> GateResult:
+    """Run the gate, write reports when out_dir is given, print the summary table."""
+    console = console or Console(stderr=True)
+    try:
+        result = Gate(target, cfg, console).run()
+    except PipelineError:
+        raise
+    if out_dir is not None:
+        write_reports(result, out_dir, cfg)
+    print_summary(result, console)
+    if on_result:
+        on_result(result)
+    return result
