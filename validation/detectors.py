@@ -148,13 +148,12 @@ def word_stats(text: str, lexicon_size: int) -> WordStats:
         return WordStats("en", 0, 0, [], [])
     lowered = [w.lower() for w in words]
     best_lang, best_known = "en", -1
+    # Pick the language by its most common words (large lists of one language hold many words of others).
     for lang in LANGS:
-        lex = _lexicon(lang, lexicon_size)
+        lex = _lexicon(lang, 5000)
         known = sum(1 for w in lowered if w in lex)
         if known > best_known:
             best_lang, best_known = lang, known
-        if lang == "en" and known >= 0.9 * len(lowered):
-            break
     unknown_words: list[str] = []
     glued: list[str] = []
     for w in words:

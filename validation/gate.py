@@ -127,10 +127,17 @@ class Gate:
                  workers: int | None = None) -> list[Sample]:
         task = progress.add_task(label, total=len(jobs))
         out: list[Sample] = []
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers or self.cfg.concurrency) as pool:
             for s in pool.map(lambda j: self._generate(*j), jobs):
                 out.append(s)
                 progress.advance(task)
+                if not self.console.is_terminal:  # CI logs: one line per answer instead of a live bar
+                    flags = ",".join(f.check for f in s.findings) or ("error" if s.error else "ok")
+                    self.console.print(f"[{label}] {len(out)}/{len(jobs)} {s.label}: {s.completion_tokens} tokens "
+                                       f"in {s.latency_s:.1f}s ({flags})", highlight=False)
+        if not self.console.is_terminal:
+            self.console.print(f"[{label}] done in {time.perf_counter() - t0:.1f}s", highlight=False)
         return out
 
     # ------------------------------------------------------------------ main

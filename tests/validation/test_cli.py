@@ -1,0 +1,117 @@
+"""The gate's command line: output contracts and bad input (one line, exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = Path(__file__).with_name("corpus.jsonl")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "validation", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert p.returncode == 2, p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_check_text_scores_corpus_one_json_line_each() -> None:
+    p = run_cli("check-text", str(CORPUS))
+    assert p.returncode == 1  # the corpus holds garbled texts
+    rows = [json.loads(x) for x in p.stdout.splitlines()]
+    labels = {json.loads(x)["id"]: json.loads(x)["label"] for x in CORPUS.read_text().splitlines()}
+    assert [r["id"] for r in rows] == list(labels)
+    assert all(set(r) == {"id", "ok", "reasons"} for r in rows)
+    assert all(r["ok"] == (labels[r["id"]] == "ok") for r in rows)
+
+
+def test_check_text_all_clean_exits_zero(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({"id": 1, "text": "Paris is the capital of France."}) + "\n")
+    p = run_cli("check-text", str(f))
+    assert p.returncode == 0 and json.loads(p.stdout) == {"id": 1, "ok": True, "reasons": []}
+
+
+def test_check_text_missing_file() -> None:
+    assert_one_line_error(run_cli("check-text", "/no/such.jsonl"), "file not found")
+
+
+def test_check_text_bad_line(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"id": 1, "text": "ok"}\nnot json\n')
+    p = run_cli("check-text", str(f))
+    assert_one_line_error(p, ":2: not a JSON object")
+    assert p.stdout == ""
+
+
+def test_run_unreachable_target() -> None:
+    assert_one_line_error(run_cli("run", "--target", "http://127.0.0.1:9", "--out", "/tmp/x-unreach"),
+                          "cannot reach")
+
+
+def test_run_not_a_url() -> None:
+    assert_one_line_error(run_cli("run", "--target", "localhost:8080"), "http(s) URL")
+
+
+def test_run_bad_config(tmp_path: Path) -> None:
+    c = tmp_path / "c.yaml"
+    c.write_text("gate:\n  thresholds: {nope: 1}\n")
+    assert_one_line_error(run_cli("run", "--target", "http://127.0.0.1:9", "--config", str(c)), "unknown key")
+
+
+def test_usage_error_is_exit_2() -> None:
+    assert_one_line_error(run_cli("run"), "--target")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    body: bytes = b""
+    status = 200
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *a: object) -> None:
+        pass
+
+
+@pytest.fixture
+def http_server() -> Iterator[tuple[str, type[_Handler]]]:
+    handler = type("H", (_Handler,), {})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", handler
+    srv.shutdown()
+
+
+def test_run_not_openai_server(http_server: tuple[str, type[_Handler]]) -> None:
+    url, h = http_server
+    h.status, h.body = 404, b"<html>nginx</html>"
+    assert_one_line_error(run_cli("run", "--target", url), "not OpenAI-compatible")
+
+
+def test_run_empty_model_list(http_server: tuple[str, type[_Handler]]) -> None:
+    url, h = http_server
+    h.status, h.body = 200, b'{"object": "list", "data": []}'
+    assert_one_line_error(run_cli("run", "--target", url), "lists no models")
+
+
+def test_run_garbage_model_list(http_server: tuple[str, type[_Handler]]) -> None:
+    url, h = http_server
+    h.status, h.body = 200, b'{"hello": 1}'
+    assert_one_line_error(run_cli("run", "--target", url), "did not return an OpenAI model list")

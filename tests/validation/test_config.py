@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import UsageError
+from validation.config import GateConfig, load_gate_config
+
+PROFILES = sorted((Path(__file__).resolve().parents[2] / "validation" / "profiles").glob("*.yaml"))
+
+
+def test_defaults() -> None:
+    cfg = GateConfig()
+    assert cfg.temperatures == [0.0, 0.6, 0.8, 1.0]
+    assert cfg.thresholds.max_symbol_run == 5
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
+def test_shipped_profiles_load(path: Path) -> None:
+    load_gate_config(path)
+
+
+def test_override_subset_keeps_other_defaults(tmp_path: Path) -> None:
+    p = tmp_path / "d.yaml"
+    p.write_text("gate:\n  thresholds: {loop_min_repeats: 9}\n  temperatures: [0, 1]\n")
+    cfg = load_gate_config(p)
+    assert cfg.thresholds.loop_min_repeats == 9
+    assert cfg.thresholds.max_symbol_run == 5
+    assert cfg.temperatures == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("gate:\n  temperatures: [0, 9]\n", "temperatures"),
+        ("gate:\n  thresholds: {max_char: 3}\n", "thresholds.max_char: unknown key"),
+        ("gate:\n  thresholds: {max_symbol_run: -1}\n", "thresholds.max_symbol_run"),
+        ("gate:\n  spec: {enabled: maybe}\n", "spec.enabled"),
+        ("gate:\n  suite: /nope.yaml\n", "prompt suite not found"),
+        ("gate:\n  determinism: {prompt_ids: []}\n  concurrency: 0\n", "concurrency"),
+        ("gate: [1, 2\n", "not valid YAML"),
+        ("- a\n- b\n", "top level must be a mapping"),
+    ],
+)
+def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, needle: str) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(UsageError) as exc:
+        load_gate_config(p)
+    msg = str(exc.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_missing_config_file() -> None:
+    with pytest.raises(UsageError, match="config file not found"):
+        load_gate_config("/no/such/file.yaml")

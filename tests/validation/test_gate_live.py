@@ -1,0 +1,57 @@
+"""The gate against the real embedded model: passes its real output, rejects forced-degenerate output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.embedded import EmbeddedServer
+from validation.config import load_gate_config
+from validation.gate import run_gate
+
+pytestmark = pytest.mark.integration
+PROFILE = Path(__file__).resolve().parents[2] / "validation" / "profiles" / "embedded.yaml"
+
+
+def test_gate_passes_embedded_model_at_every_temperature(embedded_target: EmbeddedServer, tmp_path: Path) -> None:
+    cfg = load_gate_config(PROFILE)
+    assert cfg.temperatures == [0.0, 0.6, 0.8, 1.0]
+    result = run_gate(embedded_target.url, cfg, out_dir=tmp_path)
+    assert result.passed, [(c.name, c.message) for c in result.failed_cases]
+    names = {c.name for c in result.cases}
+    for t in ("0", "0.6", "0.8", "1"):
+        assert {f"char_run@T{t}", f"token_soup@T{t}", f"ngram_loop@T{t}"} <= names
+    assert {"determinism_sequential", "determinism_concurrent", "variation_distinct", "finish_usage"} <= names
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["summary"]["verdict"] == "PASS" and report["summary"]["model"] == "smollm2-135m-instruct"
+    assert (tmp_path / "junit.xml").is_file() and (tmp_path / "report.html").is_file()
+
+
+def _degenerate_cfg(extra: dict) -> object:
+    return load_gate_config(PROFILE, {"temperatures": [1.0], "determinism": {"enabled": False},
+                                      "variation": {"enabled": False}, "max_tokens": 48,
+                                      "sampling": {"top_p": 1.0, "top_k": 0, "extra": extra}})
+
+
+def test_gate_rejects_huge_temperature_soup(embedded_target: EmbeddedServer, tmp_path: Path) -> None:
+    # No top-p / top-k / min-p cut and a temperature of 8: the real engine emits token soup.
+    cfg = _degenerate_cfg({"temperature": 8.0, "min_p": 0.0})
+    result = run_gate(embedded_target.url, cfg, out_dir=tmp_path)
+    assert not result.passed
+    failed = {c.name for c in result.failed_cases}
+    assert "token_soup@T1" in failed, failed
+    soup = next(c for c in result.cases if c.name == "token_soup@T1")
+    assert "not words of" in soup.message or "glued" in soup.message
+
+
+def test_gate_rejects_forced_single_token(embedded_target: EmbeddedServer, tmp_path: Path) -> None:
+    # Logit bias forces token 17 ("!") every step, the seeds' "The.r!!!!!!!!" failure.
+    cfg = _degenerate_cfg({"logit_bias": {"17": 100}})
+    result = run_gate(embedded_target.url, cfg, out_dir=tmp_path)
+    assert not result.passed
+    failed = {c.name for c in result.failed_cases}
+    assert "char_run@T1" in failed, failed
+    msg = next(c for c in result.cases if c.name == "char_run@T1").message
+    assert "'!'" in msg and "!!!!" in msg
