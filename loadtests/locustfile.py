@@ -255,9 +255,14 @@ def _watchdog(env: Environment) -> None:
     if cfg.step_control:
         hard = cfg.capacity.max_step_s + 2.0
     warm_n: int | None = None
+    reset_done = cfg.warmup_s <= 0
     while True:
         gevent.sleep(0.2)
         el = time.monotonic() - t0
+        if not reset_done and el >= cfg.warmup_s:
+            # Warm-up over: Locust's own stats (CSV, HTML, early-stop checks) start afresh, like ours.
+            env.stats.reset_all()
+            reset_done = True
         chat = env.stats.get("chat", "POST")
         n = chat.num_requests
         if n >= cfg.max_requests:
@@ -268,9 +273,11 @@ def _watchdog(env: Environment) -> None:
             continue
         cap, slo = cfg.capacity, cfg.slo
         if el >= cfg.warmup_s and warm_n is None:
-            warm_n = n
-        measured = n - (warm_n or 0) if warm_n is not None else 0
-        if el >= cfg.duration_s and measured >= cap.min_samples:
+            warm_n = 0  # stats were just reset
+        measured = n if warm_n is not None else 0
+        # Locust counts completions; our summary counts requests *started* after warm-up: keep a margin.
+        margin = cfg.users + (int(cfg.rate) + 1 if cfg.rate else 0)
+        if el >= cfg.duration_s and measured >= cap.min_samples + margin:
             return _stop(env, "step_complete")
         if el >= cfg.duration_s + 0.5 and el >= cap.max_step_s - 0.5:
             return _stop(env, "max_step_time")
@@ -288,6 +295,17 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
     if isinstance(environment.runner, MasterRunner | LocalRunner) and not isinstance(environment.runner, WorkerRunner):
         environment._lt_stopping = False  # type: ignore[attr-defined]
         gevent.spawn(_watchdog, environment)
+
+
+@events.test_stopping.add_listener
+def _on_test_stopping(environment: Environment, **_: Any) -> None:
+    """Mark the end of the measurement: requests still running now finish during the stop timeout
+    while Locust shuts down (which can stall this process), so the summary leaves them out."""
+    if not isinstance(environment.runner, WorkerRunner):
+        OUT.mkdir(parents=True, exist_ok=True)
+        stop_at = OUT / "stop_at.json"
+        if not stop_at.exists():
+            stop_at.write_text(json.dumps({"at": time.time()}))
 
 
 @events.quitting.add_listener

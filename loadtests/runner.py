@@ -171,12 +171,23 @@ def dist(values: list[float] | np.ndarray) -> dict[str, float | int | None]:
     return out
 
 
-def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig) -> dict[str, Any]:
-    """Our summary of a run's records (requests started during warm-up left out)."""
+def stop_time(out: Path) -> float | None:
+    """Wall-clock time the run began stopping (written by the locustfile), None if unknown."""
+    f = out / "stop_at.json"
+    return float(json.loads(f.read_text())["at"]) if f.is_file() else None
+
+
+def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig, stop_at: float | None = None) -> dict[str, Any]:
+    """Our summary of a run's records.
+
+    Left out: requests started during warm-up, and requests still running when the run began to
+    stop (they end during Locust's shutdown, which can stall the client and distort their timings).
+    """
     if not recs:
         return {"requests": {"total": 0, "ok": 0, "failed": 0}, "measured": False}
     t_first = recs[0]["t"]
-    measured = [r for r in recs if r["t"] >= t_first + cfg.warmup_s]
+    in_window = [r for r in recs if stop_at is None or r["t"] + r["e2e"] / 1000.0 <= stop_at]
+    measured = [r for r in in_window if r["t"] >= t_first + cfg.warmup_s]
     ok = [r for r in measured if r["ok"]]
     errors: dict[str, int] = {}
     for r in measured:
@@ -184,6 +195,8 @@ def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig) -> dict[str, Any]
             errors[r["err"]] = errors.get(r["err"], 0) + 1
     t0 = min((r["t"] for r in measured), default=t_first)
     t1 = max((r["t"] + r["e2e"] / 1000.0 for r in measured), default=t0)
+    if stop_at is not None:
+        t1 = max(t1, stop_at)
     window = max(t1 - t0, 1e-9)
     itl_all = [g for r in ok for g in r["itl"]]
     tpot = [(r["e2e"] - r["ttft"]) / (r["n"] - 1) for r in ok if r["n"] > 1]
@@ -217,7 +230,7 @@ def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig) -> dict[str, Any]
         "warmup_s": cfg.warmup_s,
         "window_s": round(window, 3),
         "requests": {"total": total, "ok": len(ok), "failed": total - len(ok), "errors": errors,
-                     "warmup_excluded": len(recs) - total},
+                     "warmup_excluded": len(in_window) - total, "after_stop_excluded": len(recs) - len(in_window)},
         "error_rate": round(error_rate, 4),
         "ttft_ms": ttft,
         "itl_ms": itl,
@@ -254,7 +267,7 @@ def finished_ok(outcome: LocustOutcome, recs: list[dict[str, Any]]) -> str | Non
         tail = outcome.log.read_text(errors="replace").strip().splitlines()[-3:]
         return f"Locust exited with code {outcome.rc}: {' | '.join(tail)[:400]}"
     if not recs:
-        return f"Locust ran but recorded no requests; log {outcome.log}"
+        return f"Locust ran but recorded no requests (target too slow for the run's duration?); log {outcome.log}"
     return None
 
 
@@ -289,6 +302,6 @@ def run_loadtest(cfg: LoadTestConfig, out: Path, info: dict[str, Any] | None = N
         summary["error"] = problem
         write_json(out / "summary.json", summary)
         raise RunFailed(problem)
-    summary.update(summarize(recs, cfg))
+    summary.update(summarize(recs, cfg, stop_time(out)))
     write_json(out / "summary.json", summary)
     return summary
