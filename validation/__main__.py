@@ -3,6 +3,7 @@
   python -m validation run --target URL [--config FILE] [--out DIR] [--model NAME] [--temperatures 0,0.8]
   python -m validation check-text FILE.jsonl [--config FILE]
   python -m validation record-baseline --target URL --out FILE.json [--config FILE]
+  python -m validation sweep --grid GRID.yaml [--host embedded|BASELINE_URL] [--out DIR]
 
 Exit codes: 0 pass, 1 fail, 2 usage error or unreachable target.
 """
@@ -104,6 +105,18 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from validation.sweep import load_sweep_config, run_sweep, sweep_overrides
+
+    cfg = load_sweep_config(args.grid, sweep_overrides(args.host))
+    out = Path(args.out) if args.out else new_run_dir("runs", "sweep")
+    summary = run_sweep(cfg, out, Console(stderr=True))
+    best = summary["recommendation"]
+    print(json.dumps({"recommendation": best["cell"] if best else None, "settings": best["settings"] if best else None,
+                      "passed": summary["passed"], "cells": summary["cells"], "out": str(out)}))
+    return EXIT_OK if best else EXIT_FAIL
+
+
 @cli_main
 def main(argv: list[str] | None = None) -> int:
     ap = _Parser(prog="python -m validation", description="Pre-promotion validation gate.")
@@ -123,8 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", required=True)
     b.add_argument("--config")
     b.add_argument("--model")
+    w = sub.add_parser("sweep", help="gate a grid of speculative configurations and recommend one")
+    w.add_argument("--grid", required=True, help="YAML with a `sweep:` section (see validation/grids/)")
+    w.add_argument("--host", help="'embedded' (default) or the baseline URL for an endpoints grid")
+    w.add_argument("--out")
     args = ap.parse_args(argv)
-    return {"run": cmd_run, "check-text": cmd_check_text, "record-baseline": cmd_record_baseline}[args.cmd](args)
+    return {"run": cmd_run, "check-text": cmd_check_text, "record-baseline": cmd_record_baseline,
+            "sweep": cmd_sweep}[args.cmd](args)
 
 
 if __name__ == "__main__":

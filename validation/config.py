@@ -108,9 +108,57 @@ class SpecConfig(StrictModel):
 
 
 class LosslessConfig(StrictModel):
+    enabled: bool = True
     baseline: str | None = Field(default=None, description="baseline JSON from `record-baseline`")
     require_identical: bool = True
     min_identical_fraction: float = Field(default=1.0, ge=0, le=1)
+
+
+class QualityConfig(StrictModel):
+    """Exact-answer smoke set at T=0 (validation/quality/make_quality_set.py generates it)."""
+
+    enabled: bool = True
+    dataset: str = str(PACKAGE_DIR / "quality" / "quality-v1.jsonl")
+    max_tokens: int = Field(default=16, ge=1)
+    min_accuracy: float = Field(default=0.8, ge=0, le=1)
+    baseline_accuracy: float | None = Field(default=None, ge=0, le=1, description="recorded on the baseline")
+    band: float = Field(default=0.1, ge=0, le=1)
+
+    @field_validator("dataset")
+    @classmethod
+    def _exists(cls, v: str) -> str:
+        if not Path(v).is_file():
+            raise ValueError(f"quality dataset not found: {v}")
+        return v
+
+
+class LongCopyConfig(StrictModel):
+    """Verbatim copy of a long never-seen passage at T=0: catches KV / prefix-cache corruption."""
+
+    enabled: bool = True
+    passage_words: int = Field(default=2400, ge=50, description="about 1.3 tokens per word")
+    max_tokens: int = Field(default=4096, ge=16)
+    seed: int = 7
+    min_span_fraction: float = Field(default=0.9, ge=0, le=1)
+    min_agreement: float = Field(default=0.95, ge=0, le=1)
+
+
+class SpeedConfig(StrictModel):
+    """Output tok/s and TTFT against the non-speculative baseline, alternating requests."""
+
+    concurrency: list[int] = Field(default_factory=lambda: [1, 8])
+    rounds: int = Field(default=4, ge=1)
+    max_tokens: int = Field(default=256, ge=8)
+    prompt: str = "Write a detailed guide with several paragraphs on how to plant and care for a vegetable garden."
+    min_ratio: float = Field(default=1.0, ge=0, description="floor at one stream (the seeds saw 1.53x)")
+    min_ratio_concurrent: float = Field(default=0.8, ge=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v or any(c < 1 for c in v):
+            raise ValueError("concurrency levels must be >= 1")
+        return v
 
 
 class GateConfig(StrictModel):
@@ -129,6 +177,11 @@ class GateConfig(StrictModel):
     variation: VariationConfig = Field(default_factory=VariationConfig)
     spec: SpecConfig = Field(default_factory=SpecConfig)
     lossless: LosslessConfig = Field(default_factory=LosslessConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
+    long_copy: LongCopyConfig = Field(default_factory=LongCopyConfig)
+    speed: SpeedConfig = Field(default_factory=SpeedConfig)
+    baseline_url: str | None = Field(default=None, description="the same model served without speculation: "
+                                     "speed comparison, and the lossless check when no baseline file is given")
     # finish / usage sanity
     allowed_finish_reasons: list[str] = Field(default_factory=lambda: ["stop", "length"])
 

@@ -27,6 +27,7 @@ from pipeline.client import ChatResult, OpenAIClient
 from pipeline.errors import PipelineError, TargetError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
 from validation.config import GateConfig
+from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import DETECTORS, Finding, score_text
 from validation.spec import SpecReading, read_spec_metrics
 from validation.suite import Prompt, Suite, load_suite
@@ -166,8 +167,14 @@ class Gate:
                 if v.check_seed_reproducible:
                     jobs += [(self.suite.get(pid), v.temperature, v.seeds[0], "reproduce") for pid in v.prompt_ids]
                 samples += self._run_all(jobs, progress, "variation")
+            baseline_answers = None
+            if cfg.baseline_url and cfg.lossless.enabled and not cfg.lossless.baseline:
+                baseline_answers = self._baseline_answers(progress)
         spec_after = read_spec_metrics(self.client, self.kind)
         cases = self._judge(samples, spec_before, spec_after)
+        if baseline_answers is not None:
+            cases.append(lossless_case(samples, baseline_answers, model, cfg, source=cfg.baseline_url or ""))
+        cases += self._depth_cases()
         passed = all(c.ok or c.skipped for c in cases)
         ok_samples = [s for s in samples if not s.error]
         summary = {
@@ -268,14 +275,51 @@ class Gate:
                                     + " vs ".join(quote(t, 80) for t in first[:1] + again[:1]))
                 cases.append(Case("seed_reproducible", "variation", ok, "; ".join(msgs) or "same seed, same answer"))
         cases.append(self._spec_case(good, spec_before, spec_after))
-        if cfg.lossless.baseline:
-            cases.append(lossless_case(good, cfg.lossless.baseline, self.client.model, cfg))
+        if cfg.lossless.enabled and cfg.lossless.baseline:
+            cases.append(lossless_case(good, load_baseline(cfg.lossless.baseline, self.client.model, cfg), model=None,
+                                       cfg=cfg, source=cfg.lossless.baseline))
         tps = [s.tokens_per_s for s in good if s.tokens_per_s]
         ttft = [s.ttft_s for s in good if s.ttft_s is not None]
         cases.append(Case("throughput", "performance", True,
                           f"median TTFT {_fmt(_median(ttft))} s, median decode {_fmt(_median(tps))} tok/s over "
                           f"{len(good)} requests (recorded, not gated)",
                           {"ttft_s": ttft, "tokens_per_s": tps}))
+        return cases
+
+    def _baseline_client(self) -> OpenAIClient:
+        assert self.cfg.baseline_url
+        base = OpenAIClient(self.cfg.baseline_url, model=self.cfg.model, timeout_s=self.cfg.request_timeout_s)
+        if base.model != self.client.model:
+            raise UsageError(f"baseline {self.cfg.baseline_url} serves {base.model!r}, target serves "
+                             f"{self.client.model!r}: they must serve the same model")
+        return base
+
+    def _baseline_answers(self, progress: Progress) -> dict[str, str]:
+        """T=0 suite answers of the live baseline deployment."""
+        base = self._baseline_client()
+        saved, self.client = self.client, base
+        try:
+            got = self._run_all([(p, 0.0, self.cfg.seed, "baseline") for p in self.suite.prompts], progress,
+                                "baseline T=0")
+        finally:
+            self.client = saved
+        errs = [s for s in got if s.error]
+        if errs:
+            raise TargetError(f"baseline {self.cfg.baseline_url} failed: {errs[0].error}")
+        return {s.prompt_id: s.text for s in got}
+
+    def _depth_cases(self) -> list[Case]:
+        cfg = self.cfg
+        cases: list[Case] = []
+        if cfg.quality.enabled:
+            self.console.print("[depth] quality smoke set", highlight=False)
+            cases.append(quality_case(self.client, cfg.quality, cfg.concurrency))
+        if cfg.long_copy.enabled:
+            self.console.print(f"[depth] long-context copy ({cfg.long_copy.passage_words} words)", highlight=False)
+            cases.append(long_copy_case(self.client, cfg.long_copy))
+        if cfg.baseline_url:
+            self.console.print(f"[depth] speed against baseline {cfg.baseline_url}", highlight=False)
+            cases += speed_cases(self.client, self._baseline_client(), cfg.speed)
         return cases
 
     def _spec_case(self, good: list[Sample], before: SpecReading | None, after: SpecReading | None) -> Case:
@@ -311,18 +355,26 @@ class Gate:
                      "server_before": before.as_dict() if before else None})
 
 
-def lossless_case(good: list[Sample], baseline_path: str, model: str, cfg: GateConfig) -> Case:
-    """T=0 answers must equal those recorded from the non-speculative deployment."""
+def load_baseline(path: str, model: str, cfg: GateConfig) -> dict[str, str]:
+    """Answers recorded by `record-baseline`, checked against the target's model and the suite."""
     try:
-        base = json.loads(Path(baseline_path).read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read baseline {baseline_path}: {exc}") from None
+        base = json.loads(Path(path).read_text())
+        answers = base["answers"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"cannot read baseline {path}: {type(exc).__name__}") from None
     if base.get("model") != model:
-        raise UsageError(f"baseline {baseline_path} was recorded for model {base.get('model')!r}, "
-                         f"target serves {model!r}")
+        raise UsageError(f"baseline {path} was recorded for model {base.get('model')!r}, target serves {model!r}")
     if Path(base.get("suite", "")).name != Path(cfg.suite).name:
         raise UsageError(f"baseline suite {base.get('suite')} differs from gate suite {Path(cfg.suite).name}")
-    ref: dict[str, str] = base["answers"]
+    if base.get("max_tokens") != cfg.max_tokens:
+        raise UsageError(f"baseline recorded with max_tokens={base.get('max_tokens')}, gate uses {cfg.max_tokens}")
+    return dict(answers)
+
+
+def lossless_case(samples: list[Sample], ref: dict[str, str], model: str | None, cfg: GateConfig,
+                  source: str) -> Case:
+    """T=0 answers must equal those of the non-speculative deployment (file or live)."""
+    good = [s for s in samples if not s.error]
     mine = {s.prompt_id: s.text for s in good if s.purpose == "suite" and s.temperature == 0}
     diffs = []
     for pid, text in ref.items():
@@ -336,8 +388,8 @@ def lossless_case(good: list[Sample], baseline_path: str, model: str, cfg: GateC
     same = 1 - len(diffs) / max(1, len(ref))
     ok = not diffs if cfg.lossless.require_identical else same >= cfg.lossless.min_identical_fraction
     return Case("lossless_t0", "speculative", ok,
-                "; ".join(diffs[:5]) or f"{len(ref)} T=0 answers identical to baseline",
-                {"identical_fraction": same, "diffs": diffs})
+                "; ".join(diffs[:5]) or f"{len(ref)} T=0 answers identical to baseline ({source})",
+                {"identical_fraction": same, "diffs": diffs, "baseline": source})
 
 
 def _median(xs: Iterable[float | None]) -> float | None:

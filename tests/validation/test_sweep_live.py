@@ -1,0 +1,78 @@
+"""Sweep and speculative checks against real llama.cpp speculative decoding on the embedded model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.embedded import EmbeddedConfig, EmbeddedServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_sweep_gates_cells_and_reports_bad_cell_as_failed(tmp_path: Path) -> None:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"sweep": {
+        "kind": "embedded", "base": {"spec_type": "draft", "n_parallel": 2},
+        # draft_max 0 is invalid: that cell must be reported failed while the matrix goes on
+        "axes": {"draft_max": [4, 0]}, "port_base": 18750,
+        "gate_config": str(REPO / "validation" / "profiles" / "embedded-sweep.yaml"),
+        "gate": {"temperatures": [0.0, 0.8], "variation": {"enabled": False}, "quality": {"enabled": False}},
+    }}))
+    out = tmp_path / "sweep"
+    p = subprocess.run([sys.executable, "-m", "validation", "sweep", "--grid", str(grid), "--out", str(out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads((out / "sweep.json").read_text())
+    rows = {r["cell"]: r for r in summary["rows"]}
+    good, bad = rows["draft_max=4"], rows["draft_max=0"]
+    assert good["status"] == "passed", good
+    assert good["accept_length"] and good["accept_length"] > 1.0  # real drafts were accepted
+    assert good["lossless"] is True and good["speedup"] is not None
+    assert bad["status"] == "error" and "invalid cell settings" in bad["error"]
+    assert summary["recommendation"]["cell"] == "draft_max=4"
+    assert (out / "accept_length.png").stat().st_size > 1000 and (out / "tok_s.png").is_file()
+    assert "draft_max=0" in (out / "sweep.html").read_text()
+
+
+def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
+    """Spec (ngram) vs plain engine: identical at T=0 live; a recorded baseline that differs fails;
+    a baseline serving another model is a clear usage error."""
+    from pipeline.errors import UsageError
+    from validation.config import load_gate_config
+    from validation.gate import run_gate
+
+    cfg = load_gate_config(REPO / "validation" / "profiles" / "embedded-sweep.yaml", {
+        "temperatures": [0.0], "variation": {"enabled": False}, "quality": {"enabled": False},
+        "long_copy": {"enabled": False}, "spec": {"enabled": "auto"}, "speed": {"rounds": 1}})
+    with EmbeddedServer(EmbeddedConfig(port=18790, n_parallel=2, spec_type="ngram"), tmp_path / "a") as cand, \
+         EmbeddedServer(EmbeddedConfig(port=18791, n_parallel=2), tmp_path / "b") as base:
+        live = run_gate(cand.url, cfg.model_copy(update={"baseline_url": base.url}), out_dir=tmp_path / "live")
+        case = next(c for c in live.cases if c.name == "lossless_t0")
+        assert case.ok, case.message
+        assert any(c.name == "speed_vs_baseline@c1" for c in live.cases)
+
+        rec = tmp_path / "baseline.json"
+        p = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
+                            str(rec), "--config", str(REPO / "validation" / "profiles" / "embedded-sweep.yaml")],
+                           cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stderr[-2000:]
+        data = json.loads(rec.read_text())
+        data["answers"]["poem"] = data["answers"]["poem"][:10] + " tampered"
+        rec.write_text(json.dumps(data))
+        recorded = cfg.model_copy(update={"lossless": cfg.lossless.model_copy(update={"baseline": str(rec)}),
+                                          "speed": cfg.speed})
+        res = run_gate(cand.url, recorded, out_dir=tmp_path / "rec")
+        case = next(c for c in res.cases if c.name == "lossless_t0")
+        assert not case.ok and "poem: diverges at char" in case.message
+
+    with EmbeddedServer(EmbeddedConfig(port=18792, alias="other-model"), tmp_path / "c") as other, \
+         EmbeddedServer(EmbeddedConfig(port=18793), tmp_path / "d") as cand2, \
+         pytest.raises(UsageError, match="must serve the same model"):
+        run_gate(cand2.url, cfg.model_copy(update={"baseline_url": other.url}), out_dir=tmp_path / "other")
