@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup lint lint-py test test-fast demo validate check-text record-baseline embedded-start embedded-stop
+.PHONY: help setup lint lint-py test test-fast demo validate check-text record-baseline sweep embedded-start embedded-stop
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | sort | \
@@ -54,6 +54,10 @@ check-text: setup ## score a JSONL file offline: make check-text FILE=texts.json
 record-baseline: setup ## T=0 answers of a non-speculative deployment: make record-baseline TARGET=... OUT=file.json
 	@test -n "$(TARGET)" -a -n "$(OUT)" || { echo "error: TARGET=... and OUT=baseline.json are required" >&2; exit 2; }
 	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(CONFIG),--config $(CONFIG))
+
+sweep: setup ## speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=validation/grids/embedded-draft.yaml
+	$(PY) -m validation sweep --grid $(or $(GRID),validation/grids/embedded-draft.yaml) $(if $(HOST),--host $(HOST)) \
+	  $(if $(OUT),--out $(OUT))
 
 embedded-start: setup ## start the embedded model in the background (PORT=8080)
 	$(PY) -m pipeline.embedded start --port $(or $(PORT),8080) --run-dir runs/embedded
