@@ -164,6 +164,7 @@ def report(env: Environment, res: StreamResult, spec: RequestSpec, itl_events: s
     }
     if res.ok:
         rec["ttft"] = round((res.ttft or 0.0) * 1000.0, 4)
+        rec["hdr"] = round((res.t_headers or 0.0) * 1000.0, 4)
         rec["itl"] = [round(g * 1000.0, 4) for g in res.itl]
         rec["fin"] = res.finish_reason
     else:
@@ -251,9 +252,9 @@ def _stop(env: Environment, reason: str) -> None:
 def _watchdog(env: Environment) -> None:
     cfg = CFG
     t0 = time.monotonic()
-    hard = cfg.total_duration_s + cfg.stop_timeout_s + 2.0
-    if cfg.step_control:
-        hard = cfg.capacity.max_step_s + 2.0
+    # The run's length is enforced here, on time.monotonic(): Locust's own --run-time timer runs on
+    # gevent's cached loop clock and fires early by however long start-up blocked the loop.
+    hard = cfg.capacity.max_step_s if cfg.step_control else cfg.total_duration_s + (1.0 if cfg.steps else 0.0)
     warm_n: int | None = None
     reset_done = cfg.warmup_s <= 0
     while True:

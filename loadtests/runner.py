@@ -105,7 +105,8 @@ def locust_command(cfg: LoadTestConfig, out: Path, web_ui: bool = False) -> list
     if cfg.stop_timeout_s:
         cmd += ["--stop-timeout", f"{math.ceil(cfg.stop_timeout_s)}s"]
     if not cfg.steps:
-        run_time = cfg.capacity.max_step_s if cfg.step_control else cfg.duration_s
+        # A backstop only: the locustfile's watchdog ends the run on time (see _watchdog).
+        run_time = (cfg.capacity.max_step_s if cfg.step_control else cfg.duration_s) + 10
         cmd += ["-u", str(cfg.users), "-r", f"{cfg.spawn_rate:g}", "-t", f"{math.ceil(run_time)}s"]
     if cfg.processes > 1:
         cmd += ["--processes", str(cfg.processes)]
@@ -144,7 +145,7 @@ def run_locust(cfg: LoadTestConfig, out: Path, info: dict[str, Any]) -> LocustOu
     reason_file = out / "stop_reason.json"
     reason = json.loads(reason_file.read_text())["reason"] if reason_file.is_file() else None
     if reason is None and rc == 0:
-        reason = "duration" if not cfg.steps else "shape_complete"
+        reason = "shape_complete" if cfg.steps else "run_time_backstop"
     return LocustOutcome(rc, reason, time.monotonic() - t0, log)
 
 

@@ -146,6 +146,7 @@ class Sim:
             writer.write(self.cache[key])
             return
         writer.write(self._head())
+        t_head = time.perf_counter()
         await writer.drain()
         sends: list[float] = []
         if mode == "stall":
@@ -163,13 +164,13 @@ class Sim:
             if mode == "cut" and i == 2:
                 writer.transport.abort()
                 return
+            writer.write(self._token(rid, i))  # the transport sends at once when the socket is writable
             sends.append(time.perf_counter())
-            writer.write(self._token(rid, i))
             await writer.drain()
             delay = self.itls[i % len(self.itls)]
         writer.write(self._tail(rid, n, usage))
         if self.args.record:
-            self.timings.append({"id": rid, "t_recv": t_recv, "sends": sends})
+            self.timings.append({"id": rid, "t_recv": t_recv, "t_head": t_head, "sends": sends})
 
 
 async def _serve(args: argparse.Namespace, sock: socket.socket | None) -> None:
@@ -232,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _raise_priority() -> None:
+    """Timing tests share the CPU with whatever else runs: ask for a higher priority (root only)."""
+    with contextlib.suppress(OSError):
+        os.nice(-10)
+
+
 class SimServer:
     """Run the simulator as a child process: `with SimServer(18500, "--ttft-ms", "20") as url: ...`."""
 
@@ -250,7 +257,8 @@ class SimServer:
         if self.cpu is not None:
             cmd = ["taskset", "-c", str(self.cpu), *cmd]
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_raise_priority)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -67,6 +67,7 @@ class StreamResult:
     detail: str = ""
     status: int = 0
     ttft: float | None = None
+    t_headers: float | None = None  # time to the response headers (queueing + connection, before any token)
     itl: list[float] = field(default_factory=list)
     e2e: float = 0.0
     chunks: int = 0
@@ -200,6 +201,7 @@ def _read_stream(sock: socket.socket, res: StreamResult, t0: float, deadline: fl
             res.error, res.detail = ERR_CUT, "connection closed before the response headers"
             return
         head += data
+        res.t_headers = perf() - t0
         if len(head) > 65536:
             res.error, res.detail = ERR_MALFORMED, "response headers too large"
             return
@@ -240,7 +242,7 @@ def _read_stream(sock: socket.socket, res: StreamResult, t0: float, deadline: fl
 
     pending = b""
     received = 0
-    now = perf()
+    now = t0 + (res.t_headers or 0.0)  # bytes that came with the headers arrived then
     data = rest
     last = 0.0
     itl = res.itl

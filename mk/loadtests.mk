@@ -1,0 +1,33 @@
+# Load tests and capacity search (loadtests/). HOST is required: there is no default target.
+#   make loadtest HOST=http://127.0.0.1:30000 USERS=8 DURATION=60 [RATE=4 ARRIVAL=poisson] [STEPS=2:30,4:30]
+#   make capacity HOST=... [SLO_TTFT_MS=2000 SLO_ITL_MS=200 MAX_ERROR_RATE=0.01] [QUICK=1]
+#   make loadtest-ui HOST=...            # Locust web UI on :8089 with the same locustfile
+#   make bench-loadtest                  # harness ceiling vs sglang.bench_serving (see docs/loadtests.md)
+.PHONY: loadtest capacity loadtest-ui bench-loadtest lt-need-host
+
+LT_OUT_ARG = $(if $(OUT),--out $(OUT))
+LT_COMMON = --host "$(HOST)" $(if $(CONFIG),--config $(CONFIG)) $(LT_OUT_ARG) \
+  $(if $(PROCESSES),--processes $(PROCESSES)) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
+  $(if $(DATASET),--dataset $(DATASET)) $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) \
+  $(if $(INPUT_TOKENS),--input-tokens $(INPUT_TOKENS)) $(if $(OUTPUT_TOKENS),--output-tokens $(OUTPUT_TOKENS)) \
+  $(if $(MAX_REQUESTS),--max-requests $(MAX_REQUESTS)) $(if $(SLO_TTFT_MS),--slo-ttft-ms $(SLO_TTFT_MS)) \
+  $(if $(SLO_ITL_MS),--slo-itl-ms $(SLO_ITL_MS)) $(if $(MAX_ERROR_RATE),--max-error-rate $(MAX_ERROR_RATE))
+
+lt-need-host:
+	@if [ -z "$(HOST)" ]; then echo "error: HOST is required, e.g. make $(MAKECMDGOALS) HOST=http://127.0.0.1:30000" >&2; exit 2; fi
+
+loadtest: lt-need-host ## headless Locust load test: HOST=url USERS= DURATION= [RATE= STEPS= PROCESSES=]
+	$(PY) -m loadtests run $(LT_COMMON) $(if $(USERS),--users $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
+	  $(if $(RATE),--rate $(RATE)) $(if $(ARRIVAL),--arrival $(ARRIVAL)) $(if $(STEPS),--steps $(STEPS)) \
+	  $(if $(WARMUP),--warmup $(WARMUP))
+
+capacity: lt-need-host ## capacity search under SLOs: HOST=url [SLO_TTFT_MS= SLO_ITL_MS= MAX_ERROR_RATE= QUICK=1 MODE=rate]
+	$(PY) -m loadtests capacity $(LT_COMMON) $(if $(QUICK),--quick) $(if $(MODE),--mode $(MODE)) \
+	  $(if $(MAX_LOAD),--max-load $(MAX_LOAD))
+
+loadtest-ui: lt-need-host ## Locust web UI (same locustfile): HOST=url [WEB_PORT=8089]
+	$(PY) -m loadtests ui $(LT_COMMON) $(if $(USERS),--users $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
+	  $(if $(WEB_PORT),--web-port $(WEB_PORT))
+
+bench-loadtest: ## harness ceiling: tokens/s + req/s per client core vs sglang.bench_serving
+	$(PY) bench/loadtest_ceiling.py $(if $(OUT),--out $(OUT))
