@@ -1,0 +1,52 @@
+# Images and the SGLang patch series (images/, patches/, docs/images.md).
+#   make image TARGET=pcie|nvlink [PUSH=registry/repo] [RC=n] [PROFILE=production]   real build host
+#   make image-ci                     CI proof: bootstrapped base, wheel toolkit, both targets
+#   make patches-check                series vs pinned sglang from PyPI (zero fuzz) + drift report
+#   make base-image                   local/bookworm-py:latest (mmdebstrap/debootstrap + docker import)
+#   make services / services-stop     dockerd + registry on 127.0.0.1:5000 (scripts/services.sh)
+.PHONY: image image-ci image-ci-pcie image-ci-nvlink patches-check base-image services services-stop \
+  lint-images test-images
+
+TARGET ?=
+PUSH ?=
+RC ?=
+PROFILE ?= production
+IMAGE_CI_NAME ?= sglang-fleet-ci
+IMAGE_CI_RC ?= 1
+IMAGES_OUT ?= runs/images
+
+image: ## build the serving image: TARGET=pcie|nvlink [PUSH=registry/repo RC=n PROFILE=production]
+	@if [ -z "$(TARGET)" ]; then echo "error: TARGET is required: make image TARGET=pcie|nvlink [PUSH=registry/repo]" >&2; exit 2; fi
+	$(PY) -m images build --target "$(TARGET)" --profile "$(PROFILE)" $(if $(PUSH),--push "$(PUSH)") \
+	  $(if $(RC),--rc $(RC)) --json $(IMAGES_OUT)/image-$(TARGET).json
+
+image-ci: image-ci-pcie image-ci-nvlink ## CI proof build of both targets on the bootstrapped base (no GPU, no CUDA base)
+
+image-ci-pcie: base-image
+	$(PY) -m images build --profile ci --target pcie --name $(IMAGE_CI_NAME) --rc $(IMAGE_CI_RC) \
+	  --json $(IMAGES_OUT)/ci-pcie.json
+
+# CI compiles the B300 arch only (10.3a); the production nvlink image also carries 10.0a.
+image-ci-nvlink: base-image
+	$(PY) -m images build --profile ci --target nvlink --arch-list 10.3a --name $(IMAGE_CI_NAME) \
+	  --rc $(IMAGE_CI_RC) --json $(IMAGES_OUT)/ci-nvlink.json
+
+patches-check: ## apply the sglang patch series to the pinned PyPI sources (zero fuzz) and report drift
+	$(PY) -m patches check --json $(IMAGES_OUT)/patches-check.json
+
+base-image: services ## bootstrap local/bookworm-py:latest (idempotent)
+	scripts/base-image.sh
+
+services: ## start dockerd + the loopback registry (idempotent)
+	scripts/services.sh start docker registry
+
+services-stop: ## stop dockerd + registry started by scripts/services.sh
+	scripts/services.sh stop registry docker
+
+lint-images: ## hadolint + ruff for images/ patches/ tests/images/
+	$(VENV)/bin/hadolint images/Dockerfile
+	$(VENV)/bin/ruff check images patches tests/images
+	bash -n scripts/services.sh scripts/base-image.sh images/cuda-toolkit.sh .ci/stages/images.sh
+
+test-images: ## tests of this stage (docker-marked ones need `make image-ci` first)
+	$(PY) -m pytest -q tests/images
