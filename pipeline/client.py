@@ -46,8 +46,21 @@ class ChatResult:
 
 
 def _extract_spec(obj: dict[str, Any]) -> tuple[float | None, int | None]:
-    """SGLang puts spec-decoding stats in meta_info or, on OpenAI routes, beside usage/choices."""
-    for holder in (obj.get("meta_info"), obj.get("usage"), obj, *(obj.get("choices") or [])):
+    """Per-request spec-decoding stats wherever SGLang puts them.
+
+    SGLang 0.5.23 returns them (with ``return_spec_tokens_details: true``) under
+    ``sglext.spec_tokens_details`` of the response, chunk or choice; /generate puts them in
+    ``meta_info``; older builds put them beside usage.
+    """
+    holders: list[Any] = [obj.get("meta_info"), obj.get("usage"), obj]
+    for node in (obj, *(obj.get("choices") or [])):
+        if isinstance(node, dict):
+            holders.append(node)
+            ext = node.get("sglext")
+            if isinstance(ext, dict):
+                det = ext.get("spec_tokens_details")
+                holders.extend(det if isinstance(det, list) else [det])
+    for holder in holders:
         if not isinstance(holder, dict):
             continue
         acc = holder.get("spec_accept_length")
