@@ -11,16 +11,20 @@ from pathlib import Path
 from typing import Any
 
 
-def quick_capacity(host: str, out: str | Path, **slo: float) -> dict[str, Any]:
+def quick_capacity(host: str, out: str | Path, max_load: float | None = None, **slo: float) -> dict[str, Any]:
     """A short capacity search (the `--quick` settings) against `host`; returns the capacity result.
 
     `slo` may set ttft_p95_ms, itl_p95_ms, max_error_rate. Raises pipeline.errors.PipelineError
-    subclasses for bad input, an unreachable target or an incomplete run.
+    subclasses for bad input, an unreachable target or an incomplete run. Writes capacity.json,
+    capacity.html and plots into `out`; result["capacity"] is None when even one user misses the SLOs.
     """
     from loadtests.capacity import QUICK, run_capacity
     from loadtests.config import load_loadtest_config
 
-    cfg = load_loadtest_config(None, {**QUICK, "host": host, "slo": dict(slo)})
+    overrides: dict[str, Any] = {**QUICK, "host": host, "slo": dict(slo)}
+    if max_load is not None:
+        overrides["capacity"] = {**QUICK["capacity"], "max_load": max_load}
+    cfg = load_loadtest_config(None, overrides)
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     return run_capacity(cfg, path)

@@ -8,6 +8,7 @@ its per-request records and Locust's stats, must match those within 1 ms.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -42,7 +43,7 @@ def test_ttft_and_itl_match_known_delays(sim, tmp_path: Path) -> None:
     for rec, tim in pairs:
         sends = tim["sends"]
         assert rec["n"] == TOKENS and len(rec["itl"]) == TOKENS - 1
-        server_gaps = [(b - a) * 1000 for a, b in zip(sends, sends[1:], strict=False)]
+        server_gaps = [(b - a) * 1000 for a, b in itertools.pairwise(sends)]
         itl_err += [abs(c - s) for c, s in zip(rec["itl"], server_gaps, strict=True)]
         # TTFT: the server's known part (headers sent -> first token) against the client's (headers
         # received -> first token); connection set-up and scheduling before the headers are common to both.
