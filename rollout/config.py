@@ -1,0 +1,30 @@
+"""Typed rollout settings (defaults here; a YAML file's `rollout:` section overrides any of them)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from pipeline.config import StrictModel, load_config
+
+
+class RolloutConfig(StrictModel):
+    inventory: str = "ansible/inventories/example"
+    runs_dir: str = "runs/rollout"
+    # Batch size of the rolling restart (hosts per batch, or a percentage like "25%").
+    serial: int | str = 1
+    # Failed hosts tolerated per batch, in percent. 0: the first failure stops the rollout.
+    max_fail_percentage: int = Field(default=0, ge=0, le=100)
+    forks: int = Field(default=16, ge=1)
+    promoted_tag: str = "promoted"
+    # Roll the changed hosts back automatically when the deploy or the gate fails.
+    auto_rollback: bool = True
+    gate: bool = True
+    gate_config: str | None = None
+    gate_timeout_s: float = Field(default=900.0, gt=0)
+    # Registry needs a login (also taken from the inventory's rollout_registry_auth).
+    registry_auth: bool = False
+    registry_timeout_s: float = Field(default=10.0, gt=0)
+
+
+def load(path: str | None, overrides: dict | None = None) -> RolloutConfig:
+    return load_config(RolloutConfig, path, overrides, section="rollout")

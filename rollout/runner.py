@@ -1,0 +1,133 @@
+"""Run one playbook through ansible-runner, print live progress, and summarise per-host outcomes."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollout import ANSIBLE_DIR
+from rollout.inventory import ansible_env
+
+OK_EVENTS = {"runner_on_ok", "runner_item_on_ok"}
+FAIL_EVENTS = {"runner_on_failed", "runner_item_on_failed"}
+
+
+@dataclass
+class HostResult:
+    host: str
+    switched: bool = False  # a new container was started on this host
+    recorded: bool = False  # the new version passed health and was recorded
+    restored: bool = False  # the new version failed; the previous one was put back
+    would_change: bool = False  # check mode: the container would be replaced
+    failed: bool = False
+    unreachable: bool = False
+    messages: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def outcome(self) -> str:
+        if self.unreachable:
+            return "unreachable"
+        if self.restored:
+            return "restored-previous"
+        if self.recorded and not self.failed:
+            return "updated"
+        if self.failed:
+            return "failed"
+        return "unchanged"
+
+
+@dataclass
+class PlaybookResult:
+    playbook: str
+    rc: int
+    status: str
+    hosts: dict[str, HostResult]
+    wall_s: float
+    artifacts: Path
+
+
+def _msg(res: dict[str, Any]) -> str:
+    m = res.get("msg") or res.get("stderr") or ""
+    if isinstance(m, list):
+        m = "; ".join(str(x) for x in m)
+    return " ".join(str(m).split())[:600]
+
+
+def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, extravars: dict[str, Any],
+                 *, check: bool = False, forks: int = 16, envvars: dict[str, str] | None = None,
+                 quiet: bool = False) -> PlaybookResult:
+    import ansible_runner
+
+    results = {h: HostResult(h) for h in hosts}
+    pdd = run_dir / f"ansible-{name}"
+    pdd.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+
+    def log(line: str) -> None:
+        if not quiet:
+            print(f"[{time.monotonic() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    def on_event(ev: dict[str, Any]) -> bool:
+        kind = ev.get("event", "")
+        data = ev.get("event_data") or {}
+        host = data.get("host")
+        task = data.get("task", "")
+        res = data.get("res") or {}
+        if kind == "playbook_on_play_start":
+            log(f"PLAY {data.get('play', '')}")
+        if not host or host not in results:
+            return True
+        hr = results[host]
+        if kind in OK_EVENTS:
+            changed = bool(res.get("changed"))
+            if task == "Container: switch" and changed:
+                hr.switched = True
+            elif task == "Container: plan" and changed:
+                hr.would_change = True
+            elif task == "Container: restore":
+                hr.restored = True
+            elif task == "Write current and previous image to the host state file":
+                hr.recorded = True
+            elif task == "Report status":
+                hr.data.update((res.get("msg") or {}).get("rollout_status") or {})
+            elif task == "Show the container spec":
+                hr.data.update((res.get("msg") or {}).get("rollout_render") or {})
+            if kind == "runner_on_ok" and (changed or task.startswith(("Container: switch", "Container: restore"))):
+                log(f"{host}: {task}: {'changed' if changed else 'ok'}")
+        elif kind in FAIL_EVENTS and not data.get("ignore_errors"):
+            hr.failed = True
+            hr.messages.append(f"{task}: {_msg(res)}")
+            log(f"{host}: FAILED {task}: {_msg(res)[:300]}")
+        elif kind == "runner_on_unreachable":
+            hr.unreachable = True
+            hr.messages.append(f"unreachable during '{task}': {_msg(res)}")
+            log(f"{host}: UNREACHABLE during {task}")
+        elif kind == "runner_on_start" and task.startswith(("Container: switch", "Wait for /health",
+                                                             "Pull the image", "Container: restore")):
+            log(f"{host}: {task} ...")
+        return True
+
+    env = ansible_env()
+    env.update(envvars or {})
+    cmdline = "--check --diff" if check else None
+    r = ansible_runner.run(
+        private_data_dir=str(pdd),
+        project_dir=str(ANSIBLE_DIR),
+        playbook=str(ANSIBLE_DIR / "playbooks" / f"{name}.yml"),
+        inventory=str(inventory.resolve()),
+        limit=",".join(hosts),
+        extravars=extravars,
+        envvars=env,
+        cmdline=cmdline,
+        forks=forks,
+        event_handler=on_event,
+        quiet=True,
+        settings={"suppress_ansible_output": True},
+    )
+    wall = time.monotonic() - t0
+    log(f"{name}: rc={r.rc} status={r.status} in {wall:.1f}s")
+    return PlaybookResult(name, r.rc, r.status, results, wall, pdd / "artifacts")

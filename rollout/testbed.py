@@ -1,0 +1,98 @@
+"""Inventory for the netns SSH test hosts of scripts/testhosts.sh, serving the CPU image.
+
+The fabric group_vars (pcie.yml, nvlink.yml) are copied verbatim from the example inventory; what
+differs from production is in group_vars/all.yml and host_vars here, and is written down in
+docs/rollout.md: one shared Docker engine (own container name, port and state file per host), the
+embedded engine instead of sglang, RECORDED nvidia-smi outputs (no GPU on this machine), no NVIDIA
+container runtime, a small disk floor and startup budget.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from pipeline.embedded import default_model_path
+from rollout import ANSIBLE_DIR, REPO_ROOT
+
+FIXTURES = REPO_ROOT / "tests" / "rollout" / "fixtures"
+SMI = {"pcie": FIXTURES / "nvidia-smi" / "rtx-pro-6000-x8.csv", "nvlink": FIXTURES / "nvidia-smi" / "b300-x8.csv",
+       "wrong": FIXTURES / "nvidia-smi" / "h100-x8.csv"}
+BASE_PORT = 18100
+
+
+def read_hosts(testhosts_dir: Path) -> list[tuple[str, str, str]]:
+    rows = []
+    for line in (testhosts_dir / "hosts.tsv").read_text().splitlines():
+        if line.strip():
+            name, addr, gw = line.split("\t")
+            rows.append((name, addr, gw))
+    return rows
+
+
+def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None = None,
+                    gpu_override: dict[str, str] | None = None, startup_budget_s: int = 90,
+                    threads: int = 2, extra_all: dict | None = None) -> Path:
+    """out/hosts.yml + group_vars + host_vars. fabrics[i] is the group of host i (default alternating
+    pcie/nvlink); gpu_override maps a host to a key of SMI (e.g. 'wrong') or None to leave it in no fleet."""
+    hosts = read_hosts(testhosts_dir)
+    fabrics = fabrics or ["pcie" if i % 2 == 0 else "nvlink" for i in range(len(hosts))]
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "group_vars").mkdir(parents=True)
+    (out / "host_vars").mkdir()
+    for g in ("pcie", "nvlink"):
+        shutil.copy2(ANSIBLE_DIR / "inventories" / "example" / "group_vars" / f"{g}.yml", out / "group_vars" / f"{g}.yml")
+    children: dict = {"pcie": {"hosts": {}}, "nvlink": {"hosts": {}}, "unassigned": {"hosts": {}}}
+    for i, (name, addr, gw) in enumerate(hosts):
+        group = fabrics[i] if fabrics[i] in ("pcie", "nvlink") else "unassigned"
+        children[group]["hosts"][name] = {"ansible_host": addr}
+        gpu = (gpu_override or {}).get(name, fabrics[i] if fabrics[i] in SMI else "pcie")
+        hv = {
+            "serve_container_name": f"rollout-test-{name}",
+            "serve_port": BASE_PORT + i + 1,
+            "serve_probe_host": gw,  # the host reaches the shared engine's containers through its gateway
+            "serve_endpoint_host": "127.0.0.1",  # the controller (and the gate) reach them on loopback
+            "preflight_nvidia_smi_recorded": str(SMI[gpu]),
+        }
+        (out / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump(hv, sort_keys=False))
+    all_vars = {
+        "ansible_user": "root",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "ansible_ssh_private_key_file": str((testhosts_dir / "id_ed25519").resolve()),
+        "rollout_registry": "127.0.0.1:5000",
+        "rollout_registry_auth": False,
+        "rollout_state_dir": str((out / "state").resolve()),
+        "serve_engine": "embedded",
+        "serve_restart_policy": "unless-stopped",
+        "serve_log_max_size": "10m",
+        "serve_log_max_file": 2,
+        "serve_shm_size": "64m",
+        "serve_gpus": "none",
+        "serve_startup_budget_s": startup_budget_s,
+        "serve_cpu_threads": threads,
+        "serve_cpu_parallel": 2,
+        "serve_context_length": 2048,
+        "model_name": "smollm2-135m-instruct",
+        "weights_name": "smollm2-135m-q4_1",
+        "weights_file": "model.gguf",
+        "weights_source": default_model_path(),
+        "weights_cache_dir": str((out / "weights-cache").resolve()),
+        "weights_shared_cache": False,
+        "serve_mem_fraction": 0.85,
+        "serve_spec_algorithm": "DDTREE",
+        "serve_spec_draft_weights": "none",
+        "serve_spec_block_size": 8,
+        "serve_spec_ddtree_budget": 16,
+        "serve_spec_topk": 4,
+        "preflight_require_container_toolkit": False,
+        "preflight_min_free_gb": 1,
+        "preflight_nccl_min_busbw_gbps": 0,
+        **(extra_all or {}),
+    }
+    (out / "group_vars" / "all.yml").write_text("---\n" + yaml.safe_dump(all_vars, sort_keys=False))
+    if not children["unassigned"]["hosts"]:
+        del children["unassigned"]
+    (out / "hosts.yml").write_text("---\n" + yaml.safe_dump({"all": {"children": children}}, sort_keys=False))
+    return out
