@@ -38,6 +38,7 @@ class BuildError(PipelineError):
 
 
 Printer = Callable[[str], None]
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _default_printer(line: str) -> None:
@@ -225,7 +226,7 @@ def _stream(chunks: Iterator[dict], say: Printer) -> str:
             detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
             raise BuildError(f"docker build failed: {detail.strip().splitlines()[-1] if detail.strip() else detail}")
         if "stream" in chunk:
-            for line in chunk["stream"].rstrip("\n").splitlines():
+            for line in _ANSI.sub("", chunk["stream"]).rstrip("\n").splitlines():
                 if line.strip():
                     stamp = f"[{time.monotonic() - t0:6.0f}s]"
                     say(f"{stamp} {line}")

@@ -7,8 +7,8 @@
 #
 # setup:
 #  * toolkit: use the base image's toolkit (/usr/local/cuda, CUDA devel images) when it has nvcc;
-#    otherwise (CUDA_FROM_WHEELS=auto|1) install NVIDIA's toolkit wheels (nvidia-cuda-nvcc,
-#    -crt, nvvm, -runtime, -cccl, nvidia-curand == $CUDA_VERSION.*) into $VENV and point
+#    otherwise (CUDA_FROM_WHEELS=auto|1) install NVIDIA's toolkit wheels (cuda-toolkit[nvcc,crt,
+#    nvvm,cudart,cccl]==$CUDA_VERSION.*, which pins matching nvidia-* components) into $VENV and point
 #    /usr/local/cuda at site-packages/nvidia/cu13. Wheel layouts lack lib64/, libcudart.so and a
 #    libcuda link stub, which FlashInfer's link line (-L lib64 -L lib64/stubs -lcudart -lcuda)
 #    needs: add lib64 -> lib, libcudart.so -> libcudart.so.<major>, and a stub libcuda.so
@@ -47,8 +47,8 @@ setup() {
   else
     [[ $CUDA_FROM_WHEELS != 0 ]] || die "no nvcc at $CUDA_LINK/bin/nvcc and CUDA_FROM_WHEELS=0: use a CUDA devel base image"
     log "base image has no toolkit; installing NVIDIA CUDA $CUDA_VERSION wheels"
-    pip_install "nvidia-cuda-nvcc==$CUDA_VERSION.*" "nvidia-cuda-crt==$CUDA_VERSION.*" "nvidia-nvvm==$CUDA_VERSION.*" \
-      "nvidia-cuda-runtime==$CUDA_VERSION.*" "nvidia-cuda-cccl==$CUDA_VERSION.*"
+    # NVIDIA's cuda-toolkit meta wheel pins mutually consistent component versions per CUDA release.
+    pip_install "cuda-toolkit[nvcc,crt,nvvm,cudart,cccl]==$CUDA_VERSION.*"
     home="$(site_packages)/nvidia/cu$major"
     [[ -x $home/bin/nvcc ]] || die "NVIDIA wheels installed but $home/bin/nvcc is missing"
     [[ -e $home/lib64 ]] || ln -s lib "$home/lib64"
@@ -66,8 +66,8 @@ setup() {
     ln -s "$home" "$CUDA_LINK"
   fi
   if [[ ! -f $CUDA_LINK/include/curand.h || ! -f $CUDA_LINK/include/curand_kernel.h ]]; then
-    log "no curand headers in $CUDA_LINK/include; installing nvidia-curand==$CUDA_VERSION.* headers"
-    pip_install "nvidia-curand==$CUDA_VERSION.*"
+    log "no curand headers in $CUDA_LINK/include; installing cuda-toolkit[curand]==$CUDA_VERSION.* (nvidia-curand)"
+    pip_install "cuda-toolkit[curand]==$CUDA_VERSION.*"
     local inc
     inc="$(site_packages)/nvidia/cu$major/include"
     [[ -f $inc/curand.h ]] || inc="$(site_packages)/nvidia/curand/include"
@@ -105,10 +105,11 @@ __global__ void probe(float *out, unsigned long long seed) {
 }
 EOF
   for sm in $(sm_list); do
-    # Only what FlashInfer itself passes: -I$CUDA_HOME/include is implicit for nvcc.
-    "$CUDA_LINK/bin/nvcc" -gencode="arch=compute_$sm,code=sm_$sm" -c "$work/probe.cu" -o "$work/probe_$sm.o" ||
+    # The include path FlashInfer's JIT gives nvcc: -isystem $CUDA_HOME/include (nothing else for curand).
+    "$CUDA_LINK/bin/nvcc" -isystem "$CUDA_LINK/include" -gencode="arch=compute_$sm,code=sm_$sm" \
+      -c "$work/probe.cu" -o "$work/probe_$sm.o" ||
       die "nvcc $rel cannot compile a curand kernel for sm_$sm"
-    "$CUDA_LINK/bin/nvcc" -arch="compute_$sm" -ptx "$work/probe.cu" -o "$work/probe_$sm.ptx" ||
+    "$CUDA_LINK/bin/nvcc" -isystem "$CUDA_LINK/include" -arch="compute_$sm" -ptx "$work/probe.cu" -o "$work/probe_$sm.ptx" ||
       die "nvcc $rel cannot emit PTX for compute_$sm"
     "$CUDA_LINK/bin/ptxas" -arch="sm_$sm" "$work/probe_$sm.ptx" -o "$work/probe_$sm.cubin" ||
       die "ptxas cannot assemble for sm_$sm (Triton would fail the same way)"
