@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         cols = ("host", "fabric", "running_image", "healthy", "current", "previous", "endpoint")
         print("  ".join(f"{c:<12}" for c in cols))
         for row in out.values():
-            print("  ".join(f"{row.get(c, '')!s:<12}" for c in cols) + ("" if row.get("reachable") else "  UNREACHABLE"))
+            line = "  ".join(f"{row.get(c, '')!s:<12}" for c in cols)
+            print(line + ("" if row.get("reachable") else "  UNREACHABLE"))
     return rc if rc == EXIT_OK else EXIT_FAIL
 
 

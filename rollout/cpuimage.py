@@ -155,4 +155,5 @@ def scramble_gguf(src: str | Path, dst: str | Path, tensor: str = "token_embd.we
         random.Random(seed).shuffle(order)
         f.seek(data_start + off)
         f.write(b"".join(blob[i * row_bytes:(i + 1) * row_bytes] for i in order))
-    return {"tensor": tensor, "rows": rows, "row_bytes": row_bytes, "sha256": hashlib.sha256(dst.read_bytes()).hexdigest()}
+    sha = hashlib.sha256(dst.read_bytes()).hexdigest()
+    return {"tensor": tensor, "rows": rows, "row_bytes": row_bytes, "sha256": sha}

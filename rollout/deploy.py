@@ -107,6 +107,7 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
                 print(f"gate {h} ({url}): {'PASS' if rc == 0 else 'FAIL'} rc={rc} {line}", file=sys.stderr)
             if rc != 0:
                 gate_failed.append(h)
+                break  # one failing endpoint decides: do not spend time gating the others
         ok = not gate_failed
     report["gate_failed_hosts"] = gate_failed
 

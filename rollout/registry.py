@@ -61,7 +61,8 @@ def parse_image(ref: str) -> ImageRef:
 def credentials(required: bool) -> tuple[str, str] | None:
     user, password = os.environ.get(USER_ENV, ""), os.environ.get(PASSWORD_ENV, "")
     if required and not (user and password):
-        raise UsageError(f"registry credentials missing: set {USER_ENV} and {PASSWORD_ENV} (the registry needs a login)")
+        raise UsageError(
+            f"registry credentials missing: set {USER_ENV} and {PASSWORD_ENV} (the registry needs a login)")
     return (user, password) if user and password else None
 
 
@@ -143,7 +144,8 @@ def promote(ref: ImageRef, promoted_tag: str, report_dir: Path, auth: tuple[str,
         client.api.import_image_from_data(buf.getvalue(), repository=ref.repo, tag=report_tag)
         _push(client, ref.repo, report_tag, auth_config)
         return {"image": str(ref), "digest": digest, "promoted": str(promoted), "promoted_digest": promoted_digest,
-                "gate_report_image": f"{ref.repo}:{report_tag}", "gate_report_digest": reg.digest(ref.with_tag(report_tag))}
+                "gate_report_image": f"{ref.repo}:{report_tag}",
+                "gate_report_digest": reg.digest(ref.with_tag(report_tag))}
     finally:
         reg.close()
 

@@ -40,10 +40,14 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
     hosts = read_hosts(testhosts_dir)
     fabrics = fabrics or ["pcie" if i % 2 == 0 else "nvlink" for i in range(len(hosts))]
     shutil.rmtree(out, ignore_errors=True)
+    # Data lives beside the inventory directory: Ansible parses every file inside it.
+    data = out.parent / f"{out.name}-data"
+    data.mkdir(parents=True, exist_ok=True)
     (out / "group_vars").mkdir(parents=True)
     (out / "host_vars").mkdir()
     for g in ("pcie", "nvlink"):
-        shutil.copy2(ANSIBLE_DIR / "inventories" / "example" / "group_vars" / f"{g}.yml", out / "group_vars" / f"{g}.yml")
+        src = ANSIBLE_DIR / "inventories" / "example" / "group_vars" / f"{g}.yml"
+        shutil.copy2(src, out / "group_vars" / f"{g}.yml")
     children: dict = {"pcie": {"hosts": {}}, "nvlink": {"hosts": {}}, "unassigned": {"hosts": {}}}
     for i, (name, addr, gw) in enumerate(hosts):
         group = fabrics[i] if fabrics[i] in ("pcie", "nvlink") else "unassigned"
@@ -63,7 +67,7 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
         "ansible_ssh_private_key_file": str((testhosts_dir / "id_ed25519").resolve()),
         "rollout_registry": "127.0.0.1:5000",
         "rollout_registry_auth": False,
-        "rollout_state_dir": str((out / "state").resolve()),
+        "rollout_state_dir": str((data / "state").resolve()),
         "serve_engine": "embedded",
         "serve_restart_policy": "unless-stopped",
         "serve_log_max_size": "10m",
@@ -78,7 +82,7 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
         "weights_name": "smollm2-135m-q4_1",
         "weights_file": "model.gguf",
         "weights_source": default_model_path(),
-        "weights_cache_dir": str((out / "weights-cache").resolve()),
+        "weights_cache_dir": str((data / "weights-cache").resolve()),
         "weights_shared_cache": False,
         "serve_mem_fraction": 0.85,
         "serve_spec_algorithm": "DDTREE",
@@ -96,3 +100,19 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
         del children["unassigned"]
     (out / "hosts.yml").write_text("---\n" + yaml.safe_dump({"all": {"children": children}}, sort_keys=False))
     return out
+
+
+TEST_REGISTRY = "127.0.0.1:5000"
+TEST_REPO = f"{TEST_REGISTRY}/rollout-test-cpu"
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 900):
+    """`python -m rollout ARGS` as a subprocess (what `make deploy` runs), output captured."""
+    import os
+    import subprocess
+    import sys
+
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "rollout", *args], capture_output=True, text=True, cwd=REPO_ROOT,
+                          env=e, timeout=timeout)

@@ -45,6 +45,7 @@ start() {
       ip netns exec "$ns" ip link set "$hb" up
       ip netns exec "$ns" ip link set lo up
     fi
+    ip link set "$ha" up  # `cut` takes it down
     cat >"$dir/sshd_$ns.conf" <<EOF
 ListenAddress $addr
 Port 22
