@@ -36,7 +36,7 @@ cpu-image: ## rollout: build + push the CPU serving image of the embedded model 
 	$(PY) -m rollout build-cpu-image --tag "$(IMAGE)"
 
 lint-ansible: ## rollout: ansible-lint, production profile
-	cd ansible && ANSIBLE_CONFIG=ansible.cfg $(ROLLOUT_ENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+	cd ansible && ANSIBLE_CONFIG=ansible.cfg ANSIBLE_INVENTORY=inventories/example $(ROLLOUT_ENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
 	  $(CURDIR)/$(VENV)/bin/ansible-lint --offline --profile production playbooks/ roles/
 
 test-rollout: ## rollout: real SSH test hosts + Docker + registry tests (tests/rollout)

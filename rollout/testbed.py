@@ -34,7 +34,7 @@ def read_hosts(testhosts_dir: Path) -> list[tuple[str, str, str]]:
 
 def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None = None,
                     gpu_override: dict[str, str] | None = None, startup_budget_s: int = 90,
-                    threads: int = 2, extra_all: dict | None = None) -> Path:
+                    threads: int = 2, extra_all: dict | None = None, base_port: int = BASE_PORT) -> Path:
     """out/hosts.yml + group_vars + host_vars. fabrics[i] is the group of host i (default alternating
     pcie/nvlink); gpu_override maps a host to a key of SMI (e.g. 'wrong') or None to leave it in no fleet."""
     hosts = read_hosts(testhosts_dir)
@@ -55,7 +55,7 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
         gpu = (gpu_override or {}).get(name, fabrics[i] if fabrics[i] in SMI else "pcie")
         hv = {
             "serve_container_name": f"rollout-test-{name}",
-            "serve_port": BASE_PORT + i + 1,
+            "serve_port": base_port + i + 1,
             "serve_probe_host": gw,  # the host reaches the shared engine's containers through its gateway
             "serve_endpoint_host": "127.0.0.1",  # the controller (and the gate) reach them on loopback
             "preflight_nvidia_smi_recorded": str(SMI[gpu]),

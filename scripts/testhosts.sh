@@ -17,6 +17,7 @@
 set -euo pipefail
 
 PREFIX=${TESTHOSTS_PREFIX:-rt}
+NET=${TESTHOSTS_NET:-10.231}  # host k: $NET.k.1 (root side) / $NET.k.2 (namespace)
 die() { printf 'testhosts: error: %s\n' "$*" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || die "must run as root (ip netns)"
 SSHD=/usr/sbin/sshd
@@ -34,7 +35,7 @@ start() {
   : >"$dir/hosts.tsv"
   local k
   for ((k = 1; k <= n; k++)); do
-    local ns=$PREFIX$k ha=vh$PREFIX$k hb=vn$PREFIX$k gw=10.231.$k.1 addr=10.231.$k.2
+    local ns=$PREFIX$k ha=vh$PREFIX$k hb=vn$PREFIX$k gw=$NET.$k.1 addr=$NET.$k.2
     if ! ip netns list | grep -qw "$ns"; then
       ip netns add "$ns"
       ip link add "$ha" type veth peer name "$hb"
@@ -70,7 +71,7 @@ EOF
   local deadline=$((SECONDS + 30))
   for ((k = 1; k <= n; k++)); do
     until ssh -q -i "$dir/id_ed25519" -o BatchMode=yes -o StrictHostKeyChecking=no \
-      -o UserKnownHostsFile=/dev/null -o ConnectTimeout=2 "root@10.231.$k.2" true 2>/dev/null; do
+      -o UserKnownHostsFile=/dev/null -o ConnectTimeout=2 "root@$NET.$k.2" true 2>/dev/null; do
       ((SECONDS < deadline)) || die "sshd in $PREFIX$k not answering (see $dir/sshd_$PREFIX$k.log)"
       sleep 0.2
     done
