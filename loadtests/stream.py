@@ -23,6 +23,13 @@ from urllib.parse import urlsplit
 
 from pipeline.errors import UsageError
 
+try:  # orjson parses a small chunk several times faster than json; the harness's hot path
+    from orjson import JSONDecodeError as _JSONError
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is a pinned dependency
+    _JSONError = ValueError  # type: ignore[assignment,misc]
+    _loads = json.loads
+
 # Error classes: the only values `StreamResult.error` takes besides None (plus "http_<status>").
 ERR_CONNECT = "connect_error"
 ERR_TIMEOUT = "timeout"
@@ -109,45 +116,67 @@ def build_request(ep: Endpoint, body: dict[str, Any], api_key: str | None = None
 
 
 class _Chunked:
-    """Incremental decoder for `Transfer-Encoding: chunked`."""
+    """Incremental decoder for `Transfer-Encoding: chunked` (positional: no per-chunk buffer copies)."""
 
     __slots__ = ("buf", "done", "remaining", "state")
 
     def __init__(self) -> None:
-        self.buf = bytearray()
+        self.buf = b""
         self.remaining = 0
         self.state = 0  # 0 size line, 1 data, 2 CRLF after data
         self.done = False
 
     def feed(self, data: bytes) -> bytes:
-        buf = self.buf
-        buf += data
-        out = bytearray()
-        while buf:
-            if self.state == 0:
-                i = buf.find(b"\r\n")
-                if i < 0:
-                    break
-                size = int(bytes(buf[:i]).split(b";", 1)[0].strip() or b"0", 16)
-                del buf[: i + 2]
-                if size == 0:
-                    self.done = True
-                    buf.clear()
-                    break
-                self.remaining, self.state = size, 1
-            elif self.state == 1:
-                n = min(self.remaining, len(buf))
-                out += buf[:n]
-                del buf[:n]
-                self.remaining -= n
-                if self.remaining == 0:
-                    self.state = 2
-            else:
-                if len(buf) < 2:
-                    break
-                del buf[:2]
+        buf = self.buf + data if self.buf else data
+        n = len(buf)
+        pos = 0
+        out: list[bytes] = []
+        if self.state == 1:  # finish a chunk begun in an earlier read
+            take = min(self.remaining, n)
+            out.append(buf[:take])
+            pos = take
+            self.remaining -= take
+            if self.remaining:
+                self.buf = b""
+                return out[0]
+            self.state = 2
+        if self.state == 2:
+            if n - pos < 2:
+                self.buf = buf[pos:]
+                return b"".join(out)
+            pos += 2
+            self.state = 0
+        find = buf.find
+        while pos < n:  # state 0: one iteration per whole chunk
+            i = find(b"\r\n", pos)
+            if i < 0:
+                break
+            try:
+                size = int(buf[pos:i], 16)
+            except ValueError:
+                size = int(buf[pos:i].split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                self.done = True
+                pos = n
+                break
+            start = i + 2
+            end = start + size
+            if end + 2 <= n:
+                out.append(buf[start:end])
+                pos = end + 2
+                continue
+            take = min(size, n - start)  # a partial chunk: keep its state
+            out.append(buf[start : start + take])
+            self.remaining = size - take
+            pos = start + take
+            self.state = 1 if self.remaining else 2
+            if self.state == 2 and n - pos >= 2:
+                pos += 2
                 self.state = 0
-        return bytes(out)
+                continue
+            break
+        self.buf = buf[pos:] if pos < n and self.state == 0 else (buf[pos:] if self.state == 2 else b"")
+        return out[0] if len(out) == 1 else b"".join(out)
 
 
 def stream_chat(
@@ -246,7 +275,7 @@ def _read_stream(sock: socket.socket, res: StreamResult, t0: float, deadline: fl
     data = rest
     last = 0.0
     itl = res.itl
-    loads = json.loads
+    loads = _loads
     while True:
         if data:
             received += len(data)
@@ -269,7 +298,7 @@ def _read_stream(sock: socket.socket, res: StreamResult, t0: float, deadline: fl
                             obj = loads(payload)
                             choices = obj.get("choices") or ()
                             usage = obj.get("usage")
-                        except (ValueError, AttributeError):
+                        except (_JSONError, ValueError, AttributeError):
                             res.error, res.detail = ERR_MALFORMED, f"bad chunk {payload[:120]!r}"
                             res.e2e = now - t0
                             return

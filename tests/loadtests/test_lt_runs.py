@@ -123,3 +123,43 @@ def test_bad_input_gives_one_error_line_and_no_complete_report(sim, tmp_path: Pa
         assert len(lines) == 1 and lines[0].startswith("error: ") and msg in lines[0], (args, cp.stderr)
         summary = out / "summary.json"
         assert not summary.exists() or json.loads(summary.read_text())["complete"] is False
+
+
+def test_web_ui_runs_the_same_locustfile(sim, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.loadtests.conftest import REPO, free_port
+
+    srv = sim("--tokens", "4", "--itl-ms", "1", "--no-record")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "loadtests", "ui", "--host", srv.url, "--web-port", str(port),
+                             "--duration", "30", "--out", str(tmp_path / "ui")], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        r = httpx.post(base + "/swarm", data={"user_count": 2, "spawn_rate": 10, "host": srv.url}, timeout=5)
+        assert r.status_code == 200 and r.json()["success"]
+        names: set[str] = set()
+        while time.monotonic() < deadline and not {"chat", "TTFT", "ITL"} <= names:
+            time.sleep(0.5)
+            stats = httpx.get(base + "/stats/requests", timeout=5).json()["stats"]
+            names = {s["name"] for s in stats if s["num_requests"] > 0}
+        assert {"chat", "TTFT", "ITL", "TPOT"} <= names
+        assert list((tmp_path / "ui" / "records").glob("*.jsonl"))
+    finally:
+        import os
+        import signal
+
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from loadtests.workload import build_requests, read_jsonl
 from pipeline.errors import UsageError
 
 
-def test_chunked_decoder_byte_by_byte_equals_whole() -> None:
+def test_chunked_decoder_any_split_equals_whole() -> None:
     payload = [b"data: {\"a\":1}\n\n", b"data: [DONE]\n\n", b"x" * 300]
     wire = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in payload) + b"0\r\n\r\n"
     whole = _Chunked()
@@ -33,6 +34,16 @@ def test_chunked_decoder_byte_by_byte_equals_whole() -> None:
     dec = _Chunked()
     out = b"".join(dec.feed(wire[i : i + 1]) for i in range(len(wire)))
     assert out == b"".join(payload) and dec.done
+    rng = random.Random(7)
+    for _ in range(200):  # random chunk contents and random read boundaries
+        parts = [rng.randbytes(rng.randrange(1, 40)) for _ in range(rng.randrange(1, 8))]
+        wire = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+        dec, got, pos = _Chunked(), b"", 0
+        while pos < len(wire):
+            step = rng.randrange(1, 12)
+            got += dec.feed(wire[pos : pos + step])
+            pos += step
+        assert got == b"".join(parts) and dec.done
 
 
 def test_endpoint_parse() -> None:
