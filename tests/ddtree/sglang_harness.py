@@ -16,6 +16,12 @@ torch 2.14.1 and cannot load on the H200's torch 2.11) are not taken; afterwards
 extend-attention kernel module's platform constants are restored to the real GPU
 (`_is_cuda`, `CUDA_CAPABILITY`) so the kernel picks its real sm_90 tile config.
 Consequence: the backend runs with `use_pdl=False` (launch attribute only).
+
+FlashInfer variant (`import_flashinfer_backend`): sglang's `FlashInferAttnBackend`
+(construction, `init_forward_metadata`, `init_cuda_graph_state`,
+`init_forward_metadata_out_graph` for capture and replay, `forward_extend`) with the
+real FlashInfer 0.7.2 wrappers and JIT-compiled kernels. The harness only binds the
+FlashInfer names the module would have imported had CUDA been visible at import.
 """
 
 from __future__ import annotations
@@ -75,8 +81,32 @@ def import_sglang():
     return tb
 
 
+_FLASHINFER_NAMES = ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
+                     "BatchPrefillWithRaggedKVCacheWrapper", "fast_decode_plan")
+
+
+def import_flashinfer_backend():
+    """Import sglang's FlashInfer backend (after import_sglang) under the same
+    import-time platform view, then bind the real FlashInfer wrappers into it:
+    the module imports them only `if is_flashinfer_available()`, which is False
+    while CUDA is hidden. FlashInfer itself is imported with the real GPU view;
+    its kernels are JIT-compiled on first use (FLASHINFER_CUDA_ARCH_LIST)."""
+    import_sglang()
+    with _no_cuda_during_import():
+        import sglang.srt.layers.attention.flashinfer_backend as fb
+    import flashinfer
+    from flashinfer.cascade import merge_state
+
+    for name in _FLASHINFER_NAMES:
+        if not hasattr(fb, name):
+            setattr(fb, name, getattr(flashinfer, name))
+    if not hasattr(fb, "merge_state"):
+        fb.merge_state = merge_state
+    return fb
+
+
 def install_config(*, block: int, verify_q: int | None, topk: int, context_len: int,
-                   model_path: str, set_verify_arg: bool):
+                   model_path: str, set_verify_arg: bool, attention_backend: str = "triton"):
     """Project ServerArgs field defaults (plus our spec values) into the real
     runtime config bags and install them in the process context."""
     from sglang.srt import runtime_context as rc
@@ -89,7 +119,7 @@ def install_config(*, block: int, verify_q: int | None, topk: int, context_len: 
         speculative_num_draft_tokens=block,
         speculative_num_steps=block - 1,
         speculative_eagle_topk=topk,
-        attention_backend="triton",
+        attention_backend=attention_backend,
         context_length=context_len,
         skip_tokenizer_init=True,
         device="cuda",
@@ -121,8 +151,13 @@ def install_config(*, block: int, verify_q: int | None, topk: int, context_len: 
     tops["device"]._set("gpu_id", 0)
     tops["spec"]._set("max_speculative_num_draft_tokens", max(block, verify_q or 0))
     ctx.parallel._config = tops.get("parallel")
+    # Single-GPU widths (a real server derives them at publish; groups are left
+    # unset). FlashInfer's setup also reads attn_dp_enabled (cuda-graph bs alignment).
     for k, v in dict(tp_size=1, attn_tp_size=1, attn_dcp_size=1, attn_dcp_rank=0,
-                     attn_cp_size=1, attn_tp_rank=0).items():
+                     attn_cp_size=1, attn_tp_rank=0, attn_dp_enabled=False, dcp_enabled=False,
+                     attn_dp_rank=0, attn_cp_rank=0, dp_rank=0, tp_rank=0, num_dp_ranks=1,
+                     moe_ep_size=1, moe_tp_size=1, moe_dp_rank=0, moe_ep_rank=0, moe_tp_rank=0,
+                     pp_rank=0, launch_world_size=1, launch_world_rank=0, max_world_size=1).items():
         with contextlib.suppress(Exception):
             ctx.parallel.override_permanently(**{k: v})
     return sa, has_verify_arg
@@ -147,6 +182,10 @@ class ModelConfigLike:
                 num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim,
                 num_hidden_layers=1, vocab_size=1000, max_position_embeddings=self.context_len,
             )
+        if not getattr(self.hf_config, "architectures", None):
+            self.hf_config.architectures = ["LlamaForCausalLM"]  # FlashInfer reads it
+        self.num_attention_heads = self.num_heads
+        self.is_multimodal = False
         self.v_head_dim = self.head_dim
         self.swa_v_head_dim = self.head_dim
         self.is_encoder_decoder = False
@@ -165,7 +204,7 @@ class ModelRunnerLike:
     real sglang pools and translator."""
 
     def __init__(self, *, max_bs, context_len, num_heads, num_kv_heads, head_dim,
-                 kv_size, dtype, device="cuda"):
+                 kv_size, dtype, device="cuda", server_args=None, attention_backend="triton"):
         import torch
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -173,6 +212,10 @@ class ModelRunnerLike:
 
         self.device = device
         self.gpu_id = 0
+        # Read by FlashInferAttnBackend.__init__ (TritonAttnBackend ignores them).
+        self.server_args = server_args
+        self.prefill_attention_backend_str = attention_backend
+        self.decode_attention_backend_str = attention_backend
         self.page_size = 1
         self.sliding_window_size = None
         self.is_draft_worker = False
@@ -202,6 +245,17 @@ class ModelRunnerLike:
 
         return resolve_num_tokens_per_req(phase="target_verify", spec_algorithm=self.spec_algorithm,
                                           is_draft_worker=False, num_draft_tokens=num_draft_tokens)
+
+
+class AllocatorView:
+    """Harness stand-in for the token-to-KV allocator: FlashInferAttnBackend only
+    asks it for its KV cache (to detect an SWA pool); no allocation happens here."""
+
+    def __init__(self, kvcache):
+        self._kvcache = kvcache
+
+    def get_kvcache(self):
+        return self._kvcache
 
 
 def _build(cls, **kw):

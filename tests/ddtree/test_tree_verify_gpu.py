@@ -1,4 +1,5 @@
-"""GPU proof: tree target-verify through the real sglang Triton backend vs fp32.
+"""GPU proof: tree target-verify through the real sglang Triton and FlashInfer
+backends vs fp32 (the FlashInfer tests skip unless `flashinfer` imports).
 
 Run with `make gpu-test` (needs a CUDA GPU and DDTREE_SGLANG_PATH pointing at an
 unpacked sglang 0.5.23, patched or not). See docs/ddtree-gpu-proof.md.
@@ -37,6 +38,21 @@ def sg():
     return H, tb
 
 
+@pytest.fixture(scope="session")
+def sg_fi():
+    import sglang_harness as H
+
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as e:
+        pytest.skip(f"flashinfer is not importable (carry flashinfer-python 0.7.2): {e!r}")
+    try:
+        fb = H.import_flashinfer_backend()
+    except Exception as e:  # pragma: no cover - environment problem, not a result
+        pytest.skip(f"cannot import sglang's flashinfer backend: {e!r}")
+    return H, fb
+
+
 def _record(row):
     path = os.environ.get("DDTREE_RESULTS")
     if path:
@@ -44,19 +60,15 @@ def _record(row):
             f.write(json.dumps(row) + "\n")
 
 
-@pytest.mark.parametrize("topk", TOPKS)
-@pytest.mark.parametrize("budget", BUDGETS)
-@pytest.mark.parametrize("mode", ["eager", "cuda_graph"])
-def test_tree_verify_matches_reference(sg, mode, budget, topk):
+def _check_cell(H, tb, backend, mode, budget, topk):
     import tree_verify_case as C
 
-    H, tb = sg
     q = budget + 1
-    env = C.Env(H, tb, verify_q=q, topk=topk, context_len=CONTEXT_LEN, max_bs=8)
-    b = C.make_batch(env, PREFIX_LENS, budget, topk, seed=1000 * budget + topk)
-    row = dict(mode=mode, budget=budget, topk=topk, q=q, block=C.BLOCK,
+    row = dict(backend=backend, mode=mode, budget=budget, topk=topk, q=q, block=C.BLOCK,
                sglang=os.environ.get("DDTREE_SGLANG_LABEL", os.environ["DDTREE_SGLANG_PATH"]))
     try:
+        env = C.Env(H, tb, verify_q=q, topk=topk, context_len=CONTEXT_LEN, max_bs=8, backend=backend)
+        b = C.make_batch(env, PREFIX_LENS, budget, topk, seed=1000 * budget + topk)
         if mode == "eager":
             out = C.run_eager(env, b)
         else:
@@ -67,11 +79,53 @@ def test_tree_verify_matches_reference(sg, mode, budget, topk):
         err = C.max_err(out, b["ref"])
         row.update(max_err=err, passed=err <= C.TOL)
     except Exception as e:
-        row.update(max_err=None, passed=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+        import traceback
+
+        tb_tail = traceback.format_exc().strip().splitlines()[-6:]
+        row.update(max_err=None, passed=False, error=f"{type(e).__name__}: {str(e)[:300]}",
+                   where=" | ".join(x.strip() for x in tb_tail[:-1])[-600:])
         _record(row)
         raise
     _record(row)
     assert err <= C.TOL, f"max |out - ref| = {err} > {C.TOL} ({row})"
+
+
+@pytest.mark.parametrize("topk", TOPKS)
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mode", ["eager", "cuda_graph"])
+def test_tree_verify_matches_reference(sg, mode, budget, topk):
+    H, tb = sg
+    _check_cell(H, tb, "triton", mode, budget, topk)
+
+
+@pytest.mark.parametrize("topk", TOPKS)
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("mode", ["eager", "cuda_graph"])
+def test_flashinfer_tree_verify_matches_reference(sg_fi, mode, budget, topk):
+    H, fb = sg_fi
+    _check_cell(H, fb, "flashinfer", mode, budget, topk)
+
+
+def test_flashinfer_too_wide_verify_raises_clear_error(sg_fi):
+    """Bad input, FlashInfer: graph captured for q=17, batch with q=33 must raise
+    a clear error at setup (patched sources), before plan() or any launch."""
+    import tree_verify_case as C
+
+    H, fb = sg_fi
+    row = dict(backend="flashinfer", mode="bad_input", q=33,
+               sglang=os.environ.get("DDTREE_SGLANG_LABEL", os.environ["DDTREE_SGLANG_PATH"]))
+    env = C.Env(H, fb, verify_q=17, topk=4, context_len=CONTEXT_LEN, max_bs=8, backend="flashinfer")
+    g = C.Graph(env, bs=len(PREFIX_LENS))
+    b = C.make_batch(env, PREFIX_LENS, 32, 4, seed=7)  # width 33 > 17
+    row.update(capture_width=g.cap_w)
+    try:
+        g.replay(b)
+        row.update(passed=False, error="no error raised")
+    except Exception as e:
+        row.update(passed=isinstance(e, ValueError) and "verify width 33" in str(e),
+                   error=f"{type(e).__name__}: {str(e)[:300]}")
+    _record(row)
+    assert row["passed"], row["error"]
 
 
 def test_too_wide_verify_raises_clear_error(sg):
