@@ -215,6 +215,10 @@ def main() -> int:
     ap.add_argument("--server-cpu", default="1")
     ap.add_argument("--bench-python", default=str(BENCH_PY))
     ap.add_argument("--skip-bench-serving", action="store_true")
+    ap.add_argument("--scaling", default="1,2", help="Locust --processes values for the scaling runs")
+    ap.add_argument("--scaling-cpus", default=None, help="CPU list for the scaling clients (default: unpinned)")
+    ap.add_argument("--server-workers", type=int, default=1, help="simulator processes (SO_REUSEPORT)")
+    ap.add_argument("--skip-single", action="store_true", help="only the scaling and timing parts")
     args = ap.parse_args()
     bench_py = Path(args.bench_python)
     if not args.skip_bench_serving and not bench_py.is_file():
@@ -226,8 +230,9 @@ def main() -> int:
                               "client_cpu": args.client_cpu, "server_cpu": args.server_cpu, "cpus": os.cpu_count(),
                               "command": " ".join(sys.argv), "harness": [], "bench_serving": []}
     inputs = None if args.skip_bench_serving else prepare_bench_serving_inputs(out, bench_py)
-    with SimServer(_free_port(), "--tokens", str(args.tokens), "--no-record", cpu=args.server_cpu) as srv:
-        for rep in range(args.repeats):
+    with SimServer(_free_port(), "--tokens", str(args.tokens), "--no-record", "--workers", str(args.server_workers),
+                   cpu=args.server_cpu) as srv:
+        for rep in range(0 if args.skip_single else args.repeats):
             for ev in ("each", "mean"):
                 h = run_harness(srv.url, out / f"harness-{ev}-{rep}", args.users, args.duration, args.tokens, ev,
                                 cpu=args.client_cpu)
@@ -243,9 +248,9 @@ def main() -> int:
                 print(f"bench_serving: {b['output_tok_per_s']:.0f} tok/s, {b['requests_per_s']:.1f} req/s on 1 core",
                       flush=True)
         result["scaling"] = []
-        for procs in (1, 2):
-            s = run_harness(srv.url, out / f"scaling-{procs}", args.users, args.duration, args.tokens, "each",
-                            processes=procs)
+        for procs in (int(x) for x in args.scaling.split(",")):
+            s = run_harness(srv.url, out / f"scaling-{procs}", args.users * procs if args.scaling_cpus else args.users,
+                            args.duration, args.tokens, "each", processes=procs, cpu=args.scaling_cpus)
             result["scaling"].append(s)
             print(f"scaling --processes {procs}: {s['output_tok_per_s']:.0f} tok/s, {s['tok_per_cpu_s']} tok per "
                   f"client CPU-s (client cores busy {s['client_cores_busy']})", flush=True)
@@ -253,17 +258,21 @@ def main() -> int:
 
     def best(rows: list[dict[str, Any]], key: str, **match: Any) -> float:
         return max(r[key] for r in rows if all(r.get(k) == v for k, v in match.items()))
-    if result["bench_serving"]:
+    if result["bench_serving"] and result["harness"]:
         bs_tok = best(result["bench_serving"], "output_tok_per_s")
         bs_req = best(result["bench_serving"], "requests_per_s")
         result["ratio"] = {
             ev: {"tok_per_s": round(best(result["harness"], "output_tok_per_s", itl_events=ev) / bs_tok, 2),
                  "req_per_s": round(best(result["harness"], "requests_per_s", itl_events=ev) / bs_req, 2)}
             for ev in ("each", "mean")}
-    s1, s2 = result["scaling"]
-    result["scaling_efficiency"] = round(s2["tok_per_cpu_s"] / s1["tok_per_cpu_s"], 2)
+    base = result["scaling"][0]
+    result["scaling_efficiency"] = {  # throughput per worker relative to one worker (1.0 = linear)
+        str(r["processes"]): round(r["output_tok_per_s"] / (base["output_tok_per_s"] * r["processes"]), 2)
+        for r in result["scaling"]}
+    result["tok_per_cpu_s_by_processes"] = {str(r["processes"]): r["tok_per_cpu_s"] for r in result["scaling"]}
     write_json(out / "bench.json", result)
-    print(json.dumps({k: result.get(k) for k in ("ratio", "timing", "scaling_efficiency")}, indent=1))
+    print(json.dumps({k: result.get(k) for k in ("ratio", "timing", "scaling_efficiency",
+                                                 "tok_per_cpu_s_by_processes")}, indent=1))
     print(f"results: {out}/bench.json")
     return 0
 

@@ -104,7 +104,7 @@ def locust_command(cfg: LoadTestConfig, out: Path, web_ui: bool = False) -> list
         cmd += ["--headless", "--only-summary", "--csv", str(out / "locust"), "--html", str(out / "locust.html")]
     if cfg.stop_timeout_s:
         cmd += ["--stop-timeout", f"{math.ceil(cfg.stop_timeout_s)}s"]
-    if not cfg.steps:
+    if not cfg.steps and not web_ui:  # web UI: users are chosen in the UI; the watchdog bounds each run
         # A backstop only: the locustfile's watchdog ends the run on time (see _watchdog).
         run_time = (cfg.capacity.max_step_s if cfg.step_control else cfg.duration_s) + 10
         cmd += ["-u", str(cfg.users), "-r", f"{cfg.spawn_rate:g}", "-t", f"{math.ceil(run_time)}s"]
@@ -114,6 +114,7 @@ def locust_command(cfg: LoadTestConfig, out: Path, web_ui: bool = False) -> list
 
 
 def write_settings(cfg: LoadTestConfig, out: Path, info: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "loadtest-settings.json"
     path.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "model": info.get("model"),
                                 "calibration": info.get("calibration")}, indent=2))

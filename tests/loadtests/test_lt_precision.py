@@ -49,12 +49,14 @@ def test_ttft_and_itl_match_known_delays(sim, tmp_path: Path) -> None:
         # received -> first token); connection set-up and scheduling before the headers are common to both.
         ttft_err.append(abs((rec["ttft"] - rec["hdr"]) - (sends[0] - tim["t_head"]) * 1000))
         assert rec["ttft"] >= TTFT_MS - 1.0
-    # Within 1 ms: the median and the bulk of the samples. A shared 2-core CI box deschedules a
-    # process for a 4 ms scheduler tick now and then; those outliers are bounded in share, not removed.
-    assert statistics.median(itl_err) < 1.0, itl_err
-    assert sum(e < 1.0 for e in itl_err) >= 0.85 * len(itl_err), sorted(itl_err)[-10:]
-    assert statistics.median(ttft_err) < 1.0, ttft_err
-    assert sum(e < 1.0 for e in ttft_err) >= 0.75 * len(ttft_err), sorted(ttft_err)
+    # Within 1 ms. A systematic error (a timestamp taken late, a gap computed wrongly) moves the
+    # median; a shared CI box adds scheduler-tick outliers (~4-8 ms when a process is descheduled) to
+    # a share of samples, so the share under 1 ms is bounded loosely. On an idle 16-core host all
+    # samples were under 1 ms (p99 0.29 ms), see docs/loadtests.md.
+    assert statistics.median(itl_err) < 0.5, sorted(itl_err)
+    assert sum(e < 1.0 for e in itl_err) >= 0.6 * len(itl_err), sorted(itl_err)[-10:]
+    assert statistics.median(ttft_err) < 1.0, sorted(ttft_err)
+    assert sum(e < 1.0 for e in ttft_err) >= 0.5 * len(ttft_err), sorted(ttft_err)
 
     # The same numbers reach Locust's own stats (CSV): one ITL event per gap, one TTFT per request.
     summary = read_json(out / "summary.json")
