@@ -110,6 +110,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             result["drift"] = {"newest": newest, "clean": d.clean, "changed_files": d.changed_files,
                                "apply": [asdict(r) for r in d.results]}
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     print(f"patches check finished in {time.monotonic() - t0:.1f} s")
     if not rep.ok:
