@@ -119,8 +119,11 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result = run_capacity(cfg, out, log=lambda m: print(m, flush=True))
     best = result["capacity"]
+    fail = result["first_failing"]
+    beyond = (f"first failing {fail:g}" if fail is not None
+              else f"not saturated up to max_load {cfg.capacity.max_load:g}")
     print(f"capacity: {result['mode']} = {best if best is not None else 'none'} meets the SLOs "
-          f"(first failing {result['first_failing']}); report {out}/capacity.html")
+          f"({beyond}); report {out}/capacity.html")
     return EXIT_OK if best is not None else EXIT_FAIL
 
 
@@ -136,7 +139,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     cmd = [*locust_command(cfg, out, web_ui=True), "--web-host", args.web_host, "--web-port", str(args.web_port)]
     print(f"Locust web UI on http://{args.web_host}:{args.web_port} (runs bounded to {cfg.duration_s:g}s and "
           f"{cfg.max_requests} requests); Ctrl-C to quit", flush=True)
-    return subprocess.call(cmd, env=child_env(settings, out))
+    return subprocess.call(cmd, env=child_env(settings, out, cfg.api_key))
 
 
 @cli_main

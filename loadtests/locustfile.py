@@ -57,6 +57,8 @@ def _load_settings() -> dict[str, Any]:
 
 SETTINGS = _load_settings()
 CFG = LoadTestConfig.model_validate(SETTINGS["config"])
+if os.environ.get("LOADTEST_API_KEY"):
+    CFG = CFG.model_copy(update={"api_key": os.environ["LOADTEST_API_KEY"]})
 OUT = Path(os.environ.get("LOADTEST_OUT", "runs/locust-ui"))
 
 

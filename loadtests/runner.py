@@ -116,13 +116,16 @@ def locust_command(cfg: LoadTestConfig, out: Path, web_ui: bool = False) -> list
 def write_settings(cfg: LoadTestConfig, out: Path, info: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "loadtest-settings.json"
-    path.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "model": info.get("model"),
+    # The API key never goes to disk: the child gets it through LOADTEST_API_KEY (child_env).
+    path.write_text(json.dumps({"config": cfg.model_dump(mode="json", exclude={"api_key"}), "model": info.get("model"),
                                 "calibration": info.get("calibration")}, indent=2))
     return path
 
 
-def child_env(settings: Path, out: Path) -> dict[str, str]:
+def child_env(settings: Path, out: Path, api_key: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    if api_key:
+        env["LOADTEST_API_KEY"] = api_key
     env["LOADTEST_CONFIG"] = str(settings.resolve())
     env["LOADTEST_OUT"] = str(out.resolve())
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -138,7 +141,7 @@ def run_locust(cfg: LoadTestConfig, out: Path, info: dict[str, Any]) -> LocustOu
     t0 = time.monotonic()
     with log.open("wb") as fh:
         try:
-            proc = subprocess.run(locust_command(cfg, out), env=child_env(settings, out), stdout=fh,
+            proc = subprocess.run(locust_command(cfg, out), env=child_env(settings, out, cfg.api_key), stdout=fh,
                                   stderr=subprocess.STDOUT, timeout=bound, cwd=REPO_ROOT, check=False)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
