@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-_SECRET_KEYS = re.compile(r"(token|password|secret|api[_-]?key|authorization|credential)", re.I)
+# Secret-looking key names: hf_token, registry_password, api_key, Authorization, credentials...
+# Counters such as max_tokens / completion_tokens are not secrets and stay readable.
+_SECRET_KEYS = re.compile(r"(token|password|passwd|secret|api[_-]?key|authorization|credentials?)$", re.I)
 
 
 @dataclass

@@ -27,6 +27,14 @@ def test_json_redacts_secrets(tmp_path: Path) -> None:
     assert "hf_abc" not in p.read_text() and "pw" not in p.read_text()
 
 
+def test_token_counts_are_not_redacted(tmp_path: Path) -> None:
+    p = write_json(tmp_path / "r.json", {"completion_tokens": 12, "max_tokens": 64, "HF_TOKEN": "x",
+                                         "Authorization": "Bearer y", "access_token": "z"})
+    data = json.loads(p.read_text())
+    assert data["completion_tokens"] == 12 and data["max_tokens"] == 64
+    assert data["HF_TOKEN"] == data["Authorization"] == data["access_token"] == "***"
+
+
 def test_html_escapes_quotes(tmp_path: Path) -> None:
     p = write_html(tmp_path / "r.html", "t", verdict="FAIL", cases=[Case("x", "g", False, "<script>!!!</script>")])
     body = p.read_text()
