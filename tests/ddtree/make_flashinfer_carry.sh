@@ -8,6 +8,8 @@
 #   sglang-slim.tgz   sglang 0.5.23 cp312 unpacked, without multimodal_gen/test and the
 #                     Rust server extensions (sglang/srt/rust_extensions/*.so)
 #   patched-files.tgz the files the series changes, from `python -m patches apply`
+#   mutant-files.tgz  triton_backend.py with tests/ddtree/mutants/seeds-block-size-indexing.patch
+#                     applied on top of the series (the GPU proof's "mutant" variant)
 # Usage: bash tests/ddtree/make_flashinfer_carry.sh   (from the repo root, needs PyPI)
 set -eu
 PY=${PY:-.venv/bin/python}
@@ -29,5 +31,8 @@ $PY -m patches apply --root $T/sg
 (cd $T/sg && tar -czf - sglang/srt/speculative/tree_verify.py sglang/srt/layers/attention/triton_backend.py \
   sglang/srt/layers/attention/flashinfer_backend.py sglang/srt/speculative/dflash_utils.py \
   sglang/srt/model_executor/runner/decode_cuda_graph_runner.py sglang/srt/arg_groups/fields/spec.py) > $D/patched-files.tgz
+# the seeds' bug put back on top of the series (GPU proof variant "mutant", MUTANT_TGZ)
+R=$PWD; (cd $T/sg && patch -p1 --fuzz=0 --batch -s -i "$R/tests/ddtree/mutants/seeds-block-size-indexing.patch" \
+  && tar -czf - sglang/srt/layers/attention/triton_backend.py) > $D/mutant-files.tgz
 rm -rf $T
 du -cb $D/* .carry/ddtree/whl | tail -1

@@ -36,6 +36,30 @@ def sglang_path() -> str | None:
     return os.environ.get("DDTREE_SGLANG_PATH")
 
 
+# DDTREE_MUTANT=seeds: DDTREE_SGLANG_PATH holds the patched series + the mutant
+# tests/ddtree/mutants/seeds-block-size-indexing.patch (the seeds' bug put back into
+# the patched Triton backend). Checked at import so a mislabelled run cannot pass.
+MUTANTS = {"seeds": ("sglang/srt/layers/attention/triton_backend.py", "MUTANT seeds")}
+
+
+def mutant() -> str | None:
+    return os.environ.get("DDTREE_MUTANT") or None
+
+
+def check_mutant_applied(root: str) -> None:
+    m = mutant()
+    if m is None:
+        return
+    if m not in MUTANTS:
+        raise RuntimeError(f"DDTREE_MUTANT={m!r}: unknown mutant (known: {sorted(MUTANTS)})")
+    rel, marker = MUTANTS[m]
+    with open(os.path.join(root, rel)) as f:
+        carried = marker in f.read()
+    if not carried:
+        raise RuntimeError(f"DDTREE_MUTANT={m} but {root}/{rel} does not carry the mutant: apply "
+                           f"tests/ddtree/mutants/seeds-block-size-indexing.patch (patch -p1) first")
+
+
 @contextlib.contextmanager
 def _no_cuda_during_import():
     import torch
@@ -66,8 +90,9 @@ def import_sglang():
         import sglang.srt.mem_cache.memory_pool
         import sglang.srt.model_executor.forward_batch_info
         import sglang.srt.speculative.dflash_info
-        import sglang.srt.speculative.dflash_utils  # noqa: F401
+        import sglang.srt.speculative.dflash_utils
         from sglang.kernels.ops.attention import extend_attention as ea
+    check_mutant_applied(os.path.dirname(os.path.dirname(sglang.__file__)))
     # Restore the real platform for the kernel's tile selection.
     if torch.cuda.is_available():
         ea._is_cuda = True

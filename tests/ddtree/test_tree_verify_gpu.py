@@ -2,7 +2,10 @@
 backends vs fp32 (the FlashInfer tests skip unless `flashinfer` imports).
 
 Run with `make gpu-test` (needs a CUDA GPU and DDTREE_SGLANG_PATH pointing at an
-unpacked sglang 0.5.23, patched or not). See docs/ddtree-gpu-proof.md.
+unpacked sglang 0.5.23, patched or not). DDTREE_MUTANT=seeds: the sources are the
+patched series + tests/ddtree/mutants/seeds-block-size-indexing.patch (checked at
+import); the Triton cells must then fail exactly where budget + 1 != the block size.
+See docs/ddtree-gpu-proof.md.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ def _check_cell(H, tb, backend, mode, budget, topk):
 
     q = budget + 1
     row = dict(backend=backend, mode=mode, budget=budget, topk=topk, q=q, block=C.BLOCK,
-               sglang=os.environ.get("DDTREE_SGLANG_LABEL", os.environ["DDTREE_SGLANG_PATH"]))
+               sglang=os.environ.get("DDTREE_SGLANG_LABEL", os.environ["DDTREE_SGLANG_PATH"]),
+               mutant=os.environ.get("DDTREE_MUTANT") or None)
     try:
         env = C.Env(H, tb, verify_q=q, topk=topk, context_len=CONTEXT_LEN, max_bs=8, backend=backend)
         b = C.make_batch(env, PREFIX_LENS, budget, topk, seed=1000 * budget + topk)
