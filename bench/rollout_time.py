@@ -16,9 +16,12 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from rollout import REPO_ROOT
 from rollout.testbed import run_cli, write_inventory

@@ -15,8 +15,7 @@ ROLLOUT_ENV = ANSIBLE_COLLECTIONS_PATH=$(CURDIR)/.cache/ansible-collections
 
 deploy: ## rollout: deploy IMAGE to HOST (host or group), gate each endpoint, promote or roll back [CHECK=1]
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }
-	$(ROLLOUT_ENV) $(PY) -m rollout deploy $(ROLLOUT_ARGS) --image "$(IMAGE)" $(if $(CHECK),--check) \
-	  $(if $(GATE_CONFIG),--gate-config "$(GATE_CONFIG)")
+	$(ROLLOUT_ENV) $(PY) -m rollout deploy $(ROLLOUT_ARGS) --image "$(IMAGE)"$(if $(CHECK), --check)$(if $(GATE_CONFIG), --gate-config "$(GATE_CONFIG)")
 
 rollback: ## rollout: put HOST back on its recorded previous image [CHECK=1]
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }

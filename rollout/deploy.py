@@ -94,6 +94,22 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
         return _finish(report, cases, run_dir, t0, EXIT_OK if res.rc == 0 else EXIT_FAIL, quiet)
 
     ok = res.rc == 0 and all(r.outcome in ("updated", "unchanged") for r in res.hosts.values())
+    if ok and not report["changed_hosts"] and digest is not None:
+        # Same image again: nothing changed anywhere. If it is already the promoted digest, the gate
+        # passed on these endpoints before and there is nothing to decide: do not gate or push again.
+        reg = registry.Registry(ref.registry, auth, cfg.registry_timeout_s)
+        try:
+            already = reg.digest(ref.with_tag(cfg.promoted_tag)) == digest
+        finally:
+            reg.close()
+        if already:
+            report["gate_failed_hosts"] = []
+            report["promotion"] = {"skipped": f"{ref} is already {cfg.promoted_tag} and no host changed"}
+            report["result"] = "unchanged"
+            if not quiet:
+                print(f"no host changed and {ref} is already {cfg.promoted_tag}: gate and promotion skipped",
+                      file=sys.stderr)
+            return _finish(report, cases, run_dir, t0, EXIT_OK, quiet)
     gate_failed: list[str] = []
     if ok and cfg.gate:
         report["gate"] = {}
@@ -112,17 +128,6 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
     report["gate_failed_hosts"] = gate_failed
 
     if ok:
-        no_change = not report["changed_hosts"]
-        if no_change and digest is not None:
-            reg = registry.Registry(ref.registry, auth, cfg.registry_timeout_s)
-            try:
-                already = reg.digest(ref.with_tag(cfg.promoted_tag)) == digest
-            finally:
-                reg.close()
-            if already:
-                report["promotion"] = {"skipped": f"{ref} is already {cfg.promoted_tag} and no host changed"}
-                report["result"] = "unchanged"
-                return _finish(report, cases, run_dir, t0, EXIT_OK, quiet)
         if image_tarball:
             report["promotion"] = {"skipped": "air-gapped tarball: no registry to promote in"}
         elif cfg.gate:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +14,12 @@ from typing import Any
 
 from rollout import ANSIBLE_DIR
 from rollout.inventory import ansible_env
+from rollout.registry import PASSWORD_ENV, USER_ENV
+
+# The image role reads the registry login from this file (controller side, mode 0600, outside the run
+# dir, deleted after the run). ansible-runner writes the whole environment of the playbook process into
+# artifacts/<ident>/command, so the credentials must never be in that environment.
+CREDENTIALS_FILE_ENV = "ROLLOUT_REGISTRY_CREDENTIALS_FILE"
 
 OK_EVENTS = {"runner_on_ok", "runner_item_on_ok"}
 FAIL_EVENTS = {"runner_on_failed", "runner_item_on_failed"}
@@ -113,21 +123,34 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
 
     env = ansible_env()
     env.update(envvars or {})
+    creds = {k: env.pop(k, "") for k in (USER_ENV, PASSWORD_ENV, CREDENTIALS_FILE_ENV)}
+    cred_dir = None
+    if creds[USER_ENV] and creds[PASSWORD_ENV]:
+        cred_dir = tempfile.mkdtemp(prefix="rollout-cred-")  # mode 0700
+        cred_file = os.path.join(cred_dir, "registry.json")
+        with os.fdopen(os.open(cred_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            json.dump({"username": creds[USER_ENV], "password": creds[PASSWORD_ENV]}, f)
+        env[CREDENTIALS_FILE_ENV] = cred_file
     cmdline = "--check --diff" if check else None
-    r = ansible_runner.run(
-        private_data_dir=str(pdd),
-        project_dir=str(ANSIBLE_DIR),
-        playbook=str(ANSIBLE_DIR / "playbooks" / f"{name}.yml"),
-        inventory=str(inventory.resolve()),
-        limit=",".join(hosts),
-        extravars=extravars,
-        envvars=env,
-        cmdline=cmdline,
-        forks=forks,
-        event_handler=on_event,
-        quiet=True,
-        settings={"suppress_ansible_output": True},
-    )
+    try:
+        r = ansible_runner.run(
+            private_data_dir=str(pdd),
+            project_dir=str(ANSIBLE_DIR),
+            playbook=str(ANSIBLE_DIR / "playbooks" / f"{name}.yml"),
+            inventory=str(inventory.resolve()),
+            limit=",".join(hosts),
+            extravars=extravars,
+            envvars=env,
+            cmdline=cmdline,
+            forks=forks,
+            event_handler=on_event,
+            quiet=True,
+            suppress_env_files=True,
+            settings={"suppress_ansible_output": True},
+        )
+    finally:
+        if cred_dir:
+            shutil.rmtree(cred_dir, ignore_errors=True)
     wall = time.monotonic() - t0
     log(f"{name}: rc={r.rc} status={r.status} in {wall:.1f}s")
     return PlaybookResult(name, r.rc, r.status, results, wall, pdd / "artifacts")

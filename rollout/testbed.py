@@ -9,7 +9,10 @@ container runtime, a small disk floor and startup budget.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -34,9 +37,12 @@ def read_hosts(testhosts_dir: Path) -> list[tuple[str, str, str]]:
 
 def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None = None,
                     gpu_override: dict[str, str] | None = None, startup_budget_s: int = 90,
-                    threads: int = 2, extra_all: dict | None = None, base_port: int = BASE_PORT) -> Path:
+                    threads: int = 1, extra_all: dict | None = None, base_port: int = BASE_PORT) -> Path:
     """out/hosts.yml + group_vars + host_vars. fabrics[i] is the group of host i (default alternating
-    pcie/nvlink); gpu_override maps a host to a key of SMI (e.g. 'wrong') or None to leave it in no fleet."""
+    pcie/nvlink); gpu_override maps a host to a key of SMI (e.g. 'wrong') or None to leave it in no fleet.
+    threads: llama.cpp threads per server. 1 by default: several servers share a small CI machine, and
+    llama.cpp's thread barrier stalls when its threads outnumber the free cores (seen here: a 2-thread
+    server on the 2-core machine at load ~10 took 193 s for two concurrent 48-token answers)."""
     hosts = read_hosts(testhosts_dir)
     fabrics = fabrics or ["pcie" if i % 2 == 0 else "nvlink" for i in range(len(hosts))]
     shutil.rmtree(out, ignore_errors=True)
@@ -103,15 +109,25 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
 
 
 TEST_REGISTRY = "127.0.0.1:5000"
+# Namespace prefix, /16 and first port of the tests' hosts (tests/rollout). Override them to run beside
+# another fleet, e.g. one left by a killed run: testhosts.sh refuses a namespace another run still uses.
+TEST_PREFIX = os.environ.get("ROLLOUT_TESTHOSTS_PREFIX", "rt")
+TEST_NET = os.environ.get("ROLLOUT_TESTHOSTS_NET", "10.231")
+TEST_BASE_PORT = int(os.environ.get("ROLLOUT_TESTHOSTS_BASE_PORT", str(BASE_PORT)))
+TEST_HOSTS = [f"{TEST_PREFIX}1", f"{TEST_PREFIX}2"]
+
+
+def testhosts_sh(*args: str, check: bool = True, prefix: str = TEST_PREFIX,
+                 net: str = TEST_NET) -> subprocess.CompletedProcess:
+    """scripts/testhosts.sh ARGS for the hosts PREFIXk on NET.k.0/30."""
+    env = {**os.environ, "TESTHOSTS_PREFIX": prefix, "TESTHOSTS_NET": net}
+    return subprocess.run(["bash", "scripts/testhosts.sh", *args], check=check, cwd=REPO_ROOT, env=env)
+
 TEST_REPO = f"{TEST_REGISTRY}/rollout-test-cpu"
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 900):
     """`python -m rollout ARGS` as a subprocess (what `make deploy` runs), output captured."""
-    import os
-    import subprocess
-    import sys
-
     e = dict(os.environ)
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "rollout", *args], capture_output=True, text=True, cwd=REPO_ROOT,

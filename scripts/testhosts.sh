@@ -63,6 +63,9 @@ MaxStartups 64:30:128
 LogLevel ERROR
 EOF
     if ! { [[ -s $dir/sshd_$ns.pid ]] && kill -0 "$(cat "$dir/sshd_$ns.pid")" 2>/dev/null; }; then
+      # Processes in the namespace that this DIR did not start: another (or a killed) run owns it.
+      [[ -z $(ip netns pids "$ns" 2>/dev/null) ]] ||
+        die "namespace $ns is in use by another run (stop it with its DIR, or set TESTHOSTS_PREFIX/TESTHOSTS_NET)"
       ip netns exec "$ns" "$SSHD" -f "$dir/sshd_$ns.conf" -E "$dir/sshd_$ns.log"
     fi
     printf '%s\t%s\t%s\n' "$ns" "$addr" "$gw" >>"$dir/hosts.tsv"

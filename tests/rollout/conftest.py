@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from rollout import REPO_ROOT
+from rollout.testbed import TEST_HOSTS as HOSTS
 from rollout.testbed import TEST_REPO as REPO
+from rollout.testbed import testhosts_sh
 
-N_HOSTS = 2
+N_HOSTS = len(HOSTS)
 
 
 def _skip_reason() -> str | None:
@@ -57,13 +59,13 @@ def images(services):
 @pytest.fixture(scope="session")
 def testhosts(services, tmp_path_factory):
     d = tmp_path_factory.mktemp("testhosts")
-    subprocess.run(["bash", "scripts/testhosts.sh", "start", str(N_HOSTS), str(d)], check=True, cwd=REPO_ROOT)
+    testhosts_sh("start", str(N_HOSTS), str(d))
     yield d
-    subprocess.run(["bash", "scripts/testhosts.sh", "stop", str(d)], cwd=REPO_ROOT)
+    testhosts_sh("stop", str(d), check=False)
+    ours = {f"rollout-test-{h}" for h in HOSTS}
     for c in services.containers.list(all=True, filters={"label": "org.sglang-fleet.managed=true"}):
-        if c.name.startswith("rollout-test-"):
+        if c.name in ours:
             c.remove(force=True)
-
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Rollout through real SSH hosts (network namespaces), a real Docker engine and registry, the real
 embedded model in the CPU serving image, and the real validation gate. The tests run in file order
-and share one fleet of 2 hosts (rt1 in pcie, rt2 in nvlink): each starts from the state the previous
+and share one fleet of 2 hosts (H1 = rt1 in pcie, H2 = rt2 in nvlink): each starts from the state the previous
 one left and checks that every host still serves the expected version.
 
 GPU facts are RECORDED nvidia-smi outputs (no GPU here). All test hosts share this machine's Docker
@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -20,18 +21,26 @@ import httpx
 import pytest
 
 from rollout import REPO_ROOT
+from rollout.testbed import TEST_BASE_PORT as BASE_PORT
+from rollout.testbed import TEST_HOSTS, write_inventory
 from rollout.testbed import TEST_REPO as REPO
 from rollout.testbed import run_cli as rollout
-from rollout.testbed import write_inventory
+from rollout.testbed import testhosts_sh as hosts_sh
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.slow]
 GATE = "tests/rollout/fixtures/gate-embedded-lean.yaml"
 SECRET = "s3cr3t-Pa55word-do-not-print"
+H1, H2 = TEST_HOSTS  # H1 in pcie, H2 in nvlink
+PORT = {H1: BASE_PORT + 1, H2: BASE_PORT + 2}
+
+
+def inventory(path: Path, testhosts: Path, **kw) -> Path:
+    return write_inventory(path, testhosts, base_port=BASE_PORT, **kw)
 
 
 @pytest.fixture(scope="module")
 def fleet(images, testhosts, tmp_path_factory, services):
-    inv = write_inventory(tmp_path_factory.mktemp("inv") / "inventory", testhosts, startup_budget_s=120)
+    inv = inventory(tmp_path_factory.mktemp("inv") / "inventory", testhosts, startup_budget_s=120)
     # Baseline: rc1 everywhere (gate skipped for the baseline only).
     r = rollout("deploy", "--hosts", "all", "--inventory", str(inv), "--image", images["rc1"], "--no-gate")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -41,10 +50,10 @@ def fleet(images, testhosts, tmp_path_factory, services):
 def serving(fleet) -> dict[str, tuple[str, str]]:
     """host -> (image of its running container, container id); asserts it answers /health and generates."""
     out = {}
-    for h in ("rt1", "rt2"):
+    for h in (H1, H2):
         c = fleet["docker"].containers.get(f"rollout-test-{h}")
         assert c.status == "running", (h, c.status)
-        port = 18100 + int(h[2:])
+        port = PORT[h]
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
         r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
             "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
@@ -74,10 +83,10 @@ def test_bad_input_changes_nothing(fleet, tmp_path):
     (bad_inv / "hosts.yml").write_text("all:\n  children:\n    pcie:\n      hosts: [oops\n")
     cases["malformed inventory"] = (["--hosts", "all", "--inventory", str(bad_inv), "--image", img],
                                     "malformed inventory")
-    nofleet = write_inventory(tmp_path / "nofleet", fleet["testhosts"], fabrics=["pcie", "none"])
+    nofleet = inventory(tmp_path / "nofleet", fleet["testhosts"], fabrics=["pcie", "none"])
     cases["host in no fleet group"] = (["--hosts", "all", "--inventory", str(nofleet), "--image", img],
-                                       "rt2 (in no fleet group)")
-    auth_inv = write_inventory(tmp_path / "auth", fleet["testhosts"], extra_all={"rollout_registry_auth": True})
+                                       f"{H2} (in no fleet group)")
+    auth_inv = inventory(tmp_path / "auth", fleet["testhosts"], extra_all={"rollout_registry_auth": True})
     cases["credentials missing"] = (["--hosts", "all", "--inventory", str(auth_inv), "--image", img],
                                     "registry credentials missing")
     env = {k: "" for k in ("ROLLOUT_REGISTRY_USER", "ROLLOUT_REGISTRY_PASSWORD")}
@@ -103,7 +112,7 @@ def test_preflight_faults_change_nothing(fleet, tmp_path):
     server is touched; every host keeps serving rc1 and the report names no changed host."""
     before = serving(fleet)
     img = fleet["images"]["rc2"]
-    wrong = write_inventory(tmp_path / "wrong-gpu", fleet["testhosts"], gpu_override={"rt2": "wrong"})
+    wrong = inventory(tmp_path / "wrong-gpu", fleet["testhosts"], gpu_override={H2: "wrong"})
     r = rollout("deploy", "--hosts", "all", "--inventory", str(wrong), "--image", img, "--no-gate")
     assert r.returncode == 1, r.stderr[-2000:]
     assert "H100" in r.stderr and "compute capability 10.3" in r.stderr and "RECORDED nvidia-smi" in r.stderr
@@ -112,11 +121,11 @@ def test_preflight_faults_change_nothing(fleet, tmp_path):
 
     sock, port = _foreign_listener()
     try:
-        busy = write_inventory(tmp_path / "busy", fleet["testhosts"])
-        hv = busy / "host_vars" / "rt2.yml"
-        hv.write_text(hv.read_text().replace("serve_container_name: rollout-test-rt2",
-                                             "serve_container_name: rollout-test-rt2-new")
-                      .replace(f"serve_port: {18102}", f"serve_port: {port}"))
+        busy = inventory(tmp_path / "busy", fleet["testhosts"])
+        hv = busy / "host_vars" / f"{H2}.yml"
+        hv.write_text(hv.read_text().replace(f"serve_container_name: rollout-test-{H2}",
+                                             f"serve_container_name: rollout-test-{H2}-new")
+                      .replace(f"serve_port: {PORT[H2]}", f"serve_port: {port}"))
         r = rollout("deploy", "--hosts", "all", "--inventory", str(busy), "--image", img, "--no-gate")
     finally:
         sock.close()
@@ -132,28 +141,30 @@ def test_deploy_gate_promote_and_second_deploy_is_a_noop(fleet):
     inv = fleet["inv"]
     # The registry login path runs too (the test registry accepts any login); the password must never show.
     auth_inv = inv.parent / "inventory-auth"
-    write_inventory(auth_inv, fleet["testhosts"], startup_budget_s=120, extra_all={"rollout_registry_auth": True})
+    inventory(auth_inv, fleet["testhosts"], startup_budget_s=120, extra_all={"rollout_registry_auth": True})
     r = rollout("deploy", "--hosts", "pcie,nvlink", "--inventory", str(auth_inv), "--image", img,
                 "--gate-config", GATE, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = report_of(r)
-    assert rep["result"] == "promoted" and sorted(rep["changed_hosts"]) == ["rt1", "rt2"]
+    assert rep["result"] == "promoted" and sorted(rep["changed_hosts"]) == [H1, H2]
     assert all(g["rc"] == 0 for g in rep["gate"].values()) and len(rep["gate"]) == 2
     promo = rep["promotion"]
     assert promo["promoted"] == f"{REPO}:promoted" and promo["promoted_digest"] == rep["digest"]
     assert promo["gate_report_digest"]
-    assert {h: v[0] for h, v in serving(fleet).items()} == {"rt1": img, "rt2": img}
+    assert {h: v[0] for h, v in serving(fleet).items()} == {H1: img, H2: img}
     run_dir = Path(rep["run_dir"])
     assert SECRET not in r.stdout + r.stderr
     for f in run_dir.rglob("*"):
         if f.is_file():
             assert SECRET.encode() not in f.read_bytes(), f
+    # The 0600 credentials file the login task read is gone with the run.
+    assert not [p for p in Path(tempfile.gettempdir()).glob("rollout-cred-*") if p.stat().st_uid == os.getuid()]
 
     # Recorded state: current rc2, previous rc1, on both hosts.
     st = rollout("status", "--hosts", "all", "--inventory", str(inv), "--json")
     assert st.returncode == 0, st.stderr[-2000:]
     status = json.loads(st.stdout)
-    for h in ("rt1", "rt2"):
+    for h in (H1, H2):
         assert status[h]["current"] == img and status[h]["previous"] == fleet["images"]["rc1"]
         assert status[h]["healthy"] is True and status[h]["running_image"] == img
 
@@ -163,6 +174,7 @@ def test_deploy_gate_promote_and_second_deploy_is_a_noop(fleet):
     assert r.returncode == 0, r.stderr[-3000:]
     rep = report_of(r)
     assert rep["changed_hosts"] == [] and rep["result"] == "unchanged", rep
+    assert "gate" not in rep, "the same promoted image on unchanged hosts must not be gated again"
     assert all(v["outcome"] == "unchanged" for v in rep["deploy"]["hosts"].values())
     assert serving(fleet) == before
 
@@ -176,28 +188,28 @@ def test_gate_fails_rolls_back_changed_hosts(fleet, scrambled_model):
                 "-e", f"weights_source={scrambled_model}")
     assert r.returncode == 1, r.stderr[-3000:]
     rep = report_of(r)
-    assert rep["result"] == "gate-failed" and rep["gate_failed_hosts"] == ["rt1"]
-    assert sorted(rep["changed_hosts"]) == ["rt1", "rt2"]
-    assert sorted(rep["rolled_back_hosts"]) == ["rt1", "rt2"]
+    assert rep["result"] == "gate-failed" and rep["gate_failed_hosts"] == [H1]
+    assert sorted(rep["changed_hosts"]) == [H1, H2]
+    assert sorted(rep["rolled_back_hosts"]) == [H1, H2]
     after = serving(fleet)
     assert {h: v[0] for h, v in after.items()} == {h: v[0] for h, v in before.items()}
-    c = fleet["docker"].containers.get("rollout-test-rt1")
+    c = fleet["docker"].containers.get(f"rollout-test-{H1}")
     assert any("smollm2-135m-q4_1" in a for a in c.attrs["Args"]), c.attrs["Args"]
 
 
 def test_health_never_green_restores_previous(fleet):
     before = serving(fleet)
     r = rollout("deploy", "--hosts", "all", "--inventory", str(fleet["inv"]), "--image", fleet["images"]["bad"],
-                "--no-gate", "-e", "serve_startup_budget_s=12")
+                "--no-gate", "-e", "serve_startup_budget_s=12", "-e", "serve_restore_budget_s=300")
     assert r.returncode == 1, r.stderr[-3000:]
     rep = report_of(r)
-    assert rep["restored_hosts"] == ["rt1"] and rep["changed_hosts"] == ["rt1"]
-    assert rep["deploy"]["hosts"]["rt2"]["outcome"] == "unchanged"  # the rollout stopped before rt2
+    assert rep["restored_hosts"] == [H1] and rep["changed_hosts"] == [H1]
+    assert rep["deploy"]["hosts"][H2]["outcome"] == "unchanged"  # the rollout stopped before rt2
     assert {h: v[0] for h, v in serving(fleet).items()} == {h: v[0] for h, v in before.items()}
 
 
 def test_host_unreachable_mid_rollout(fleet):
-    """rt2 drops off the network after rt1 switched: rt1 is rolled back, rt2 never changed."""
+    """H2 drops off the network after H1 switched: H1 is rolled back, H2 never changed."""
     before = serving(fleet)
     proc = subprocess.Popen([sys.executable, "-m", "rollout", "deploy", "--hosts", "all", "--inventory",
                              str(fleet["inv"]), "--image", fleet["images"]["rc1"], "--no-gate"],
@@ -206,9 +218,8 @@ def test_host_unreachable_mid_rollout(fleet):
     assert proc.stderr is not None
     for line in proc.stderr:
         lines.append(line)
-        if not cut and "rt1: Write current and previous image" in line:
-            subprocess.run(["bash", "scripts/testhosts.sh", "cut", "rt2", str(fleet["testhosts"])], check=True,
-                           cwd=REPO_ROOT)
+        if not cut and f"{H1}: Write current and previous image" in line:
+            hosts_sh("cut", H2, str(fleet["testhosts"]))
             cut = True
     rc = proc.wait(timeout=900)
     err = "".join(lines)
@@ -216,8 +227,8 @@ def test_host_unreachable_mid_rollout(fleet):
         assert cut, err[-3000:]
         assert rc == 1, err[-3000:]
         rep = json.loads(Path(err.rsplit("(report ", 1)[1].split(")")[0]).read_text())
-        assert rep["deploy"]["hosts"]["rt2"]["outcome"] == "unreachable"
-        assert rep["changed_hosts"] == ["rt1"] and rep["rolled_back_hosts"] == ["rt1"]
+        assert rep["deploy"]["hosts"][H2]["outcome"] == "unreachable"
+        assert rep["changed_hosts"] == [H1] and rep["rolled_back_hosts"] == [H1]
         assert {h: v[0] for h, v in serving(fleet).items()} == {h: v[0] for h, v in before.items()}
     finally:
-        subprocess.run(["bash", "scripts/testhosts.sh", "start", "2", str(fleet["testhosts"])], cwd=REPO_ROOT)
+        hosts_sh("start", str(len(TEST_HOSTS)), str(fleet["testhosts"]), check=False)
