@@ -36,7 +36,7 @@ test: setup ## the whole test suite (CI runs exactly this); GPU tests skip witho
 test-fast: setup ## unit tests only (no servers, no docker)
 	$(PY) -m pytest -m "not integration and not docker and not gpu and not slow" $(PYTEST_ARGS)
 
-lint: lint-py ## all linters (ruff, hadolint, ansible-lint)
+lint: lint-py lint-images lint-ansible ## all linters (ruff, hadolint, ansible-lint production profile)
 
 lint-py: setup
 	$(VENV)/bin/ruff check .
