@@ -20,7 +20,11 @@ image: ## build the serving image: TARGET=pcie|nvlink [PUSH=registry/repo RC=n P
 	$(PY) -m images build --target "$(TARGET)" --profile "$(PROFILE)" $(if $(PUSH),--push "$(PUSH)") \
 	  $(if $(RC),--rc $(RC)) --json $(IMAGES_OUT)/image-$(TARGET).json
 
-image-ci: image-ci-pcie image-ci-nvlink ## CI proof build of both targets on the bootstrapped base (no GPU, no CUDA base)
+# Targets CI builds (tests/images read the same variable from the environment). Default: both.
+IMAGE_CI_TARGETS ?= pcie nvlink
+export IMAGE_CI_TARGETS
+
+image-ci: $(addprefix image-ci-,$(IMAGE_CI_TARGETS)) ## CI proof build on the bootstrapped base (no GPU, no CUDA base)
 
 image-ci-pcie: base-image
 	$(PY) -m images build --profile ci --target pcie --name $(IMAGE_CI_NAME) --rc $(IMAGE_CI_RC) \

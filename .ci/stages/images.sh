@@ -20,9 +20,9 @@ step "base image"
 scripts/base-image.sh
 step "patches-check"
 make --no-print-directory patches-check
-step "image-ci pcie"
-make --no-print-directory image-ci-pcie
-step "image-ci nvlink"
-make --no-print-directory image-ci-nvlink
+for target in ${IMAGE_CI_TARGETS:-pcie nvlink}; do
+  step "image-ci $target"
+  make --no-print-directory "image-ci-$target"
+done
 step "done"
 echo "::: images stage took $(( $(date +%s) - t0 ))s"

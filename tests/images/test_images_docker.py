@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -30,6 +31,8 @@ CI_NAME = "sglang-fleet-ci"
 REGISTRY = "127.0.0.1:5000"
 EXPECT_ARCH = {"pcie": "12.0f", "nvlink": "10.3a"}
 EXPECT_SM = {"pcie": "120f", "nvlink": "103a"}
+# The targets `make image-ci` built (mk/images.mk exports the same variable; default both).
+CI_TARGETS = os.environ.get("IMAGE_CI_TARGETS", "pcie nvlink").split()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def run_in(client: docker.DockerClient, image, script: str) -> str:
     return out.decode()
 
 
-@pytest.mark.parametrize("target", ["pcie", "nvlink"])
+@pytest.mark.parametrize("target", CI_TARGETS)
 def test_ci_image_provenance_labels(client: docker.DockerClient, target: str) -> None:
     labels = ci_image(client, target).labels
     series = load_series(series_dir_for("0.5.23"))
@@ -63,7 +66,7 @@ def test_ci_image_provenance_labels(client: docker.DockerClient, target: str) ->
     assert labels["org.opencontainers.image.created"].endswith("Z")
 
 
-@pytest.mark.parametrize("target", ["pcie", "nvlink"])
+@pytest.mark.parametrize("target", CI_TARGETS)
 def test_ci_image_contents(client: docker.DockerClient, target: str) -> None:
     img = ci_image(client, target)
     out = run_in(client, img, r"""
@@ -250,3 +253,17 @@ def test_base_image_is_idempotent_and_usable(client: docker.DockerClient) -> Non
     out = client.containers.run(img, ["python3", "-c", "import venv, ensurepip, ssl; print('ok')"], remove=True,
                                 network_mode="host")
     assert out.decode().strip() == "ok"
+
+
+def test_base_without_toolchain_fails_build_clearly(client: docker.DockerClient) -> None:
+    """A base image without nvcc, with the wheel fallback switched off: the toolchain stage fails
+    with one clear line and nothing is tagged."""
+    name = f"sglang-fleet-notoolkit-{uuid.uuid4().hex[:8]}"
+    cfg = load_image_config("ci", overrides={"target": "pcie", "cuda_from_wheels": "0", "wheelhouse": [],
+                                             "name": name, "build_target": "toolchain"})
+    lines: list[str] = []
+    with pytest.raises(BuildError, match="returned a non-zero code"):
+        build(cfg, rc=1, say=lines.append)
+    errors = [ln for ln in lines if "cuda-toolkit: ERROR" in ln]
+    assert len(errors) == 1 and "no nvcc at /usr/local/cuda/bin/nvcc and CUDA_FROM_WHEELS=0" in errors[0], lines[-5:]
+    assert client.images.list(name=name) == []
