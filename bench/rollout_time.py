@@ -5,7 +5,7 @@ weights staging, serial restarts) and a rolling update to rc2, both through `pyt
     .venv/bin/python bench/rollout_time.py --hosts 2 4 8      # or: make bench-rollout
 
 Needs root, dockerd + registry (scripts/services.sh), openssh-server, the CPU image (built if missing).
-Uses namespaces rb1..rbN on 10.232.k.0/30 and ports 18300+k so it does not collide with the tests.
+Uses namespaces rb1..rbN on 10.232.k.0/30 and ports 18400+k (--base-port) so it does not collide with the tests.
 Results: runs/bench/rollout_time.json and a markdown table on stdout (copied into docs/rollout.md).
 """
 
@@ -38,6 +38,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--out", default="runs/bench/rollout_time.json")
+    ap.add_argument("--base-port", type=int, default=18400, help="host k serves on BASE+k (must be free)")
     args = ap.parse_args()
     import docker
 
@@ -61,7 +62,8 @@ def main() -> int:
         work = Path(tempfile.mkdtemp(prefix=f"rollout-bench-{n}-"))
         sh("bash", "scripts/testhosts.sh", "start", str(n), str(work / "hosts"))
         try:
-            inv = write_inventory(work / "inventory", work / "hosts", threads=1, base_port=18300)
+            inv = write_inventory(work / "inventory", work / "hosts", threads=1, base_port=args.base_port,
+                                  startup_budget_s=300)
             row = {"hosts": n}
             for phase, tag in (("fresh_deploy_s", "rc1"), ("rolling_update_s", "rc2"), ("noop_redeploy_s", "rc2")):
                 t0 = time.monotonic()

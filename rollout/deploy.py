@@ -83,8 +83,12 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
     report["deploy"] = {"rc": res.rc, "status": res.status, "wall_s": round(res.wall_s, 2), "hosts": _summary(res)}
     updated = [h for h, r in res.hosts.items() if r.outcome == "updated"]
     restored = [h for h, r in res.hosts.items() if r.restored]
-    report["changed_hosts"] = sorted(set(updated) | set(restored))
+    # Switched to the new container but neither recorded nor restored: the run stopped during the health
+    # wait (host unreachable, controller interrupted). The host state still names the old version.
+    interrupted = [h for h, r in res.hosts.items() if r.switched and not r.recorded and not r.restored]
+    report["changed_hosts"] = sorted(set(updated) | set(restored) | set(interrupted))
     report["restored_hosts"] = restored
+    report["interrupted_hosts"] = interrupted
     cases = [Case(name=h, group="deploy", ok=r.outcome in ("updated", "unchanged"),
                   message=f"{r.outcome}: {'; '.join(r.messages)}"[:500]) for h, r in res.hosts.items()]
 
@@ -150,6 +154,18 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
         report["rolled_back_hosts"] = [h for h, r in rb.hosts.items() if r.outcome == "updated"]
         for h, r in rb.hosts.items():
             cases.append(Case(name=h, group="rollback", ok=r.outcome == "updated", message=r.outcome))
+    report["recovered_hosts"] = []
+    if interrupted and cfg.auto_rollback:
+        # Put them back on the version their state file still records as current.
+        if not quiet:
+            print(f"restoring the recorded version on {', '.join(interrupted)}", file=sys.stderr)
+        rs = run_playbook("rollback", inv.path, interrupted, run_dir, {**_common_vars(cfg), "rollback_to": "current"},
+                          forks=cfg.forks, quiet=quiet, label="restore")
+        report["restore"] = {"rc": rs.rc, "wall_s": round(rs.wall_s, 2), "hosts": _summary(rs)}
+        report["recovered_hosts"] = [h for h, r in rs.hosts.items() if r.outcome in ("updated", "unchanged")
+                                     and not r.failed]
+        for h, r in rs.hosts.items():
+            cases.append(Case(name=h, group="restore", ok=h in report["recovered_hosts"], message=r.outcome))
     report["result"] = "gate-failed" if gate_failed else "deploy-failed"
     return _finish(report, cases, run_dir, t0, EXIT_FAIL, quiet)
 

@@ -69,11 +69,11 @@ def _msg(res: dict[str, Any]) -> str:
 
 def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, extravars: dict[str, Any],
                  *, check: bool = False, forks: int = 16, envvars: dict[str, str] | None = None,
-                 quiet: bool = False) -> PlaybookResult:
+                 quiet: bool = False, label: str | None = None) -> PlaybookResult:
     import ansible_runner
 
     results = {h: HostResult(h) for h in hosts}
-    pdd = run_dir / f"ansible-{name}"
+    pdd = run_dir / f"ansible-{label or name}"
     pdd.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
 

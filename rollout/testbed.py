@@ -37,7 +37,8 @@ def read_hosts(testhosts_dir: Path) -> list[tuple[str, str, str]]:
 
 def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None = None,
                     gpu_override: dict[str, str] | None = None, startup_budget_s: int = 90,
-                    threads: int = 1, extra_all: dict | None = None, base_port: int = BASE_PORT) -> Path:
+                    threads: int = 1, extra_all: dict | None = None, base_port: int = BASE_PORT,
+                    data_dir: Path | None = None) -> Path:
     """out/hosts.yml + group_vars + host_vars. fabrics[i] is the group of host i (default alternating
     pcie/nvlink); gpu_override maps a host to a key of SMI (e.g. 'wrong') or None to leave it in no fleet.
     threads: llama.cpp threads per server. 1 by default: several servers share a small CI machine, and
@@ -46,8 +47,10 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
     hosts = read_hosts(testhosts_dir)
     fabrics = fabrics or ["pcie" if i % 2 == 0 else "nvlink" for i in range(len(hosts))]
     shutil.rmtree(out, ignore_errors=True)
-    # Data lives beside the inventory directory: Ansible parses every file inside it.
-    data = out.parent / f"{out.name}-data"
+    # Data (state files, weights cache) lives beside the inventory directory: Ansible parses every file
+    # inside it. Inventories that describe the SAME fleet (a variant with one setting changed) must pass
+    # the fleet's data_dir: on a real host the state dir and weights cache are fixed paths.
+    data = data_dir or out.parent / f"{out.name}-data"
     data.mkdir(parents=True, exist_ok=True)
     (out / "group_vars").mkdir(parents=True)
     (out / "host_vars").mkdir()

@@ -35,7 +35,11 @@ PORT = {H1: BASE_PORT + 1, H2: BASE_PORT + 2}
 
 
 def inventory(path: Path, testhosts: Path, **kw) -> Path:
-    return write_inventory(path, testhosts, base_port=BASE_PORT, **kw)
+    """The fleet's inventory, or a variant of it: every variant shares the fleet's state dir and
+    weights cache (fixed paths on a real host), so what one records the others see."""
+    data = testhosts.parent / "fleet-data"
+    kw.setdefault("startup_budget_s", 120)
+    return write_inventory(path, testhosts, base_port=BASE_PORT, data_dir=data, **kw)
 
 
 @pytest.fixture(scope="module")
