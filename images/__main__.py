@@ -31,6 +31,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         overrides["base_image"] = args.base_image
     if args.name:
         overrides["name"] = args.name
+    if args.build_target:
+        overrides["build_target"] = args.build_target
     cfg = load_image_config(args.profile, args.config, overrides)
     res = build(cfg, push=args.push or None, rc=args.rc, nocache=args.no_cache)
     if args.json:
@@ -73,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--arch-list", help="override FlashInfer arch list (must keep the target's primary arch)")
     b.add_argument("--base-image", help="override the base image")
     b.add_argument("--name", help="image name when not pushing (default sglang-fleet)")
+    b.add_argument("--build-target", choices=["toolchain", "sglang", "jit", "image"],
+                   help="stop at this Dockerfile stage (default image); labels are checked for `image` only")
     b.add_argument("--no-cache", action="store_true")
     b.add_argument("--json", help="write the build result here")
     i = sub.add_parser("inspect", help="labels and provenance files of an image")

@@ -275,7 +275,7 @@ def build(cfg: ImageConfig, *, push: str | None = None, rc: int | None = None, n
     expect = {"org.sglang.version": cfg.sglang_version, "org.fleet.target": cfg.target,
               "org.fleet.patch-series.sha256": series.sha256}
     wrong = {k: labels.get(k) for k, v in expect.items() if labels.get(k) != v}
-    if wrong:
+    if wrong and cfg.build_target == "image":
         raise BuildError(f"built image has wrong provenance labels: {wrong}")
     say(f"[images] built {tag} ({image_id[:19]}) in {secs:.0f} s")
     result = BuildResult(image_id, [tag], labels, secs)

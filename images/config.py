@@ -52,7 +52,7 @@ class ImageConfig(StrictModel):
     wheel_platform: str = "manylinux_2_28_x86_64"
     wheel_python: str = "3.11"
     dockerfile: str = "images/Dockerfile"
-    build_target: str = "image"
+    build_target: Literal["toolchain", "sglang", "jit", "image"] = "image"
 
     @field_validator("torch_spec", "base_image")
     @classmethod

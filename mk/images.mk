@@ -4,7 +4,7 @@
 #   make patches-check                series vs pinned sglang from PyPI (zero fuzz) + drift report
 #   make base-image                   local/bookworm-py:latest (mmdebstrap/debootstrap + docker import)
 #   make services / services-stop     dockerd + registry on 127.0.0.1:5000 (scripts/services.sh)
-.PHONY: image image-ci image-ci-pcie image-ci-nvlink patches-check base-image services services-stop \
+.PHONY: image image-ci image-ci-shared image-ci-pcie image-ci-nvlink patches-check base-image services services-stop \
   lint-images test-images
 
 TARGET ?=
@@ -25,6 +25,13 @@ IMAGE_CI_TARGETS ?= pcie nvlink
 export IMAGE_CI_TARGETS
 
 image-ci: $(addprefix image-ci-,$(IMAGE_CI_TARGETS)) ## CI proof build on the bootstrapped base (no GPU, no CUDA base)
+
+# The stages both targets share (toolchain + sglang + series), built once before the per-target JIT
+# builds, which CI then runs in parallel (make -j2): FlashInfer's sampling.cu is one serial nvcc job
+# per arch, so two targets side by side use both cores.
+image-ci-shared: base-image
+	$(PY) -m images build --profile ci --target pcie --build-target sglang --name $(IMAGE_CI_NAME)-shared \
+	  --rc $(IMAGE_CI_RC)
 
 image-ci-pcie: base-image
 	$(PY) -m images build --profile ci --target pcie --name $(IMAGE_CI_NAME) --rc $(IMAGE_CI_RC) \

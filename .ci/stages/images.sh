@@ -20,9 +20,9 @@ step "base image"
 scripts/base-image.sh
 step "patches-check"
 make --no-print-directory patches-check
-for target in ${IMAGE_CI_TARGETS:-pcie nvlink}; do
-  step "image-ci $target"
-  make --no-print-directory "image-ci-$target"
-done
+step "image-ci shared stages"
+make --no-print-directory image-ci-shared
+step "image-ci ${IMAGE_CI_TARGETS:-pcie nvlink} (parallel)"
+make --no-print-directory -j2 --output-sync=line image-ci
 step "done"
 echo "::: images stage took $(( $(date +%s) - t0 ))s"
