@@ -124,6 +124,9 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
     env = ansible_env()
     env.update(envvars or {})
     creds = {k: env.pop(k, "") for k in (USER_ENV, PASSWORD_ENV, CREDENTIALS_FILE_ENV)}
+    # ansible-runner seeds the playbook's environment with os.environ (then adds envvars): take the
+    # credentials out of this process's environment for the run as well.
+    saved_env = {k: os.environ.pop(k) for k in (USER_ENV, PASSWORD_ENV, CREDENTIALS_FILE_ENV) if k in os.environ}
     cred_dir = None
     if creds[USER_ENV] and creds[PASSWORD_ENV]:
         cred_dir = tempfile.mkdtemp(prefix="rollout-cred-")  # mode 0700
@@ -149,6 +152,7 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
             settings={"suppress_ansible_output": True},
         )
     finally:
+        os.environ.update(saved_env)
         if cred_dir:
             shutil.rmtree(cred_dir, ignore_errors=True)
     wall = time.monotonic() - t0
