@@ -11,7 +11,7 @@ from pipeline.embedded import EmbeddedServer
 from validation.config import load_gate_config
 from validation.gate import run_gate
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 PROFILE = Path(__file__).resolve().parents[2] / "validation" / "profiles" / "embedded.yaml"
 
 

@@ -12,8 +12,9 @@ import yaml
 
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 REPO = Path(__file__).resolve().parents[2]
+MINI = str(Path(__file__).with_name("fixtures") / "suite-mini.yaml")
 
 
 def test_sweep_gates_cells_and_reports_bad_cell_as_failed(tmp_path: Path) -> None:
@@ -23,7 +24,8 @@ def test_sweep_gates_cells_and_reports_bad_cell_as_failed(tmp_path: Path) -> Non
         # draft_max 0 is invalid: that cell must be reported failed while the matrix goes on
         "axes": {"draft_max": [4, 0]}, "port_base": 18750,
         "gate_config": str(REPO / "validation" / "profiles" / "embedded-sweep.yaml"),
-        "gate": {"temperatures": [0.0, 0.8], "variation": {"enabled": False}, "quality": {"enabled": False}},
+        "gate": {"suite": MINI, "temperatures": [0.0, 0.8], "variation": {"enabled": False},
+                 "quality": {"enabled": False}, "max_tokens": None},
     }}))
     out = tmp_path / "sweep"
     p = subprocess.run([sys.executable, "-m", "validation", "sweep", "--grid", str(grid), "--out", str(out)],
@@ -49,7 +51,8 @@ def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
     from validation.gate import run_gate
 
     cfg = load_gate_config(REPO / "validation" / "profiles" / "embedded-sweep.yaml", {
-        "temperatures": [0.0], "variation": {"enabled": False}, "quality": {"enabled": False},
+        "suite": MINI, "max_tokens": None, "temperatures": [0.0], "variation": {"enabled": False},
+        "quality": {"enabled": False},
         "long_copy": {"enabled": False}, "spec": {"enabled": "auto"}, "speed": {"rounds": 1}})
     with EmbeddedServer(EmbeddedConfig(port=18790, n_parallel=2, spec_type="ngram"), tmp_path / "a") as cand, \
          EmbeddedServer(EmbeddedConfig(port=18791, n_parallel=2), tmp_path / "b") as base:
@@ -59,8 +62,10 @@ def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
         assert any(c.name == "speed_vs_baseline@c1" for c in live.cases)
 
         rec = tmp_path / "baseline.json"
+        cfg_file = tmp_path / "gate.yaml"
+        cfg_file.write_text(yaml.safe_dump({"gate": cfg.model_dump(mode="json")}))
         p = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
-                            str(rec), "--config", str(REPO / "validation" / "profiles" / "embedded-sweep.yaml")],
+                            str(rec), "--config", str(cfg_file)],
                            cwd=REPO, capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, p.stderr[-2000:]
         data = json.loads(rec.read_text())
