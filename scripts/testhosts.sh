@@ -59,6 +59,8 @@ KbdInteractiveAuthentication no
 StrictModes no
 UsePAM no
 MaxSessions 64
+# As on a real host: without it Ansible's file transfers try sftp, then scp, and only then fall back to piping.
+Subsystem sftp internal-sftp
 MaxStartups 64:30:128
 LogLevel ERROR
 EOF

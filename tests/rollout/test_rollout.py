@@ -182,6 +182,13 @@ def test_deploy_gate_promote_and_second_deploy_is_a_noop(fleet):
     assert all(v["outcome"] == "unchanged" for v in rep["deploy"]["hosts"].values())
     assert serving(fleet) == before
 
+    # Check/diff mode (make deploy CHECK=1): names the hosts that would change, changes nothing.
+    r = rollout("deploy", "--hosts", "all", "--inventory", str(inv), "--image", fleet["images"]["rc1"], "--check")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = report_of(r)
+    assert rep["result"] == "check" and sorted(rep["would_change"]) == [H1, H2] and rep["changed_hosts"] == [], rep
+    assert serving(fleet) == before
+
 
 def test_gate_fails_rolls_back_changed_hosts(fleet, scrambled_model):
     """rc1 with a corrupted checkpoint (token embedding rows shuffled): healthy (it loads and generates)
