@@ -218,7 +218,7 @@ def build_args(cfg: ImageConfig, series_sha: str, commit: str) -> dict[str, str]
     }
 
 
-def _stream(chunks: Iterator[dict], say: Printer) -> str:
+def _stream(chunks: Iterator[dict], say: Printer, prefix: str = "") -> str:
     """Print the engine's build stream; return the image id; raise BuildError on an error chunk."""
     image_id, last_lines, t0 = "", [], time.monotonic()
     for chunk in chunks:
@@ -228,7 +228,7 @@ def _stream(chunks: Iterator[dict], say: Printer) -> str:
         if "stream" in chunk:
             for line in _ANSI.sub("", chunk["stream"]).rstrip("\n").splitlines():
                 if line.strip():
-                    stamp = f"[{time.monotonic() - t0:6.0f}s]"
+                    stamp = f"{prefix}[{time.monotonic() - t0:6.0f}s]"
                     say(f"{stamp} {line}")
                     last_lines = [*last_lines[-30:], line]
         if "aux" in chunk and "ID" in chunk["aux"]:
@@ -264,7 +264,7 @@ def build(cfg: ImageConfig, *, push: str | None = None, rc: int | None = None, n
         chunks = client.api.build(fileobj=ctx, custom_context=True, tag=tag, buildargs=args,
                                   target=cfg.build_target, network_mode="host", rm=True, forcerm=True,
                                   pull=False, nocache=nocache, decode=True)
-        image_id = _stream(chunks, say)
+        image_id = _stream(chunks, say, prefix=f"{cfg.target} ")
     except docker.errors.APIError as exc:
         raise BuildError(f"docker build failed: {exc.explanation or exc}") from None
     finally:

@@ -30,7 +30,7 @@ image-ci: $(addprefix image-ci-,$(IMAGE_CI_TARGETS)) ## CI proof build on the bo
 # builds, which CI then runs in parallel (make -j2): FlashInfer's sampling.cu is one serial nvcc job
 # per arch, so two targets side by side use both cores.
 image-ci-shared: base-image
-	$(PY) -m images build --profile ci --target pcie --build-target sglang --name $(IMAGE_CI_NAME)-shared \
+	$(PY) -m images build --profile ci --target pcie --build-target sglang --name $(IMAGE_CI_NAME)-shared $(IMAGE_CI_FLAGS) \
 	  --rc $(IMAGE_CI_RC)
 
 image-ci-pcie: base-image

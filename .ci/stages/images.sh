@@ -23,6 +23,6 @@ make --no-print-directory patches-check
 step "image-ci shared stages"
 make --no-print-directory image-ci-shared
 step "image-ci ${IMAGE_CI_TARGETS:-pcie nvlink} (parallel)"
-make --no-print-directory -j2 --output-sync=line image-ci
+make --no-print-directory -j2 image-ci   # lines carry the target name; no output sync, so they stream
 step "done"
 echo "::: images stage took $(( $(date +%s) - t0 ))s"
