@@ -19,10 +19,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from rich.console import Console
 
-from pipeline.config import StrictModel, deep_merge, load_config
+from pipeline.config import StrictModel, deep_merge, format_validation_error, load_config
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer
 from pipeline.errors import PipelineError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
@@ -102,8 +102,8 @@ def _embedded_cell_config(settings: dict[str, Any], base: dict[str, Any], port: 
         merged["draft_model_path"] = EmbeddedConfig(port=port).model_path  # the target drafts for itself
     try:
         return EmbeddedConfig.model_validate(merged)
-    except ValueError as exc:
-        raise UsageError(f"invalid cell settings {settings}: {str(exc).splitlines()[-1]}") from None
+    except ValidationError as exc:
+        raise UsageError(format_validation_error(exc, f"invalid cell settings {settings}")) from None
 
 
 def _metric(case_list: list[Case], name: str, key: str) -> Any:
@@ -230,7 +230,8 @@ def _plots(cfg: SweepConfig, out: Path, rows: list[dict[str, Any]]) -> list[Path
         ax.set_ylabel(ylabel)
         ax.set_title(f"{ylabel} vs {x_key} (red x: failed the gate)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
         p = out / f"{metric}.png"
         fig.tight_layout()
         fig.savefig(p, dpi=100)
