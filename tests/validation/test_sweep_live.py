@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +18,26 @@ REPO = Path(__file__).resolve().parents[2]
 MINI = str(Path(__file__).with_name("fixtures") / "suite-mini.yaml")
 
 
+def _free_port_block(n: int) -> int:
+    """A base port whose next n ports are free now (the sweep serves the baseline + one per cell)."""
+    for base in range(18700, 19900, 10):
+        free = True
+        for port in range(base, base + n):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    free = False
+                    break
+        if free:
+            return base
+    raise RuntimeError("no free port block")
+
+
 def test_sweep_gates_cells_and_reports_bad_cell_as_failed(tmp_path: Path) -> None:
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({"sweep": {
         "kind": "embedded", "base": {"spec_type": "draft", "n_parallel": 2},
         # draft_max 0 is invalid: that cell must be reported failed while the matrix goes on
-        "axes": {"draft_max": [4, 0]}, "port_base": 18750,
+        "axes": {"draft_max": [4, 0]}, "port_base": _free_port_block(3),
         "gate_config": str(REPO / "validation" / "profiles" / "embedded-sweep.yaml"),
         "gate": {"suite": MINI, "temperatures": [0.0, 0.8], "variation": {"enabled": False},
                  "quality": {"enabled": False}, "max_tokens": None},
