@@ -97,6 +97,7 @@ def main() -> int:
     ap.add_argument("--target", help="OpenAI-compatible URL (default: start the embedded target)")
     ap.add_argument("--n", type=int, default=80, help="real answers to collect")
     ap.add_argument("--out", default=str(REPO / "docs" / "validation-calibration.json"))
+    ap.add_argument("--seed", type=int, default=2, help="new seed = new held-out answers and corruptions")
     args = ap.parse_args()
     t0 = time.time()
     corpus = [json.loads(x) for x in (REPO / "tests" / "validation" / "corpus.jsonl").read_text().splitlines()]
@@ -104,18 +105,21 @@ def main() -> int:
 
     def collect(url: str) -> tuple[list[str], list[str]]:
         c = OpenAIClient(url, timeout_s=300)
-        rng = random.Random(1)
+        rng = random.Random(args.seed)
         answers = []
         for i in range(args.n):
             t = [0.0, 0.6, 0.8, 1.0][i % 4]
-            r = c.chat(PROMPTS[i % len(PROMPTS)], max_tokens=120, temperature=t, top_p=0.95 if t else None,
-                       seed=1000 + i, stream=False)
+            prompt = PROMPTS[(i + 7 * args.seed) % len(PROMPTS)]
+            r = c.chat(prompt, max_tokens=120, temperature=t, top_p=0.95 if t else None,
+                       seed=1000 * args.seed + i, stream=False)
             answers.append(r.text)
-        soups = []
+        soups: list[str] = []
         with httpx.Client(timeout=30) as http:
-            for _ in range(args.n):
+            while len(soups) < args.n:
                 ids = [rng.randrange(100, 49000) for _ in range(rng.randint(12, 40))]
-                soups.append(http.post(url + "/detokenize", json={"tokens": ids}).json()["content"])
+                text = http.post(url + "/detokenize", json={"tokens": ids}).json()["content"]
+                if len(text.split()) >= 5:  # ids that decode to whitespace / specials are no soup
+                    soups.append(text)
         return answers, soups
 
     if args.target:
@@ -123,7 +127,7 @@ def main() -> int:
     else:
         with EmbeddedServer(EmbeddedConfig(port=18690), REPO / "runs" / "calibration") as srv:
             answers, soups = collect(srv.url)
-    rng = random.Random(2)
+    rng = random.Random(args.seed + 100)
     kinds = ["soup", "collapse", "repeat_token", "loop", "bad_chars", "empty"]
     held = [("ok", "ok", bool(score_text(a)), a) for a in answers]
     for i, a in enumerate(answers):
@@ -131,7 +135,8 @@ def main() -> int:
         txt = corrupt(a, k, rng, soups[i])
         held.append(("bad", k, bool(score_text(txt)), txt))
     result = {
-        "date": time.strftime("%Y-%m-%d"), "command": "python bench/gate_calibration.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"), "seed": args.seed,
+        "command": "python bench/gate_calibration.py " + " ".join(sys.argv[1:]),
         "corpus": rates(corpus_rows),
         "held_out": rates([(a, b, c) for a, b, c, _ in held]),
         "held_out_false_fails": [t for lab, _, flagged, t in held if lab == "ok" and flagged][:20],

@@ -36,18 +36,21 @@ class DetectorThresholds(StrictModel):
     max_rule_run: int = Field(default=80, ge=2)
     max_zero_run: int = Field(default=120, ge=2)
     max_space_run: int = Field(default=200, ge=2)
+    max_newline_run: int = Field(default=8, ge=2)
     skip_code_for_runs: bool = True
     # ngram_loop: a block of <= loop_max_period tokens repeated >= loop_min_repeats times in a row,
     # covering >= loop_min_tokens tokens
     loop_max_period: int = Field(default=40, ge=1)
     loop_min_repeats: int = Field(default=4, ge=2)
     loop_min_tokens: int = Field(default=24, ge=2)
+    loop_min_share: float = Field(default=0.6, gt=0, le=1, description="or: the loop is most of a short answer")
     # token_soup
     lexicon_size: int = Field(default=200_000, ge=1000)
     soup_min_words: int = Field(default=8, ge=1)
     max_unknown_word_rate: float = Field(default=0.2, gt=0, le=1)
     max_glued_words: int = Field(default=1, ge=0)
     max_glued_rate: float = Field(default=0.1, ge=0, le=1)
+    function_free_run_words: int = Field(default=10, ge=4)
     # bad_chars / script_salad
     max_bad_chars: int = Field(default=0, ge=0)
     max_mixed_script_words: int = Field(default=1, ge=0)

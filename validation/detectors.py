@@ -187,7 +187,9 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
     scan = _FENCE.sub("\n", text) if th.skip_code_for_runs else text
     for m in re.finditer(r"(.)\1+", scan, re.S):
         ch, n = m.group(1), len(m.group(0))
-        if ch.isspace():
+        if ch == "\n":
+            limit = th.max_newline_run
+        elif ch.isspace():
             limit = th.max_space_run
         elif ch in _RULE_CHARS:
             limit = th.max_rule_run
@@ -223,9 +225,9 @@ def detect_ngram_loop(text: str, th: DetectorThresholds) -> list[Finding]:
                 run += 1
                 repeats = 1 + run // period
                 covered = run + period
-                if repeats >= th.loop_min_repeats and covered >= th.loop_min_tokens and (
-                    best is None or covered > best[0]
-                ):
+                long_enough = covered >= th.loop_min_tokens or (
+                    covered >= th.loop_min_share * n and covered >= 12)
+                if repeats >= th.loop_min_repeats and long_enough and (best is None or covered > best[0]):
                     best = (covered, period, i - run - period + 1)
             else:
                 run = 0
@@ -237,9 +239,42 @@ def detect_ngram_loop(text: str, th: DetectorThresholds) -> list[Finding]:
                     f"({covered} of {n} tokens)", block[:120])]
 
 
+_CLAUSE_SPLIT = re.compile(r"[,;:.!?()\[\]\"“”]|\s[-–—]\s")
+
+
+def function_free_runs(text: str, lang: str, min_words: int, lexicon_size: int = 200_000) -> list[str]:
+    """Clauses of >= min_words words with (almost) none of the language's 50 commonest words (< 8 %).
+
+    Natural prose cannot go ten words without "the", "of", "and", "to", "is"...; random vocabulary
+    soup does. Clauses are cut at punctuation and line ends, so lists, table rows and comma-separated
+    enumerations are not runs; markdown table rows and code are skipped.
+    """
+    common = _lexicon(lang, 50)
+    runs = []
+    for line in prose_of(text).splitlines():
+        if line.count("|") >= 3:
+            continue
+        for clause in _CLAUSE_SPLIT.split(line):
+            words = _candidate_words(clause)
+            if len(words) < min_words or sum(w.lower() in common for w in words) >= 0.08 * len(words):
+                continue
+            # A keyword / tag line ("python docker kubernetes ...") has no function words either, but
+            # its case is consistent and its words are real; soup mixes case or holds non-words.
+            caps = sum(1 for w in words[1:] if w[0].isupper())
+            lower = sum(1 for w in words if w[0].islower())
+            unknown = sum(1 for w in words if not in_lexicon(w, lang, lexicon_size))
+            if (caps >= 2 and lower >= 2) or unknown >= 0.15 * len(words):
+                runs.append(" ".join(words))
+    return runs
+
+
 def detect_token_soup(text: str, th: DetectorThresholds) -> list[Finding]:
     st = word_stats(text, th.lexicon_size)
     out: list[Finding] = []
+    runs = function_free_runs(text, st.lang, th.function_free_run_words, th.lexicon_size)
+    if runs:
+        out.append(Finding("token_soup", f"{len(runs)} clause(s) of >= {th.function_free_run_words} words with almost "
+                           f"no common '{st.lang}' words (vocabulary soup)", runs[0][:120]))
     if st.words >= th.soup_min_words and st.unknown_rate > th.max_unknown_word_rate:
         out.append(Finding("token_soup", f"{st.unknown}/{st.words} words ({st.unknown_rate:.0%}) are not words of "
                            f"'{st.lang}' (limit {th.max_unknown_word_rate:.0%})", " ".join(st.unknown_words[:12])))

@@ -66,6 +66,12 @@ OK = {
     "hex": "The commit is 3f9a2c1e and the digest is sha256:9b74c9897bac770ffc029102a200c5de.",
     "repeated_word_ok": "Very, very, very good.",
     "laugh": "Hahaha, that's a good one!",
+    "tags": "Keywords: python docker kubernetes ansible terraform prometheus grafana nginx redis postgres",
+    "comma_list": "Pack apples, bananas, cherries, mangoes, oranges, grapes, kiwis, pears, plums, figs, dates and limes.",
+    "title_case": "Ten Simple Rules for Running Large Language Models in Production Without Losing Sleep",
+    "poem_lines": "Silver waves on silent shores,\nWind that whispers, tide that roars,\nStars above the ocean deep,\n"
+                  "Guard the dreams the sailors keep.",
+    "blank_lines": "First paragraph.\n\n\n\nSecond paragraph after a few blank lines.",
 }
 
 BAD = {
@@ -104,6 +110,12 @@ BAD = {
     "letter_run": ("char_run", "Theeeeeeeeeeeeeeeeeeeee ocean"),
     "eos_spam": ("ngram_loop", "Answer: Paris" + "</s></s>" * 20),
     "bracket_run": ("char_run", "def f(x): return ((((((((((((((((x"),
+    "vocab_soup": ("token_soup", "lantern Quarterly harvest Mosaic pinned velocity Granite orbit Tuesday ferment "
+                   "Saxon ledger"),
+    "vocab_soup_tail": ("token_soup", "Photosynthesis turns light into chemical energy, and then copper Meadow "
+                        "spindle Verdict orchard Pacific tremor Ballot quartz Lantern embers"),
+    "short_loop": ("ngram_loop", "Once upon a time Once upon a time Once upon a time Once upon a time "),
+    "newline_flood": ("char_run", "The answer is below." + "\n" * 30),
 }
 
 
