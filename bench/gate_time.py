@@ -41,7 +41,8 @@ def main() -> int:
             verdicts.append(json.loads(p.stdout.strip().splitlines()[-1])["verdict"] if p.stdout.strip() else p.stderr)
             print(f"run {i}: {walls[-1]:.1f}s {verdicts[-1]}", flush=True)
     result = {"date": time.strftime("%Y-%m-%d"), "command": "python bench/gate_time.py " + " ".join(sys.argv[1:]),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores", "runs": args.runs,
+              "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+              "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "runs": args.runs,
               "median_s": round(statistics.median(walls), 1), "min_s": round(min(walls), 1),
               "max_s": round(max(walls), 1), "walls_s": [round(w, 1) for w in walls], "verdicts": verdicts}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
