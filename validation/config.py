@@ -60,6 +60,8 @@ class DetectorThresholds(StrictModel):
     collapse_min_words: int = Field(default=30, ge=4)
     collapse_tail_fraction: float = Field(default=0.35, gt=0, lt=1)
     collapse_max_symbol_share: float = Field(default=0.35, gt=0, le=1)
+    collapse_last_words: int = Field(default=12, ge=4)
+    collapse_last_unknown_rate: float = Field(default=0.25, gt=0, le=1)
 
     @field_validator("disabled")
     @classmethod

@@ -156,20 +156,23 @@ def word_stats(text: str, lexicon_size: int) -> WordStats:
             best_lang, best_known = lang, known
     unknown_words: list[str] = []
     glued: list[str] = []
-    for w in words:
+    # Distinct words: a made-up refrain ("avaid, avaid") counts once; token soup is mostly distinct anyway.
+    distinct = list(dict.fromkeys(words))
+    for w in distinct:
         if in_lexicon(w, best_lang, lexicon_size):
             continue
         pieces = _CAMEL_SPLIT.findall(w)
         if len(pieces) > 1 and "".join(pieces) == w:
             # camelCase / PascalCase: fine when every piece is a word (getUserName, iPhone, YouTube);
             # glued sub-word soup otherwise (poemownersWrite: "poemowners" is no word).
-            bad = [p for p in pieces if len(p) > 3 and not in_lexicon(p, best_lang, lexicon_size)]
+            bad = [p for p in pieces if (len(p) > 3 or (len(p) == 3 and p.islower()))
+                   and not in_lexicon(p, best_lang, lexicon_size)]
             if not bad:
                 continue
             if w[0].islower() or any(p.islower() and len(p) > 5 for p in bad):
                 glued.append(w)
         unknown_words.append(w)
-    return WordStats(best_lang, len(words), len(unknown_words), glued, unknown_words)
+    return WordStats(best_lang, len(distinct), len(unknown_words), glued, unknown_words)
 
 
 # ---------------------------------------------------------------------------- detectors
@@ -184,6 +187,10 @@ def detect_empty(text: str, th: DetectorThresholds) -> list[Finding]:
 
 
 def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
+    m = re.search(r"\n{" + str(th.max_newline_run + 1) + ",}", text)
+    if m:  # checked on the raw text: a flood of blank lines is garbage inside code fences too
+        return [Finding("char_run", f"{len(m.group(0))}x '\\n' in a row (limit {th.max_newline_run})",
+                        excerpt(text, m.start(), m.start() + 1))]
     scan = _FENCE.sub("\n", text) if th.skip_code_for_runs else text
     for m in re.finditer(r"(.)\1+", scan, re.S):
         ch, n = m.group(1), len(m.group(0))
@@ -337,6 +344,12 @@ def detect_collapse(text: str, th: DetectorThresholds) -> list[Finding]:
     if t.words >= 8 and t.unknown_rate > th.max_unknown_word_rate and h.unknown_rate <= th.max_unknown_word_rate / 2:
         return [Finding("collapse", f"tail has {t.unknown_rate:.0%} non-words after a head with {h.unknown_rate:.0%}",
                         tail[:120])]
+    last = " ".join(words[-th.collapse_last_words:])
+    e = word_stats(last, th.lexicon_size)
+    soup_end = e.unknown_rate >= th.collapse_last_unknown_rate or len(e.glued) >= 2
+    if e.words >= th.collapse_last_words // 2 and soup_end and h.unknown_rate <= th.max_unknown_word_rate / 2:
+        return [Finding("collapse", f"last {th.collapse_last_words} words are {e.unknown_rate:.0%} non-words "
+                        f"after a head with {h.unknown_rate:.0%}", last[:120])]
     if sym_tail > th.collapse_max_symbol_share and sym_tail > 3 * sym_head:
         return [Finding("collapse", f"tail is {sym_tail:.0%} symbols after a head with {sym_head:.0%}", tail[:120])]
     return []
