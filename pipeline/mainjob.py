@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     write_html(out / "index.html", "Main job — embedded target", verdict=summary["verdict"],
                summary={k: json.dumps(v) if isinstance(v, dict) else v for k, v in summary.items()}, cases=cases)
     console.rule("[bold]done")
-    console.print(f"{summary['verdict']}: all reports under {out}/ (start with {out / 'index.html'})")
+    # plain print: rich would wrap a long path across lines
+    print(f"{summary['verdict']}: all reports under {out}/ (start with {out / 'index.html'})", file=sys.stderr)
     print(json.dumps({"verdict": summary["verdict"], "out": str(out)}))
     return EXIT_OK if passed else EXIT_FAIL
 

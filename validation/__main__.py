@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else new_run_dir("runs", "gate")
     console = Console(stderr=True)
     result = run_gate(args.target, cfg, out_dir=out, console=console)
-    console.print(f"reports: {out}/report.json  {out}/junit.xml  {out}/report.html")
+    print(f"reports: {out}/report.json  {out}/junit.xml  {out}/report.html", file=sys.stderr)
     print(json.dumps({"verdict": result.summary["verdict"], "out": str(out),
                       "failed_checks": result.summary["failed_checks"]}))
     return EXIT_OK if result.passed else EXIT_FAIL
