@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.client import ChatResult, OpenAIClient
-from pipeline.errors import PipelineError, TargetError, UsageError
+from pipeline.errors import TargetError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
 from validation.config import GateConfig
 from validation.depth import long_copy_case, quality_case, speed_cases
@@ -442,10 +442,7 @@ def run_gate(target: str, cfg: GateConfig, out_dir: str | Path | None = None,
              console: Console | None = None, on_result: Callable[[GateResult], None] | None = None) -> GateResult:
     """Run the gate, write reports when out_dir is given, print the summary table."""
     console = console or Console(stderr=True)
-    try:
-        result = Gate(target, cfg, console).run()
-    except PipelineError:
-        raise
+    result = Gate(target, cfg, console).run()
     if out_dir is not None:
         write_reports(result, out_dir, cfg)
     print_summary(result, console)

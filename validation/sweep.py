@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from rich.console import Console
 
-from pipeline.config import StrictModel, deep_merge, format_validation_error, load_config
+from pipeline.config import StrictModel, format_validation_error, load_config
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer
 from pipeline.errors import PipelineError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
@@ -247,4 +247,4 @@ def sweep_overrides(host: str | None) -> dict[str, Any]:
     return {"baseline_url": host}
 
 
-__all__ = ["SweepConfig", "deep_merge", "load_sweep_config", "run_sweep", "sweep_overrides"]
+__all__ = ["SweepConfig", "load_sweep_config", "run_sweep", "sweep_overrides"]
