@@ -5,12 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).with_name("corpus.jsonl")
@@ -76,42 +71,16 @@ def test_usage_error_is_exit_2() -> None:
     assert_one_line_error(run_cli("run"), "--target")
 
 
-class _Handler(BaseHTTPRequestHandler):
-    body: bytes = b""
-    status = 200
-
-    def do_GET(self) -> None:
-        self.send_response(self.status)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *a: object) -> None:
-        pass
+def test_run_not_openai_server(http_peer) -> None:
+    http_peer.routes["/v1/models"] = (404, "text/html", b"<html>nginx</html>")
+    assert_one_line_error(run_cli("run", "--target", http_peer.url), "not OpenAI-compatible")
 
 
-@pytest.fixture
-def http_server() -> Iterator[tuple[str, type[_Handler]]]:
-    handler = type("H", (_Handler,), {})
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}", handler
-    srv.shutdown()
+def test_run_empty_model_list(http_peer) -> None:
+    http_peer.routes["/v1/models"] = (200, "application/json", b'{"object": "list", "data": []}')
+    assert_one_line_error(run_cli("run", "--target", http_peer.url), "lists no models")
 
 
-def test_run_not_openai_server(http_server: tuple[str, type[_Handler]]) -> None:
-    url, h = http_server
-    h.status, h.body = 404, b"<html>nginx</html>"
-    assert_one_line_error(run_cli("run", "--target", url), "not OpenAI-compatible")
-
-
-def test_run_empty_model_list(http_server: tuple[str, type[_Handler]]) -> None:
-    url, h = http_server
-    h.status, h.body = 200, b'{"object": "list", "data": []}'
-    assert_one_line_error(run_cli("run", "--target", url), "lists no models")
-
-
-def test_run_garbage_model_list(http_server: tuple[str, type[_Handler]]) -> None:
-    url, h = http_server
-    h.status, h.body = 200, b'{"hello": 1}'
-    assert_one_line_error(run_cli("run", "--target", url), "did not return an OpenAI model list")
+def test_run_garbage_model_list(http_peer) -> None:
+    http_peer.routes["/v1/models"] = (200, "application/json", b'{"hello": 1}')
+    assert_one_line_error(run_cli("run", "--target", http_peer.url), "did not return an OpenAI model list")

@@ -6,10 +6,6 @@ shapes come from sglang 0.5.23's own definitions: the Prometheus gauge `sglang:s
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import prometheus_client
 import pytest
@@ -40,38 +36,18 @@ def test_parse_prometheus_absent() -> None:
     assert parse_prometheus("llamacpp:tokens_predicted_total 60\n") is None
 
 
-class _SGLangLike(BaseHTTPRequestHandler):
-    info: ClassVar[dict] = {}
-    metrics = ""
+def test_server_info_preferred_then_metrics(http_peer) -> None:
+    url = http_peer.url
 
-    def do_GET(self) -> None:
-        body, ctype = (json.dumps(self.info).encode(), "application/json") if self.path == "/server_info" else (
-            (self.metrics.encode(), "text/plain") if self.path == "/metrics" else (b"", ""))
-        self.send_response(200 if body else 404)
-        self.send_header("Content-Type", ctype or "text/plain")
-        self.end_headers()
-        self.wfile.write(body)
+    def serve(info: dict, metrics: str) -> None:
+        http_peer.routes["/server_info"] = (200, "application/json", json.dumps(info).encode())
+        http_peer.routes["/metrics"] = (200, "text/plain", metrics.encode())
 
-    def log_message(self, *a: object) -> None:
-        pass
-
-
-@pytest.fixture
-def peer() -> Iterator[tuple[str, type[_SGLangLike]]]:
-    h = type("H", (_SGLangLike,), {})
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), h)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}", h
-    srv.shutdown()
-
-
-def test_server_info_preferred_then_metrics(peer: tuple[str, type[_SGLangLike]]) -> None:
-    url, h = peer
-    h.info = {"internal_states": [{"avg_spec_accept_length": 5.1}, {"avg_spec_accept_length": 4.9}]}
-    h.metrics = _exposition({"unified": 2.0})
+    serve({"internal_states": [{"avg_spec_accept_length": 5.1}, {"avg_spec_accept_length": 4.9}]},
+          _exposition({"unified": 2.0}))
     r = read_spec_metrics(OpenAIClient(url, model="m"), "sglang")
     assert r is not None and r.source == "/server_info" and r.accept_length == pytest.approx(5.0)
-    h.info = {"internal_states": [{}]}
+    serve({"internal_states": [{}]}, _exposition({"unified": 2.0}))
     r = read_spec_metrics(OpenAIClient(url, model="m"), "sglang")
     assert r is not None and r.source == "/metrics" and r.accept_length == pytest.approx(2.0)
     assert read_spec_metrics(OpenAIClient(url, model="m"), "llamacpp") is None
