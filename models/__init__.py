@@ -1,0 +1,1 @@
+"""Model preparation: turn the embedded GGUF target into a Hugging Face checkpoint SGLang loads."""

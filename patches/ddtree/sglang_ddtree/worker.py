@@ -1,0 +1,408 @@
+"""DDTreeWorker: DFLASH's worker with a draft tree instead of a draft chain.
+
+Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` requests, block size
+``B`` (the drafter's), budget ``n``, verify width ``W = n + 1``:
+
+1. Draft: the DFlash drafter runs its block ``[root, mask x (B-1)]`` exactly as DFLASH does; its
+   hidden states give a distribution per depth ``1..B-1``; the top-k log-probabilities per depth
+   go to the host.
+2. Tree: ``tree.build_batch`` picks ``n`` nodes best-first by cumulative log-probability.
+3. Verify: one TARGET_VERIFY pass over ``bs x W`` tokens, positions ``prefix + depth``, a tree
+   mask (each node sees the prefix, its ancestors and itself), KV written to the request's
+   window ``[prefix, prefix + W)`` (the scheduler reserves ``max(B, W)`` per step because patch
+   0015 declares ``W`` as the largest draft width). With CUDA graphs the target replays graphs
+   captured at width ``W`` (patches 0012-0014).
+4. Accept: the target's token at every node (argmax at T = 0, a draw from its adjusted
+   distribution at T > 0), walked down the tree on the host (``tree.accept``).
+5. Commit: the accepted path's KV slots move to the front of the window by permuting the
+   request's ``req_to_token`` row (no KV is copied); the drafter's context features for the
+   committed tokens are written to the draft KV like DFLASH's; the bonus token starts the next
+   block. The result has DFLASH's layout (``[bs, B]`` tokens, commit lengths), so the scheduler,
+   the metrics (``spec_verify_ct``, ``spec_accept_length``, ``/server_info``, Prometheus) and
+   the detokenizer see DFLASH.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+    enable_num_token_non_padded,
+)
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+from sglang.srt.speculative.dflash_worker_v2 import (
+    DFlashWorkerV2,
+    _resolve_dflash_embedding_module,
+)
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import draft_tp_context
+
+from . import tree as tree_mod
+from .config import resolve_from_server_args
+
+logger = logging.getLogger(__name__)
+
+
+class DDTreeWorker(DFlashWorkerV2):
+    """DFLASH with tree drafting and tree verify (see the module docstring)."""
+
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self.ddtree = resolve_from_server_args(server_args)
+        unsupported = {
+            "a sliding-window draft cache (--speculative-draft-window-size)": self.use_compact_draft_cache,
+            "a candidate-selector drafter": self.selector is not None,
+            "a LiLiCorr drafter": self.lilicorr is not None,
+            "a Domino drafter": bool(self._is_domino),
+            "mamba / hybrid targets": bool(self._need_mamba_verify_commit),
+        }
+        bad = [name for name, on in unsupported.items() if on]
+        if bad:
+            raise ValueError(f"DDTree does not support {', '.join(bad)}")
+        if int(self.block_size) != self.ddtree.block_size:
+            raise ValueError(
+                f"DDTree: the drafter's block size {self.block_size} differs from --speculative-num-draft-tokens "
+                f"{self.ddtree.block_size}"
+            )
+        self.verify_width = self.ddtree.verify_width
+        self.topk = self.ddtree.topk
+        # the step's KV window covers both the draft block and the verify width (reserved per step
+        # by the scheduler: patch 0015 declares max(block, budget + 1) as the draft width)
+        self.window_width = max(self.verify_width, int(self.block_size))
+        self._depth_offsets = torch.arange(self.window_width, dtype=torch.int64, device=self.device)
+        self._block_offsets = torch.arange(int(self.block_size), dtype=torch.int64, device=self.device)
+        self._draft_verify_window_buf: torch.Tensor | None = None
+        self._last_tree: tree_mod.TreeBatch | None = None  # for tests and debugging
+        logger.info(
+            "DDTree on: budget=%d topk=%d block=%d verify width=%d",
+            self.ddtree.budget,
+            self.topk,
+            self.block_size,
+            self.verify_width,
+        )
+
+    # ------------------------------------------------------------------ entry
+    def forward_batch_generation(
+        self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
+    ) -> GenerationBatchResult:
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            return super().forward_batch_generation(
+                batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors
+            )
+        if batch.has_grammar:
+            raise RuntimeError("DDTree does not support grammar-constrained requests in this build")
+        if batch.spec_info is None:
+            batch.spec_info = DFlashDraftInputV2.create_idle_input(device=self.device)
+        if not isinstance(batch.spec_info, DFlashDraftInputV2):
+            raise RuntimeError("DDTree expected DFlashDraftInputV2 state on the running batch")
+        return self._decode_step(batch, on_publish)
+
+    # ------------------------------------------------------------------ draft
+    def _window_locs(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
+        """[bs, width] virtual KV slots of the request windows ``[prefix, prefix + width)``."""
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        cols = prefix_lens.to(torch.int64).unsqueeze(1) + self._depth_offsets[:width].unsqueeze(0)
+        rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand_as(cols)
+        return req_to_token[rows, cols].to(torch.int64)
+
+    def _draft_block(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, window: torch.Tensor):
+        """Run the DFlash drafter on ``[root, mask...]``; return its hidden states [bs, B, H]."""
+        draft_input = batch.spec_info
+        bs = int(prefix_lens.shape[0])
+        block = int(self.block_size)
+        device = self.device
+        block_ids = torch.full((bs, block), int(self._mask_token_id), dtype=torch.long, device=device)
+        block_ids[:, 0].copy_(draft_input.bonus_tokens.view(-1))
+        positions = (prefix_lens.to(torch.int64).unsqueeze(1) + self._block_offsets.unsqueeze(0)).reshape(-1)
+        block_locs = window[:, :block].reshape(-1).contiguous()
+
+        target_model = self.target_worker.model_runner.model
+        embed_module = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+        if self._full_embed_gpu is not None:
+            noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        else:
+            noise = embed_module(block_ids)
+        if self._noise_embed_scale != 1.0:
+            noise = noise * self._noise_embed_scale
+        input_embeds = noise.view(-1, noise.shape[-1])
+
+        seq_lens_cpu = prefix_lens.to("cpu", dtype=torch.int32) + block
+        plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            write_virtual=block_locs,
+            read_extent=block,
+        )
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            out_cache_loc=block_locs,
+            seq_lens_sum=int(seq_lens_cpu.sum()),
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions,
+            input_embeds=input_embeds,
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            num_token_non_padded=(
+                torch.full((), bs * block, dtype=torch.int32, device=device) if enable_num_token_non_padded() else None
+            ),
+            global_num_token_non_padded_cpu=bs * block,
+            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+        )
+        plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
+            out = self.draft_model_runner.forward(forward_batch)
+        hidden = out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTree: the DFlash drafter returned no hidden states")
+        return hidden.view(bs, block, -1)
+
+    def _tree_candidates(self, batch: ScheduleBatch, draft_hidden: torch.Tensor):
+        """Top-k log-probabilities and token ids per depth, ``[bs, B-1, K]`` each (on the GPU).
+        Tests hook this method to replace the drafter's proposals (tests/ddtree/oracle)."""
+        lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+        if lm_head is None or not hasattr(lm_head, "weight"):
+            raise RuntimeError("DDTree needs the target's lm_head weight for the draft distributions")
+        h = draft_hidden[:, 1:, :].reshape(-1, draft_hidden.shape[-1])
+        logits = torch.matmul(h, lm_head.weight.t()).float()
+        vocab = int(self.model_runner.model_config.vocab_size)
+        shard = getattr(lm_head, "shard_indices", None)
+        tp = get_parallel().tp_size
+        if tp > 1:
+            # vocab-parallel head: local top-k, gather, top-k again (exact: the global top-k is
+            # contained in the union of the local ones); normalise with a gathered logsumexp.
+            from sglang.srt.distributed import tensor_model_parallel_all_gather
+
+            start = int(shard.org_vocab_start_index) if shard is not None else 0
+            n_org = int(shard.num_org_elements) if shard is not None else logits.shape[1]
+            logits = logits[:, :n_org]
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            vals, ids = torch.topk(logits, min(self.topk, logits.shape[1]), dim=-1)
+            all_vals = tensor_model_parallel_all_gather(vals.contiguous(), dim=-1)
+            all_ids = tensor_model_parallel_all_gather((ids + start).contiguous(), dim=-1)
+            all_lse = tensor_model_parallel_all_gather(lse.contiguous(), dim=-1)
+            total = torch.logsumexp(all_lse, dim=-1, keepdim=True)
+            top_vals, pos = torch.topk(all_vals, self.topk, dim=-1)
+            top_ids = torch.gather(all_ids, 1, pos)
+            logp = top_vals - total
+        else:
+            logits = logits[:, :vocab]
+            logp_all = torch.log_softmax(logits, dim=-1)
+            logp, top_ids = torch.topk(logp_all, self.topk, dim=-1)
+        bs, block = draft_hidden.shape[0], draft_hidden.shape[1]
+        return logp.view(bs, block - 1, -1), top_ids.view(bs, block - 1, -1)
+
+    # ------------------------------------------------------------------ target
+    def _target_tokens(self, logits: torch.Tensor, sampling_info, positions: torch.Tensor) -> torch.Tensor:
+        """The target's token at every node: argmax for greedy rows, a draw from the adjusted
+        distribution (temperature, top-k, top-p, min-p) otherwise."""
+        greedy = torch.argmax(logits, dim=-1)
+        if sampling_info is None or sampling_info.is_all_greedy:
+            return greedy
+        w = self.verify_width
+        temps = torch.repeat_interleave(sampling_info.temperatures.view(-1), w).view(-1, 1)
+        probs = torch.softmax(logits.float() / temps.clamp_min(1e-6), dim=-1)
+        top_ks = torch.repeat_interleave(sampling_info.top_ks.view(-1), w)
+        top_ps = torch.repeat_interleave(sampling_info.top_ps.view(-1), w)
+        min_ps = torch.repeat_interleave(sampling_info.min_ps.view(-1), w)
+        probs = _renorm(probs, top_ks, top_ps, min_ps)
+        if sampling_info.sampling_seed is not None:
+            from sglang.srt.layers.sampler import multinomial_with_seed
+
+            seeds = torch.repeat_interleave(sampling_info.sampling_seed.view(-1), w)
+            sampled = multinomial_with_seed(torch.log(probs.clamp_min(1e-30)), seeds, positions)
+        else:
+            sampled = torch.multinomial(probs, 1).view(-1)
+        is_greedy = (temps.view(-1) <= 1e-5) | (top_ks == 1)
+        return torch.where(is_greedy, greedy, sampled.view(-1))
+
+    # ------------------------------------------------------------------ step
+    def _decode_step(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
+        draft_input = batch.spec_info
+        bs = len(batch.seq_lens)
+        device = self.device
+        block = int(self.block_size)
+        w = self.verify_width
+        prefix_lens = batch.seq_lens
+        window = self._window_locs(batch, prefix_lens, self.window_width)  # [bs, max(W, B)]
+
+        # 1) draft distributions -> 2) tree (host)
+        draft_hidden = self._draft_block(batch, prefix_lens, window)
+        logp, ids = self._tree_candidates(batch, draft_hidden)
+        roots = draft_input.bonus_tokens.view(-1).to("cpu", torch.int64).numpy()
+        tree = tree_mod.build_batch(
+            roots, logp.float().cpu().numpy(), ids.cpu().numpy(), self.ddtree.budget, topk=self._request_topk(batch)
+        )
+        self._last_tree = tree
+        prefix_cpu = prefix_lens.to("cpu", torch.int64)
+
+        # 3) target verify over the tree
+        tokens = torch.from_numpy(tree.tokens).to(device, non_blocking=True).reshape(-1)
+        positions = (prefix_lens.to(torch.int64).unsqueeze(1) + torch.from_numpy(tree.depths).to(device)).reshape(-1)
+        verify_locs = window[:, :w].reshape(-1).contiguous()
+        # host bound = committed prefix + the verify window (DFLASH's convention); the mask is
+        # padded to the size the backends check against that bound (cells past the last block
+        # are never read)
+        seq_lens_cpu = prefix_cpu.to(torch.int32) + w
+        mask = self._tree_mask(tree, prefix_cpu, pad_to=w * int(seq_lens_cpu.sum()) + bs * w * w)
+        mask = mask.to(device, non_blocking=True)
+        plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            write_virtual=verify_locs,
+            read_extent=w,
+        )
+        verify_input = DFlashVerifyInput(
+            draft_token=tokens,
+            positions=positions,
+            draft_token_num=w,
+            custom_mask=mask,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            kv_loc_plan=plan,
+        )
+        batch.out_cache_loc = verify_locs
+        saved_cpu, saved_sum = batch.seq_lens_cpu, batch.seq_lens_sum
+        batch.seq_lens_cpu = seq_lens_cpu
+        batch.seq_lens_sum = int(seq_lens_cpu.sum())
+        verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
+        target_out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = target_out.logits_output
+        target_lp = self._target_logits_processor
+        if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
+            logits_output.next_token_logits = target_lp.finish_deferred_gather(logits_output.next_token_logits)
+        logits = logits_output.next_token_logits
+        sampling_info = batch.sampling_info
+        if sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits, sampling_info=sampling_info, draft_token_num=w
+            )
+
+        # 4) accept (host walk)
+        target_tokens = self._target_tokens(logits, sampling_info, positions)
+        acc = tree_mod.accept(tree, target_tokens.view(bs, w).cpu().numpy(), block)
+
+        # 5) commit: accepted path to the front of each window (req_to_token permutation)
+        perm = torch.from_numpy(tree_mod.window_permutation(acc, w)).to(device)
+        new_window = window.clone()
+        new_window[:, :w] = torch.gather(window[:, :w], 1, perm)
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        cols = prefix_lens.to(torch.int64).unsqueeze(1) + self._depth_offsets[:w].unsqueeze(0)
+        rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand_as(cols)
+        req_to_token[rows, cols] = new_window[:, :w].to(req_to_token.dtype)
+
+        commit_lens = torch.from_numpy(acc.commit_lens.astype(np.int32)).to(device)
+        out_tokens = torch.from_numpy(acc.out_tokens).to(device)
+        bonus = torch.from_numpy(acc.bonus).to(device)
+        paths = torch.from_numpy(acc.paths).to(device)  # [bs, B] slots in the old window order
+        row_index = (torch.arange(bs, device=device).unsqueeze(1) * w + paths).reshape(-1)
+
+        if batch.return_logprob:
+            chain = logits_output.next_token_logits[row_index]
+            logits_output.next_token_logits = chain
+            compute_spec_logprobs(batch, logits_output, out_tokens.reshape(-1), chain_stride=block)
+        else:
+            logits_output.next_token_logits = None
+
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # drafter context features of the committed tokens, DFLASH's writer
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTree verify needs the target's hidden states (capture FULL)")
+        hidden = hidden[: bs * w][row_index]  # [bs * B, Hc], the accepted path in order
+        draft_locs = new_window[:, :block].contiguous()
+        draft_plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=prefix_cpu.to(torch.int32) + block,
+            write_virtual=draft_locs.reshape(-1),
+            read_extent=block,
+        )
+        cache_loc = self._draft_write_ids(draft_plan)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden,
+            cache_loc=cache_loc,
+            cache_loc_2d=cache_loc.view(bs, block),
+            positions=(prefix_lens.to(torch.int64).unsqueeze(1) + self._block_offsets.unsqueeze(0)).reshape(-1),
+            commit_lens=commit_lens,
+        )
+        logits_output.hidden_states = None
+
+        next_draft_input = self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=out_tokens.reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=target_out.can_run_cuda_graph,
+            next_draft_input=next_draft_input,
+            speculative_num_draft_tokens=block,
+            new_seq_lens=new_seq_lens,
+            routed_experts_output=target_out.routed_experts_output,
+            indexer_topk_output=target_out.indexer_topk_output,
+        )
+
+    def _request_topk(self, batch: ScheduleBatch) -> int:
+        """The server's top-k; tests narrow it per batch through ``ddtree_test_topk`` in a
+        request's custom_params (all requests of a batch must agree)."""
+        wanted = set()
+        for req in batch.reqs:
+            cp = getattr(req.sampling_params, "custom_params", None) or {}
+            if "ddtree_test_topk" in cp:
+                wanted.add(int(cp["ddtree_test_topk"]))
+        if not wanted:
+            return self.topk
+        if len(wanted) > 1 or min(wanted) < 1 or max(wanted) > self.topk:
+            raise ValueError(f"ddtree_test_topk must be one value in 1..{self.topk} per batch, got {sorted(wanted)}")
+        return wanted.pop()
+
+    def _tree_mask(self, tree: tree_mod.TreeBatch, prefix_cpu: torch.Tensor, pad_to: int = 0) -> torch.Tensor:
+        """Flattened per-request ``W x (prefix + W)`` allow-masks, request after request."""
+        return torch.from_numpy(tree_mod.flat_mask(tree, prefix_cpu.numpy(), pad_to=pad_to))
+
+
+def _renorm(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor) -> torch.Tensor:
+    """Keep the top-k, top-p and min-p support of each row and renormalise (sglang's order)."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
+    keep = ranks < top_ks.clamp_min(1).unsqueeze(1)
+    cum = torch.cumsum(sorted_p, dim=-1)
+    keep &= (cum - sorted_p) < top_ps.unsqueeze(1)
+    keep &= sorted_p >= (sorted_p[:, :1] * min_ps.unsqueeze(1))
+    keep[:, 0] = True
+    sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+    out = torch.zeros_like(probs).scatter_(1, order, sorted_p)
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+def describe(worker: Any) -> dict:
+    """Small state summary (for logs and the tests' debug endpoint)."""
+    return {
+        "budget": worker.ddtree.budget,
+        "topk": worker.topk,
+        "block_size": int(worker.block_size),
+        "verify_width": worker.verify_width,
+    }
