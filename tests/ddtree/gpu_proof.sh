@@ -21,7 +21,7 @@
 set -u
 C=${CARRY:-.carry/ddtree}; W=${WORK:-/tmp/ddtree}; O=${OUT:-/tmp/ddtree-out}
 WHL=${WHL:-$C/whl}; SGLANG_TGZ=${SGLANG_TGZ:-$C/sglang-0.5.23-cp312.tgz}; PATCHED_TGZ=${PATCHED_TGZ:-$C/patched-files.tgz}
-mkdir -p $W/unpatched $W/patched $W/site $W/logs $O
+mkdir -p $W/unpatched $W/patched $W/site $W/logs $O; rm -f $W/failed
 python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site $WHL/*.whl 2>&1 | tail -2
 tar -C $W/unpatched -xzf $SGLANG_TGZ
 tar -C $W/patched -xzf $SGLANG_TGZ && tar -C $W/patched -xzf $PATCHED_TGZ
@@ -58,7 +58,10 @@ run_job() {  # backend variant
     DDTREE_MUTANT=$([ "$2" = mutant ] && echo seeds) \
     timeout ${TEST_TIMEOUT:-240} python3 -m pytest -p no:cacheprovider -q tests/ddtree/test_tree_verify_gpu.py \
     -o addopts="" -m gpu --timeout 600 -k "$k" ${PYTEST_ARGS:-} > $W/logs/pytest-$1-$2.txt 2>&1
-  echo "== $1 $2: rc=$? $((SECONDS - t0)) s: $(tail -1 $W/logs/pytest-$1-$2.txt)"
+  local rc=$?
+  echo "== $1 $2: rc=$rc $((SECONDS - t0)) s: $(tail -1 $W/logs/pytest-$1-$2.txt)"
+  # a run where nothing passed (all skipped, or nothing collected) proves nothing: fail it
+  grep -Eq "[0-9]+ passed" <(tail -1 $W/logs/pytest-$1-$2.txt) || echo "$1:$2 ran no passing test" >> $W/failed
 }
 if [ -n "${JOBS:-}" ]; then
   pids=""
@@ -75,7 +78,9 @@ for v in ${VARIANTS:-$([ -n "${JOBS:-}" ] || echo patched unpatched)}; do
     timeout ${TEST_TIMEOUT:-240} python3 -m pytest -p no:cacheprovider -q tests/ddtree/test_tree_verify_gpu.py \
     -o addopts="" -m gpu --timeout 600 ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 | tail -${TAIL:-25} > $O/pytest-$v.txt
   tail -5 $O/pytest-$v.txt
+  grep -Eq "[0-9]+ passed" <(tail -1 $O/pytest-$v.txt) || echo "$v ran no passing test" >> $W/failed
 done
 if [ "${BENCH:-1}" = 1 ]; then
   DDTREE_SGLANG_PATH=$W/patched DDTREE_BENCH_OUT=$O/bench.json timeout 200 python3 bench/ddtree_verify_cost.py 2>&1 | grep -v Warn | tail -12
 fi
+if [ -s $W/failed ]; then cat $W/failed; exit 1; fi

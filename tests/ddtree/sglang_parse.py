@@ -1,0 +1,41 @@
+"""Run sglang's own server-argument parser on argument lists (a subprocess of
+test_ddtree_args.py, with PYTHONPATH = a patched sglang 0.5.23 tree + patches/ddtree).
+
+stdin: JSON list of argv lists. stdout: JSON list of {"rc", "stderr", "ddtree", "algorithm_error"?}: rc is
+argparse's exit code (0 when parsed), "ddtree" the resolved DDTree args (what patch 0015's
+resolution derives) or the DDTreeArgError message.
+"""
+
+import contextlib
+import io
+import json
+import sys
+
+from sglang.srt.server_args import prepare_server_args
+from sglang_ddtree.config import DDTreeArgError, resolve_from_server_args
+
+out = []
+for argv in json.load(sys.stdin):
+    err = io.StringIO()
+    rec = {"rc": 0, "stderr": "", "ddtree": None}
+    try:
+        with contextlib.redirect_stderr(err):
+            args = prepare_server_args(argv)
+    except SystemExit as e:
+        rec["rc"] = int(e.code or 0)
+    rec["stderr"] = err.getvalue()[-2000:]
+    if rec["rc"] == 0 and args.speculative_algorithm is not None:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        try:
+            SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+        except Exception as e:  # what sglang's resolution raises at startup
+            rec["algorithm_error"] = f"{type(e).__name__}: {e}"
+    if rec["rc"] == 0 and getattr(args, "speculative_ddtree_budget", None) is not None:
+        try:
+            r = resolve_from_server_args(args)
+            rec["ddtree"] = {"budget": r.budget, "topk": r.topk, "verify_width": r.verify_width}
+        except DDTreeArgError as e:
+            rec["ddtree"] = {"error": str(e)}
+    out.append(rec)
+print(json.dumps(out))

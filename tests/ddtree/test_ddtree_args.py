@@ -1,0 +1,121 @@
+"""DDTree server arguments: the rules (sglang_ddtree.config) and sglang 0.5.23's own parser on
+the command the rollout renders for every host of the example inventory (CPU; the sglang wheel
+comes from PyPI through `patches`, the series is applied as in the image)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_ddtree.config import DDTreeArgError, max_tree_nodes, resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GOOD = dict(budget=16, topk=4, block_size=8, algorithm="DFLASH", draft_model_path="/m/d",
+            attention_backend="triton", page_size=1, disable_overlap_schedule=True)
+
+
+def test_good_arguments_resolve_and_the_verify_width_is_derived() -> None:
+    r = resolve(**GOOD)
+    assert (r.budget, r.topk, r.verify_width, r.max_depth) == (16, 4, 17, 7)
+    assert resolve(**{**GOOD, "topk": None}).topk == 4
+    assert resolve(**{**GOOD, "verify_num_tokens": 17}).verify_width == 17
+    assert resolve(**{**GOOD, "attention_backend": "flashinfer"}).budget == 16
+    assert max_tree_nodes(8, 1) == 7 and max_tree_nodes(3, 2) == 6
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"budget": 0}, "must be in 1..255"),
+        ({"budget": "x"}, "must be an integer"),
+        ({"budget": 8, "topk": 1}, "exceeds the largest tree a block of 8 holds with top-k 1 (7 nodes"),
+        ({"topk": 0}, "--speculative-ddtree-topk must be in 1..64"),
+        ({"attention_backend": "trtllm_mha"}, "--attention-backend trtllm_mha has no tree-mask target verify"),
+        ({"attention_backend": None}, "set --attention-backend to one of triton, flashinfer"),
+        ({"decode_attention_backend": "fa3"}, "--decode-attention-backend fa3"),
+        ({"page_size": 16}, "--page-size must be 1"),
+        ({"disable_overlap_schedule": False}, "add --disable-overlap-schedule"),
+        ({"draft_model_path": None}, "--speculative-draft-model-path"),
+        ({"algorithm": "EAGLE"}, "set --speculative-algorithm DFLASH"),
+        ({"verify_num_tokens": 8}, "contradicts --speculative-ddtree-budget 16"),
+        ({"block_size": 1}, "at least 2"),
+    ],
+)
+def test_bad_arguments_are_one_clear_error(change: dict, message: str) -> None:
+    with pytest.raises(DDTreeArgError) as e:
+        resolve(**{**GOOD, **change})
+    assert message in str(e.value)
+
+
+# ----------------------------------------------------------------------------- real parser
+
+@pytest.fixture(scope="module")
+def patched_sglang(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series
+
+    upstream = fetch_sglang("0.5.23", DEFAULT_CACHE)
+    root = tmp_path_factory.mktemp("sglang-patched")
+    subprocess.run(["cp", "-a", str(upstream / "sglang"), str(root)], check=True)
+    rep = apply_series(load_series(ROOT / "patches" / "sglang-0.5.23"), root)
+    assert rep.ok, rep
+    return root
+
+
+def parse(root: Path, argvs: list[list[str]]) -> list[dict]:
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{ROOT / 'patches' / 'ddtree'}")
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "ddtree" / "sglang_parse.py")],
+                          input=json.dumps(argvs), capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[str]]:
+    """Every example host's server command, rendered by the rollout (real Ansible, no SSH)."""
+    proc = subprocess.run([sys.executable, "-m", "rollout", "render", "--hosts", "all",
+                           "--inventory", str(ROOT / "ansible" / "inventories" / "example"), "--json"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    hosts = data.get("hosts", data)
+    cmds = {h: (v.get("command") if isinstance(v, dict) else None) for h, v in hosts.items()}
+    cmds = {h: c for h, c in cmds.items() if c}
+    assert cmds, f"render gave no commands: {proc.stdout[:1000]}"
+    return cmds
+
+
+@pytest.mark.integration
+def test_every_rendered_command_passes_sglangs_parser(patched_sglang: Path, rendered: dict[str, list[str]]) -> None:
+    results = parse(patched_sglang, list(rendered.values()))
+    for (host, argv), res in zip(rendered.items(), results, strict=True):
+        assert res["rc"] == 0, f"{host}: sglang rejects {' '.join(argv)}\n{res['stderr']}"
+        assert res["ddtree"] == {"budget": 16, "topk": 4, "verify_width": 17}, (host, res)
+
+
+@pytest.mark.integration
+def test_the_parser_rejects_what_the_old_render_passed(patched_sglang: Path) -> None:
+    base = ["--model-path", "/models/m", "--attention-backend", "triton", "--speculative-algorithm", "DFLASH",
+            "--speculative-draft-model-path", "/models/d", "--speculative-num-draft-tokens", "8"]
+    old = parse(patched_sglang, [
+        [*base, "--cuda-graph-max-bs", "64"],  # ambiguous in 0.5.23
+        [*base, "--speculative-ddtree-budget", "16", "--speculative-ddtree-topk", "4"],  # overlap left on
+        ["--model-path", "/models/m", "--speculative-algorithm", "DDTREE"],  # not an algorithm
+    ])
+    assert old[0]["rc"] == 2 and "ambiguous" in old[0]["stderr"]
+    assert "--disable-overlap-schedule" in old[1]["ddtree"]["error"]
+    assert "Unknown speculative algorithm" in old[2].get("algorithm_error", ""), old[2]
+
+
+@pytest.mark.integration
+def test_unpatched_sglang_does_not_know_the_ddtree_flags(tmp_path: Path) -> None:
+    from patches import DEFAULT_CACHE, fetch_sglang
+
+    upstream = fetch_sglang("0.5.23", DEFAULT_CACHE)
+    res = parse(upstream, [["--model-path", "/m", "--speculative-ddtree-budget", "16"]])
+    assert res[0]["rc"] == 2 and "unrecognized arguments" in res[0]["stderr"]
