@@ -158,6 +158,9 @@ def build_context(cfg: ImageConfig, wheels: list[Path]) -> tuple[io.BufferedIOBa
         (REPO_ROOT / "patches" / "__main__.py", "patches/__main__.py"),
     ]
     files += [(p, f"{series_arcname(cfg)}/{p.name}") for p in sorted(series.iterdir()) if p.is_file()]
+    plugin = REPO_ROOT / "patches" / "ddtree"
+    files += [(plugin / "pyproject.toml", "patches/ddtree/pyproject.toml")]
+    files += [(p, f"patches/ddtree/sglang_ddtree/{p.name}") for p in sorted((plugin / "sglang_ddtree").glob("*.py"))]
     files += [(w, f"wheels/{w.name}") for w in wheels]
     ca = build_host_ca()
     if ca is not None:

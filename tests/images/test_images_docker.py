@@ -74,6 +74,8 @@ set -e
 cat /opt/provenance/flashinfer-jit.json > /tmp/jit.json
 python - <<'PY'
 import json, os, subprocess, pathlib, sys
+from importlib.metadata import entry_points
+import sglang_ddtree.config as ddtree_cfg
 jit = json.load(open('/tmp/jit.json'))
 sampling = jit['modules'][0]
 bdir = pathlib.Path(sampling['library']).parent
@@ -94,6 +96,9 @@ print(json.dumps({
   'env': {k: os.environ.get(k) for k in
           ('FLASHINFER_CUDA_ARCH_LIST', 'CUDA_HOME', 'TRITON_PTXAS_PATH', 'FLASHINFER_WORKSPACE_BASE')},
   'ptxas': os.access(os.environ['TRITON_PTXAS_PATH'], os.X_OK),
+  'plugin': sorted(f"{p.name}={p.value}" for p in entry_points(group='sglang.srt.plugins')),
+  'plugin_cfg': ddtree_cfg.resolve(budget=16, topk=4, block_size=8, algorithm='DFLASH', draft_model_path='/d',
+                                   attention_backend='triton', disable_overlap_schedule=True).verify_width,
 }))
 PY
 """)
@@ -115,6 +120,9 @@ PY
     assert data["curand"]
     assert data["env"]["FLASHINFER_CUDA_ARCH_LIST"] == EXPECT_ARCH[target]
     assert data["env"]["TRITON_PTXAS_PATH"] == "/usr/local/cuda/bin/ptxas" and data["ptxas"]
+    # the DDTree plugin is installed and registered where sglang's plugin loader looks
+    assert data["plugin"] == ["ddtree=sglang_ddtree.plugin:load"]
+    assert data["plugin_cfg"] == 17
 
 
 def test_series_in_image_equals_local_zero_fuzz_apply(client: docker.DockerClient, tmp_path: Path) -> None:
