@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from sglang_ddtree.config import DDTreeArgError, max_tree_nodes, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
