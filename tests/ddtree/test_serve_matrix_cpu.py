@@ -1,0 +1,62 @@
+"""The CPU half of the GPU serve matrix (tests/ddtree/serve_matrix.py): the three sglang variants
+it builds from the series, the prompts it sends to the real SmolLM2 target, the server commands
+(parsed by nothing here: test_ddtree_args.py runs sglang's parser on the rollout's commands)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture()
+def sm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from patches import DEFAULT_CACHE, fetch_sglang
+
+    monkeypatch.setenv("SITE", str(fetch_sglang("0.5.23", DEFAULT_CACHE)))
+    monkeypatch.syspath_prepend(str(HERE))
+    sys.modules.pop("serve_matrix", None)
+    mod = importlib.import_module("serve_matrix")
+    monkeypatch.setattr(mod, "VAR", tmp_path / "var")
+    return mod
+
+
+@pytest.mark.integration
+def test_variants_apply_and_differ_where_they_should(sm) -> None:
+    roots = {v: sm.build_variant(v) for v in ("patched", "unpatched", "mutant")}
+    tb = "sglang/srt/layers/attention/triton_backend.py"
+    spec = "sglang/srt/arg_groups/fields/spec.py"
+    for root in roots.values():  # every variant knows the DDTree arguments
+        assert "speculative_ddtree_budget" in (root / spec).read_text()
+    assert "tree_verify" in (roots["patched"] / tb).read_text()
+    assert "tree_verify" not in (roots["unpatched"] / tb).read_text(), "0011-0014 are left out"
+    assert (roots["mutant"] / tb).read_text().count("MUTANT seeds") >= 3
+
+
+def test_plan_covers_the_matrix(sm) -> None:
+    names = [s.name for s in sm.plan("full")]
+    assert len(names) == len(set(names))
+    for b in (1, 3, 7, 8, 15, 16, 31, 63):
+        assert f"patched-b{b}-graph" in names and f"patched-b{b}-eager" in names
+    ports = [s.port for s in sm.plan("full")]
+    assert len(set(ports)) == len(ports)
+    cmd = sm.plan("full")[2].cmd()
+    assert cmd[cmd.index("--speculative-ddtree-budget") + 1] == "1"
+    assert "--disable-overlap-schedule" in cmd and "--nccl-port" in cmd
+
+
+@pytest.mark.slow
+def test_real_prompts_are_token_lists_of_the_chat_template(sm, tmp_path: Path) -> None:
+    from models import gguf_to_hf
+
+    out = tmp_path / "smollm2"
+    gguf_to_hf.convert(gguf_to_hf.smollm2_gguf(), out)
+    sm.MODEL.update(path=str(out), real=True)
+    ps = sm.prompts()
+    assert len(ps) == 4 and all(isinstance(t, int) for p in ps for t in p)
+    lens = [len(p) for p in ps]
+    assert lens == sorted(lens) and lens[0] > 20 and lens[-1] > 300
