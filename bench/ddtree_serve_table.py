@@ -76,7 +76,8 @@ def render(doc: dict, tie_nats: float) -> str:
             "|---|---|---|---|---|---|"]
     for row in s["rows"]:
         if row["error"] or not row["groups"]:
-            out.append(f"| {row['name']} | {_fmt(row['up_s'])} | — | did not serve: {row['error'] or 'no results'} | | |")
+            why = row["error"] or "no results"
+            out.append(f"| {row['name']} | {_fmt(row['up_s'])} | — | did not serve: {why} | | |")
             continue
         if all(g["errors"] == g["n"] for g in row["groups"].values()):
             n = sum(g["n"] for g in row["groups"].values())
