@@ -1,10 +1,11 @@
 # DDTree tree-verify patch: CPU layout test (CI) and the GPU proof (GPU host only).
-.PHONY: ddtree-test gpu-test gpu-test-flashinfer ddtree-flashinfer-carry ddtree-bench
+.PHONY: ddtree-serve-carry ddtree-test gpu-test gpu-test-flashinfer ddtree-flashinfer-carry ddtree-bench
 
 DDTREE_SGLANG_PATH ?=
 
-ddtree-test: ## DDTree: CPU test of the patched tree-verify index math (applies the series)
-	$(PY) -m pytest -q tests/ddtree/test_tree_verify_layout.py
+ddtree-test: ## DDTree: CPU tests (index math, tree, walk, exactness, sglang's parser on rendered commands)
+	$(PY) -m pytest -q tests/ddtree/test_tree_verify_layout.py tests/ddtree/test_ddtree_tree.py \
+	  tests/ddtree/test_ddtree_args.py tests/ddtree/test_serve_matrix_cpu.py
 
 gpu-test: ## DDTree: GPU proof (needs CUDA + DDTREE_SGLANG_PATH=<unpacked sglang 0.5.23, patched>)
 	@test -n "$(DDTREE_SGLANG_PATH)" || { echo "set DDTREE_SGLANG_PATH=<dir containing sglang/>"; exit 2; }
@@ -20,3 +21,6 @@ ddtree-flashinfer-carry: ## DDTree: build .carry-fi/ (slim flashinfer + sglang +
 
 ddtree-bench: ## DDTree: tree (budget 16, top-k 4) vs chain (block 8) verify attention cost on a GPU
 	DDTREE_SGLANG_PATH=$(DDTREE_SGLANG_PATH) $(PY) bench/ddtree_verify_cost.py
+
+ddtree-serve-carry: ## DDTree: wheels of the plugin + the test-only oracle for tests/ddtree/serve_matrix.py on the H200
+	bash tests/ddtree/make_server_carry.sh
