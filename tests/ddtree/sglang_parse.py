@@ -1,7 +1,8 @@
 """Run sglang's own server-argument parser on argument lists (a subprocess of
 test_ddtree_args.py, with PYTHONPATH = a patched sglang 0.5.23 tree + patches/ddtree).
 
-stdin: JSON list of argv lists. stdout: JSON list of {"rc", "stderr", "ddtree", "algorithm_error"?}: rc is
+stdin: JSON list of argv lists. stdout: JSON list of {"rc", "stderr", "ddtree", "algorithm_error"?, "resolved"?}: "resolved" is what sglang's own
+_handle_dflash (patch 0015) derived, or its error;: rc is
 argparse's exit code (0 when parsed), "ddtree" the resolved DDTree args (what patch 0015's
 resolution derives) or the DDTreeArgError message.
 """
@@ -31,6 +32,21 @@ for argv in json.load(sys.stdin):
             SpeculativeAlgorithm.from_string(args.speculative_algorithm)
         except Exception as e:  # what sglang's resolution raises at startup
             rec["algorithm_error"] = f"{type(e).__name__}: {e}"
+    if rec["rc"] == 0 and (args.speculative_algorithm or "").upper() == "DFLASH" and not rec.get("algorithm_error"):
+        # sglang's own DFLASH resolution (patch 0015 inside): the derived verify width, or its error
+        from sglang.srt.arg_groups import speculative_hook
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        if args.device is None:
+            args.device = "cuda"  # the fleets' device; resolution checks it, there is no GPU here
+        try:
+            speculative_hook._handle_dflash(args)
+            view = resolving_view(args)
+            rec["resolved"] = {"verify_width": view.speculative_verify_num_tokens,
+                               "topk": view.speculative_ddtree_topk,
+                               "block": view.speculative_num_draft_tokens}
+        except Exception as e:
+            rec["resolved"] = {"error": f"{type(e).__name__}: {e}"}
     if rec["rc"] == 0 and getattr(args, "speculative_ddtree_budget", None) is not None:
         try:
             r = resolve_from_server_args(args)

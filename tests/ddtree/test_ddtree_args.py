@@ -95,6 +95,8 @@ def test_every_rendered_command_passes_sglangs_parser(patched_sglang: Path, rend
     for (host, argv), res in zip(rendered.items(), results, strict=True):
         assert res["rc"] == 0, f"{host}: sglang rejects {' '.join(argv)}\n{res['stderr']}"
         assert res["ddtree"] == {"budget": 16, "topk": 4, "verify_width": 17}, (host, res)
+        # sglang's own resolution (patch 0015) derives the same width from the same rules
+        assert res["resolved"] == {"verify_width": 17, "topk": 4, "block": 8}, (host, res)
 
 
 @pytest.mark.integration
@@ -108,7 +110,31 @@ def test_the_parser_rejects_what_the_old_render_passed(patched_sglang: Path) -> 
     ])
     assert old[0]["rc"] == 2 and "ambiguous" in old[0]["stderr"]
     assert "--disable-overlap-schedule" in old[1]["ddtree"]["error"]
+    assert "--disable-overlap-schedule" in old[1]["resolved"]["error"], "sglang's startup refuses it too"
     assert "Unknown speculative algorithm" in old[2].get("algorithm_error", ""), old[2]
+
+
+@pytest.mark.integration
+def test_sglang_startup_refuses_bad_ddtree_arguments_with_the_rule_message(patched_sglang: Path) -> None:
+    base = ["--model-path", "/models/m", "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+            "/models/d", "--speculative-num-draft-tokens", "8", "--disable-overlap-schedule"]
+    cases = {
+        "no tree-mask backend": ([*base, "--attention-backend", "fa3", "--speculative-ddtree-budget", "16"],
+                                 "has no tree-mask target verify"),
+        "budget 0": ([*base, "--attention-backend", "triton", "--speculative-ddtree-budget", "0"], "1..255"),
+        "too big for the block": ([*base, "--attention-backend", "triton", "--speculative-ddtree-budget", "8",
+                                   "--speculative-ddtree-topk", "1"], "exceeds the largest tree"),
+        "top-k alone": ([*base, "--attention-backend", "triton", "--speculative-ddtree-topk", "4"],
+                        "needs --speculative-ddtree-budget"),
+        "a contradicting width": ([*base, "--attention-backend", "triton", "--speculative-ddtree-budget", "16",
+                                   "--speculative-verify-num-tokens", "8"], "contradicts"),
+    }
+    results = parse(patched_sglang, [argv for argv, _ in cases.values()])
+    for (name, (_, message)), res in zip(cases.items(), results, strict=True):
+        assert res["rc"] == 0, (name, res["stderr"])
+        assert message in res["resolved"].get("error", ""), (name, res["resolved"])
+    chain = parse(patched_sglang, [[*base, "--attention-backend", "triton"]])[0]
+    assert chain["resolved"] == {"verify_width": None, "topk": None, "block": 8}, "DFLASH alone is unchanged"
 
 
 @pytest.mark.integration
