@@ -1,10 +1,10 @@
 """Run sglang's own server-argument parser on argument lists (a subprocess of
 test_ddtree_args.py, with PYTHONPATH = a patched sglang 0.5.23 tree + patches/ddtree).
 
-stdin: JSON list of argv lists. stdout: JSON list of {"rc", "stderr", "ddtree", "algorithm_error"?, "resolved"?}: "resolved" is what sglang's own
-_handle_dflash (patch 0015) derived, or its error;: rc is
-argparse's exit code (0 when parsed), "ddtree" the resolved DDTree args (what patch 0015's
-resolution derives) or the DDTreeArgError message.
+stdin: JSON list of argv lists. stdout: JSON list of records: "rc" is argparse's exit code (0 when
+parsed) with its "stderr"; "algorithm_error" what SpeculativeAlgorithm.from_string raises;
+"resolved" what sglang's own _handle_dflash (patch 0015 inside) derived, or its error; "ddtree"
+what sglang_ddtree.config.resolve gives for the parsed arguments, or its DDTreeArgError message.
 """
 
 import contextlib
