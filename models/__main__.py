@@ -1,5 +1,6 @@
 """python -m models convert [--gguf FILE] --out DIR   (default GGUF: the embedded SmolLM2-135M)
-python -m models check-drafter --target DIR --drafter DIR [--block-size N]"""
+python -m models check-drafter --target DIR --drafter DIR [--block-size N]
+python -m models train-drafter --target DIR --out DIR [--steps N --seqs N --device cuda|cpu]"""
 
 from __future__ import annotations
 
@@ -20,8 +21,21 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--target", required=True)
     d.add_argument("--drafter", required=True)
     d.add_argument("--block-size", type=int)
+    t = sub.add_parser("train-drafter", help="self-distil a DFlash drafter for a target (GPU recommended)")
+    t.add_argument("--target", required=True, help="Hugging Face checkpoint dir of the target")
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, default=600)
+    t.add_argument("--seqs", type=int, default=200, help="target-written sequences to train on")
+    t.add_argument("--max-new", type=int, default=192)
+    t.add_argument("--block-size", type=int, default=8)
+    t.add_argument("--layers", type=int, default=1)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default="cuda")
     a = ap.parse_args(argv)
     from . import drafter, gguf_to_hf
+
+    if a.cmd == "train-drafter":
+        return _train(a)
 
     try:
         if a.cmd == "check-drafter":
@@ -34,6 +48,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {a.out}: {cfg['architectures'][0]}, {cfg['num_hidden_layers']} layers, vocab {cfg['vocab_size']}")
+    return 0
+
+
+def _train(a: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import dflash_train
+
+    cfg_path = Path(a.target) / "config.json"
+    if not cfg_path.is_file():
+        print(f"error: {a.target}: no config.json (a Hugging Face checkpoint directory)", file=sys.stderr)
+        return 2
+    target_cfg = json.loads(cfg_path.read_text())
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device; pass --device cpu (slow)", file=sys.stderr)
+        return 2
+    tok = AutoTokenizer.from_pretrained(a.target)
+    target = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16).to(a.device).eval()
+    seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed, device=a.device)
+    model, report = dflash_train.train(target, seqs, target_cfg, block=a.block_size, layers=a.layers,
+                                       steps=a.steps, seed=a.seed, device=a.device)
+    out = dflash_train.export(model, target_cfg, a.out, report)
+    print(json.dumps({"out": str(out), **report["offline"], "loss_last": report["loss_last"]}))
     return 0
 
 
