@@ -87,7 +87,8 @@ def render_scaling(raw: dict[str, Any], path: str) -> str:
     eff = raw.get("scaling_efficiency") or {}
     for r in raw.get("scaling", []):
         lines.append(f"| {r['processes']} | {r['users']} | {_num(r['output_tok_per_s'])} | "
-                     f"{eff.get(str(r['processes']), 0):.2f} | {r['client_cores_busy']:.2f} | {_num(r['tok_per_cpu_s'])} |")
+                     f"{eff.get(str(r['processes']), 0):.2f} | {r['client_cores_busy']:.2f} | "
+                     f"{_num(r['tok_per_cpu_s'])} |")
     return "\n".join(lines) + "\n\n" + _raw_line(path, raw) + "\n"
 
 
