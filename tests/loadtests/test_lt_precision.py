@@ -50,8 +50,7 @@ def test_ttft_and_itl_match_known_delays(sim, tmp_path: Path) -> None:
         assert rec["ttft"] >= TTFT_MS - 1.0
     # Within 1 ms. A systematic error (a timestamp taken late, a gap computed wrongly) moves the
     # median; a shared CI box adds scheduler-tick outliers (~4-8 ms when a process is descheduled) to
-    # a share of samples, so the share under 1 ms is bounded loosely. On an idle 16-core host all
-    # samples were under 1 ms (p99 0.29 ms), see docs/loadtests.md.
+    # a share of samples, so the share under 1 ms is bounded loosely (measured run: docs/loadtests.md).
     assert statistics.median(itl_err) < 0.5, sorted(itl_err)
     assert sum(e < 1.0 for e in itl_err) >= 0.6 * len(itl_err), sorted(itl_err)[-10:]
     assert statistics.median(ttft_err) < 1.0, sorted(ttft_err)
