@@ -33,8 +33,12 @@ demo: setup ## main job on the embedded default target: deploy + gate + load tes
 test: setup ## the whole test suite (CI runs exactly this); GPU tests skip without a GPU
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: setup ## unit tests only (no servers, no docker)
-	$(PY) -m pytest -m "not integration and not docker and not gpu and not slow" $(PYTEST_ARGS)
+# test-fast: no servers (simulator, Locust, embedded model, local HTTP peers), no network, no nvcc, no docker.
+# PIPELINE_TEST_FAST=1 makes tests/conftest.py fail any selected test that opens a TCP socket or starts
+# one of those tools, so the promise is checked on every run.
+test-fast: setup ## unit tests only: no servers, no network, no nvcc, no docker (enforced)
+	PIPELINE_TEST_FAST=1 $(PY) -m pytest -m "not integration and not docker and not gpu and not slow and not network and not nvcc" \
+	  $(PYTEST_ARGS)
 
 lint: lint-py lint-images lint-ansible ## all linters (ruff, hadolint, ansible-lint production profile)
 

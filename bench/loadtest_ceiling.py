@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from loadtests.runner import load_records  # noqa: E402
 from loadtests.simserver import SimServer  # noqa: E402
-from pipeline.reports import new_run_dir, write_json  # noqa: E402
+from pipeline.reports import new_run_dir, utc_now, write_json  # noqa: E402
 
 BENCH_PY = REPO / ".cache" / "sglang-bench" / "bin" / "python"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -80,6 +80,16 @@ class CpuSampler(threading.Thread):
             before = [c for ts, c in self.samples if ts <= t]
             return before[-1] if before else 0.0
         return at(t1) - at(t0)
+
+
+def machine() -> dict[str, Any]:
+    """Where the numbers come from: host, CPU model, cores, load average at the start."""
+    import platform
+
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), None) if Path("/proc/cpuinfo").is_file() else None
+    return {"hostname": platform.node(), "cpu_model": model, "cpus": os.cpu_count(),
+            "python": platform.python_version(), "kernel": platform.release(), "load_average_start": os.getloadavg()}
 
 
 def taskset(cpu: str | None) -> list[str]:
@@ -207,6 +217,7 @@ def _free_port() -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out")
+    ap.add_argument("--result", help="also write the raw result JSON here (e.g. docs/results/....json)")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--users", type=int, default=32)
     ap.add_argument("--duration", type=float, default=8.0)
@@ -226,7 +237,8 @@ def main() -> int:
         return 2
     out = Path(args.out) if args.out else new_run_dir("runs", "bench-loadtest")
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"tokens_per_request": args.tokens, "concurrency": args.users,
+    result: dict[str, Any] = {"date": utc_now(), "machine": machine(), "tokens_per_request": args.tokens,
+                              "concurrency": args.users, "duration_s": args.duration,
                               "client_cpu": args.client_cpu, "server_cpu": args.server_cpu, "cpus": os.cpu_count(),
                               "command": " ".join(sys.argv), "harness": [], "bench_serving": []}
     inputs = None if args.skip_bench_serving else prepare_bench_serving_inputs(out, bench_py)
@@ -270,7 +282,10 @@ def main() -> int:
         str(r["processes"]): round(r["output_tok_per_s"] / (base["output_tok_per_s"] * r["processes"]), 2)
         for r in result["scaling"]}
     result["tok_per_cpu_s_by_processes"] = {str(r["processes"]): r["tok_per_cpu_s"] for r in result["scaling"]}
+    result["load_average_after"] = os.getloadavg()
     write_json(out / "bench.json", result)
+    if args.result:  # the raw result kept in the repo (docs tables are rendered from it)
+        write_json(args.result, result)
     print(json.dumps({k: result.get(k) for k in ("ratio", "timing", "scaling_efficiency",
                                                  "tok_per_cpu_s_by_processes")}, indent=1))
     print(f"results: {out}/bench.json")

@@ -20,7 +20,7 @@ from typing import Any
 
 from loadtests.config import LoadTestConfig
 from loadtests.report import plot_capacity, write_capacity_report
-from loadtests.runner import preflight, run_loadtest, validate_workload
+from loadtests.runner import RunFailed, preflight, run_loadtest, validate_workload
 from pipeline.reports import write_json
 
 # `--quick`: a short search for CI and the embedded CPU target (seconds per step, small loads). A step
@@ -80,7 +80,14 @@ def run_capacity(cfg: LoadTestConfig, out: Path, log: Callable[[str], None] = la
         idx = len(steps)
         scfg = step_config(cfg, load)
         sdir = out / "steps" / f"{idx:02d}-{cap.mode}-{load:g}"
-        summary = run_loadtest(scfg, sdir, info)  # RunFailed propagates: no partial report passed as complete
+        try:
+            summary = run_loadtest(scfg, sdir, info)  # RunFailed propagates: no partial report passed as complete
+        except RunFailed as exc:
+            result["error"] = f"step {idx} ({cap.mode}={load:g}): {exc}"
+            result["wall_s"] = round(time.monotonic() - t_start, 2)
+            write_json(out / "capacity.json", result)
+            write_capacity_junit(out, result)
+            raise
         passed, why = _judge(summary, cfg, summary.get("stop_reason"))
         steps.append({"index": idx, "phase": phase, "load": load, "passed": passed, "why": why,
                       "stop_reason": summary.get("stop_reason"), "dir": str(sdir.relative_to(out)),
@@ -129,4 +136,21 @@ def run_capacity(cfg: LoadTestConfig, out: Path, log: Callable[[str], None] = la
     images = plot_capacity(out, result)
     write_json(out / "capacity.json", result)
     write_capacity_report(out, result, images)
+    write_capacity_junit(out, result)
     return result
+
+
+def write_capacity_junit(out: Path, result: dict[str, Any]) -> Path:
+    """junit.xml for a search: `capacity_found` fails when not even the smallest load meets the SLOs."""
+    from pipeline.reports import Case, write_junit
+
+    knee = result["capacity"]
+    steps = [{k: s[k] for k in ("index", "phase", "load", "passed", "why")} for s in result["steps"]]
+    msg = (f"capacity {knee:g} {result['mode']} meets the SLOs {result['slo']}" if knee is not None
+           else f"not even {result['steps'][0]['load'] if result['steps'] else '?'} {result['mode']} meets the SLOs "
+                f"{result['slo']}")
+    cases = [Case("complete", "capacity", bool(result["complete"]), result.get("error") or "search completed",
+                  time_s=result["wall_s"]),
+             Case("capacity_found", "capacity", knee is not None, msg, details={"steps": steps},
+                  time_s=result["wall_s"], skipped=not result["complete"])]
+    return write_junit(out / "junit.xml", "capacity", cases)

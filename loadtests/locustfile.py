@@ -4,15 +4,18 @@ Headless through `python -m loadtests run ...` / `make loadtest`, or with Locust
 
     locust -f loadtests/locustfile.py --host http://127.0.0.1:30000      # + LOADTEST_CONFIG=cfg.json
 
-Per request this fires Locust request events, so the numbers show in Locust's stats, CSV and UI:
+Per request this fires exactly one Locust request event, so Locust's stats, CSV, HTML and web UI
+count real requests only ("Aggregated" = the chat request rate):
 
 * `POST chat`        response_time = end-to-end latency (ms), response_length = output tokens;
                      failures carry the error class (http_503, timeout, stream_cut, ...)
-* `METRIC TTFT`      time to first token (ms)
-* `METRIC ITL`       every inter-token gap (ms) (`itl_events: mean` -> one mean per request)
-* `METRIC TPOT`      (E2E - TTFT) / (tokens - 1) (ms)
-* `METRIC tokens/s`  output tokens per second of the request (value, not ms)
-* `METRIC output_tokens`  output tokens (value, not ms)
+
+The latency metrics (TTFT, ITL, TPOT, decode tok/s, request tok/s, output tokens; definitions and
+units in `pipeline.metrics`) go into their own statistics (`loadtests.latency.MetricRegistry`), never
+into Locust's request stats: workers send them with every stats report (`report_to_master`), the
+master merges them (`worker_report`). They are shown in a "Latency metrics" tab of the web UI (CSV
+download there too) and written at the end to `$LOADTEST_OUT/locust_metrics.csv` / `.json`.
+`itl_events`: `each` records every gap, `mean` one mean per request, `off` none.
 
 Every process also appends one JSON line per request to `$LOADTEST_OUT/records/<pid>.jsonl`; the
 summary (percentiles over every ITL gap, goodput, length mismatches) is computed from those.
@@ -24,6 +27,7 @@ defaults of `LoadTestConfig`. A watchdog bounds every run by duration and reques
 from __future__ import annotations
 
 import atexit
+import csv
 import itertools
 import json
 import os
@@ -41,6 +45,7 @@ from locust.env import Environment
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from loadtests.config import LoadTestConfig
+from loadtests.latency import CSV_HEADER, MetricRegistry
 from loadtests.stream import Endpoint, StreamResult, get_json, stream_chat
 from loadtests.workload import RequestSpec, build_requests
 
@@ -127,30 +132,27 @@ def _state(env: Environment) -> _Process:
     return _STATE
 
 
+# This process's latency metrics (workers: since the last report to the master).
+METRICS = MetricRegistry()
+
+
 def report(env: Environment, res: StreamResult, spec: RequestSpec, itl_events: str = "each") -> dict[str, Any]:
-    """Fire the Locust events for one request and return its record."""
+    """Fire the one Locust request event for this request, record its latency metrics, return its record."""
     fire = env.events.request.fire
     e2e_ms = res.e2e * 1000.0
     n = res.output_tokens
     if res.ok:
         fire(request_type="POST", name="chat", response_time=e2e_ms, response_length=n, exception=None, context={})
-        fire(request_type="METRIC", name="TTFT", response_time=(res.ttft or 0.0) * 1000.0, response_length=0,
-             exception=None, context={})
+        METRICS.add("TTFT", (res.ttft or 0.0) * 1000.0)
         if res.itl and itl_events == "each":
-            for gap in res.itl:
-                fire(request_type="METRIC", name="ITL", response_time=gap * 1000.0, response_length=0,
-                     exception=None, context={})
+            METRICS.add_many("ITL", (gap * 1000.0 for gap in res.itl))
         elif res.itl and itl_events == "mean":
-            fire(request_type="METRIC", name="ITL", response_time=sum(res.itl) * 1000.0 / len(res.itl),
-                 response_length=0, exception=None, context={})
+            METRICS.add("ITL", sum(res.itl) * 1000.0 / len(res.itl))
         tpot = res.tpot
-        if tpot is not None:
-            fire(request_type="METRIC", name="TPOT", response_time=tpot * 1000.0, response_length=0,
-                 exception=None, context={})
-        fire(request_type="METRIC", name="tokens/s", response_time=res.tokens_per_s or 0.0, response_length=0,
-             exception=None, context={})
-        fire(request_type="METRIC", name="output_tokens", response_time=n, response_length=0, exception=None,
-             context={})
+        METRICS.add("TPOT", tpot * 1000.0 if tpot is not None else None)
+        METRICS.add("decode tok/s", res.decode_tokens_per_s)
+        METRICS.add("request tok/s", res.tokens_per_s)
+        METRICS.add("output tokens", n)
     else:
         fire(request_type="POST", name="chat", response_time=e2e_ms, response_length=0,
              exception=RequestError(res.error or "error", res.detail), context={})
@@ -265,7 +267,10 @@ def _watchdog(env: Environment) -> None:
         if not reset_done and el >= cfg.warmup_s:
             # Warm-up over: Locust's own stats (CSV, HTML, early-stop checks) start afresh, like ours.
             env.stats.reset_all()
+            METRICS.reset()
             reset_done = True
+            OUT.mkdir(parents=True, exist_ok=True)
+            (OUT / "stats_reset.json").write_text(json.dumps({"at": time.time(), "reason": "warmup"}))
         chat = env.stats.get("chat", "POST")
         n = chat.num_requests
         if n >= cfg.max_requests:
@@ -284,17 +289,97 @@ def _watchdog(env: Environment) -> None:
             return _stop(env, "step_complete")
         if el >= cfg.duration_s + 0.5 and el >= cap.max_step_s - 0.5:
             return _stop(env, "max_step_time")
-        ttft = env.stats.get("TTFT", "METRIC")
+        ttft = METRICS.get("TTFT")
         early_n = max(5, min(cap.min_samples, 20))
-        if el >= cfg.warmup_s and ttft.num_requests >= early_n \
-                and ttft.get_response_time_percentile(0.95) > cap.early_stop_factor * slo.ttft_p95_ms:
+        if el >= cfg.warmup_s and ttft.count >= early_n \
+                and (ttft.percentile(0.95) or 0.0) > cap.early_stop_factor * slo.ttft_p95_ms:
             return _stop(env, "saturated_ttft")
         if n >= early_n and chat.num_failures / n > max(0.5, 2 * slo.max_error_rate):
             return _stop(env, "saturated_errors")
 
 
+# ---------------------------------------------------------------------------- latency metrics plumbing
+@events.report_to_master.add_listener
+def _on_report_to_master(client_id: str, data: dict[str, Any], **_: Any) -> None:
+    data["lt_metrics"] = METRICS.serialize()
+    METRICS.reset()
+
+
+@events.worker_report.add_listener
+def _on_worker_report(client_id: str, data: dict[str, Any], **_: Any) -> None:
+    METRICS.merge(data.get("lt_metrics"))
+
+
+@events.reset_stats.add_listener
+def _on_reset_stats(**_: Any) -> None:
+    METRICS.reset()
+
+
+_ENV: list[Environment] = []
+_TAB = "latency-metrics"
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, **_: Any) -> None:
+    _ENV[:] = [environment]
+    web = environment.web_ui
+    if web is None:
+        return
+    from flask import Response, request
+
+    from loadtests.latency import PERCENTILES
+
+    keys = ["name", "unit", "count", "mean", "min", "max", *(f"p{round(q * 100)}" for q in PERCENTILES)]
+    web.template_args["extended_tabs"] = [{"title": "Latency metrics", "key": _TAB}]
+    web.template_args["extended_tables"] = [{"key": _TAB, "structure": [{"key": k, "title": t}
+                                                                         for k, t in zip(keys, CSV_HEADER,
+                                                                                         strict=True)]}]
+    web.template_args["extended_csv_files"] = [{"href": "./latency-metrics/csv",
+                                                "title": "Download latency metrics CSV"}]
+
+    @web.app.route("/latency-metrics")
+    def _latency_metrics() -> dict[str, Any]:
+        return {"metrics": METRICS.rows()}
+
+    @web.app.route("/latency-metrics/csv")
+    def _latency_metrics_csv() -> Response:
+        import io
+
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(CSV_HEADER)
+        for r in METRICS.rows():
+            w.writerow(["" if r[k] is None else r[k] for k in keys])
+        return Response(buf.getvalue(), mimetype="text/csv",
+                        headers={"Content-disposition": "attachment;filename=latency_metrics.csv"})
+
+    @web.app.after_request
+    def _extend_stats(response: Response) -> Response:
+        # The web UI's extended tab reads its rows from /stats/requests' `extended_stats`.
+        if request.path == "/stats/requests" and response.is_json:
+            body = response.get_json()
+            body["extended_stats"] = [{"key": _TAB, "data": METRICS.rows()}]
+            response.set_data(json.dumps(body))
+        return response
+
+
+def write_metrics(out: Path) -> None:
+    """locust_metrics.csv + .json: the run's latency metrics (master / local process)."""
+    out.mkdir(parents=True, exist_ok=True)
+    METRICS.write_csv(out / "locust_metrics.csv")
+    (out / "locust_metrics.json").write_text(json.dumps({"metrics": METRICS.rows()}, indent=1))
+
+
+@events.quit.add_listener
+def _on_quit(**_: Any) -> None:
+    env = _ENV[0] if _ENV else None
+    if env is not None and not isinstance(env.runner, WorkerRunner):
+        write_metrics(OUT)
+
+
 @events.test_start.add_listener
 def _on_test_start(environment: Environment, **_: Any) -> None:
+    METRICS.reset()
     if isinstance(environment.runner, MasterRunner | LocalRunner) and not isinstance(environment.runner, WorkerRunner):
         environment._lt_stopping = False  # type: ignore[attr-defined]
         gevent.spawn(_watchdog, environment)

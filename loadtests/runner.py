@@ -23,6 +23,7 @@ import numpy as np
 from loadtests.config import LoadTestConfig
 from loadtests.stream import ERR_NOT_STREAMING, Endpoint, build_request, get_json, stream_chat
 from loadtests.workload import build_requests, synthetic_prompt
+from pipeline import metrics
 from pipeline.errors import PipelineError, TargetError, UsageError
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -204,8 +205,11 @@ def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig, stop_at: float | 
         t1 = max(t1, stop_at)
     window = max(t1 - t0, 1e-9)
     itl_all = [g for r in ok for g in r["itl"]]
-    tpot = [(r["e2e"] - r["ttft"]) / (r["n"] - 1) for r in ok if r["n"] > 1]
-    tps = [r["n"] / (r["e2e"] / 1000.0) for r in ok if r["e2e"] > 0]
+    # Definitions: pipeline.metrics (records hold milliseconds).
+    tpot = [v for r in ok if (v := metrics.tpot(r["e2e"], r["ttft"], r["n"])) is not None]
+    tps = [v for r in ok if (v := metrics.request_tokens_per_s(r["e2e"] / 1000.0, r["n"])) is not None]
+    dec = [v for r in ok if (v := metrics.decode_tokens_per_s(r["e2e"] / 1000.0, r["ttft"] / 1000.0, r["n"]))
+           is not None]
     slo = cfg.slo
 
     def good(r: dict[str, Any]) -> bool:
@@ -243,6 +247,7 @@ def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig, stop_at: float | 
         "e2e_ms": dist([r["e2e"] for r in ok]),
         "output_len": dist([r["n"] for r in ok]),
         "request_tok_per_s": dist(tps),
+        "decode_tok_per_s": dist(dec),
         "throughput": {
             "requests_per_s": round(len(ok) / window, 4),
             "output_tok_per_s": round(sum(r["n"] for r in ok) / window, 3),
@@ -301,12 +306,49 @@ def run_loadtest(cfg: LoadTestConfig, out: Path, info: dict[str, Any] | None = N
         "stop_reason": outcome.stop_reason,
         "wall_s": round(outcome.wall_s, 2),
         "calibration": info.get("calibration"),
-        "files": {"locust_csv": "locust_stats.csv", "locust_html": "locust.html", "records": "records/"},
+        "files": {"locust_csv": "locust_stats.csv", "locust_html": "locust.html", "records": "records/",
+                  "latency_metrics_csv": "locust_metrics.csv", "junit": "junit.xml"},
     }
+    summary["latency_metrics"] = attach_latency_metrics(out)
     if problem is not None:
         summary["error"] = problem
         write_json(out / "summary.json", summary)
+        write_run_junit(out, summary)
         raise RunFailed(problem)
     summary.update(summarize(recs, cfg, stop_time(out)))
     write_json(out / "summary.json", summary)
+    write_run_junit(out, summary)
     return summary
+
+
+def attach_latency_metrics(out: Path) -> list[dict[str, Any]] | None:
+    """Locust-side latency metrics of the run (locust_metrics.json), also appended to locust.html."""
+    from loadtests.latency import html_table
+
+    f = out / "locust_metrics.json"
+    if not f.is_file():
+        return None
+    rows: list[dict[str, Any]] = json.loads(f.read_text())["metrics"]
+    page = out / "locust.html"
+    if page.is_file():
+        text = page.read_text(encoding="utf-8")
+        if "lt-latency-metrics" not in text:
+            i = text.rfind("</body>")
+            section = html_table(rows)
+            page.write_text(text[:i] + section + text[i:] if i >= 0 else text + section, encoding="utf-8")
+    return rows
+
+
+def write_run_junit(out: Path, summary: dict[str, Any]) -> Path:
+    """junit.xml for one run: `complete`, then one case per SLO check (a missed SLO is a failure)."""
+    from pipeline.reports import Case, write_junit
+
+    cases = [Case("complete", "run", bool(summary.get("complete")), summary.get("error") or "run completed",
+                  time_s=float(summary.get("wall_s") or 0.0))]
+    for name, c in ((summary.get("slo") or {}).get("checks") or {}).items():
+        value = c.get("value_ms", c.get("value"))
+        limit = c.get("slo_ms", c.get("max"))
+        cases.append(Case(name, "slo", bool(c["ok"]), f"{name} {value} (limit {limit})", details=c))
+    if summary.get("complete") and not summary.get("requests", {}).get("ok"):
+        cases.append(Case("ok_requests", "slo", False, "no request succeeded"))
+    return write_junit(out / "junit.xml", "loadtest", cases)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from pipeline import metrics
 from pipeline.errors import UsageError
 
 try:  # orjson parses a small chunk several times faster than json; the harness's hot path
@@ -91,16 +92,18 @@ class StreamResult:
 
     @property
     def tpot(self) -> float | None:
-        """(E2E - TTFT) / (tokens - 1); None for fewer than two tokens."""
-        n = self.output_tokens
-        if self.ttft is None or n < 2:
-            return None
-        return (self.e2e - self.ttft) / (n - 1)
+        """TPOT (pipeline.metrics): (E2E - TTFT) / (tokens - 1); None for fewer than two tokens."""
+        return metrics.tpot(self.e2e, self.ttft, self.output_tokens)
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Decode rate after the first token (pipeline.metrics)."""
+        return metrics.decode_tokens_per_s(self.e2e, self.ttft, self.output_tokens) if self.ok else None
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Output tokens over the end-to-end time of the request."""
-        return self.output_tokens / self.e2e if self.ok and self.e2e > 0 else None
+        """Output tokens over the end-to-end time of the request (pipeline.metrics request tok/s)."""
+        return metrics.request_tokens_per_s(self.e2e, self.output_tokens) if self.ok else None
 
 
 def build_request(ep: Endpoint, body: dict[str, Any], api_key: str | None = None) -> bytes:
@@ -315,7 +318,7 @@ def _read_stream(sock: socket.socket, res: StreamResult, t0: float, deadline: fl
                             if content:
                                 if res.chunks == 0:
                                     res.ttft = now - t0
-                                else:
+                                else:  # ITL as defined in pipeline.metrics.inter_token_gaps
                                     itl.append(now - last)
                                 last = now
                                 res.chunks += 1

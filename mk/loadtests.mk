@@ -1,5 +1,8 @@
 # Load tests and capacity search (loadtests/). HOST is required: there is no default target.
 #   make loadtest HOST=http://127.0.0.1:30000 USERS=8 DURATION=60 [RATE=4 ARRIVAL=poisson] [STEPS=2:30,4:30]
+#        [SLO_TTFT_MS=2000 SLO_ITL_MS=200 MAX_ERROR_RATE=0.01]   # SLOs are checked: a miss fails the target
+#        (CHECK_SLO=0 only reports). `python -m loadtests run --check-slo` exits 1 on a miss, 2 on bad input;
+#        GNU make turns any failing recipe into its own status 2 and prints the inner one ("Error 1").
 #   make capacity HOST=... [SLO_TTFT_MS=2000 SLO_ITL_MS=200 MAX_ERROR_RATE=0.01] [QUICK=1]
 #   make loadtest-ui HOST=...            # Locust web UI on :8089 with the same locustfile
 #   make bench-loadtest                  # harness ceiling vs sglang.bench_serving (see docs/loadtests.md)
@@ -16,8 +19,8 @@ LT_COMMON = --host "$(HOST)" $(if $(CONFIG),--config $(CONFIG)) $(LT_OUT_ARG) \
 lt-need-host:
 	@if [ -z "$(HOST)" ]; then echo "error: HOST is required, e.g. make $(MAKECMDGOALS) HOST=http://127.0.0.1:30000" >&2; exit 2; fi
 
-loadtest: lt-need-host ## headless Locust load test: HOST=url USERS= DURATION= [RATE= STEPS= PROCESSES=]
-	$(PY) -m loadtests run $(LT_COMMON) $(if $(USERS),--users $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
+loadtest: lt-need-host ## headless Locust load test, fails on a missed SLO: HOST=url USERS= DURATION= [SLO_TTFT_MS= RATE= STEPS=]
+	$(PY) -m loadtests run $(LT_COMMON) $(if $(filter 0,$(CHECK_SLO)),,--check-slo) $(if $(USERS),--users $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
 	  $(if $(RATE),--rate $(RATE)) $(if $(ARRIVAL),--arrival $(ARRIVAL)) $(if $(STEPS),--steps $(STEPS)) \
 	  $(if $(WARMUP),--warmup $(WARMUP))
 

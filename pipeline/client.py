@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from pipeline import metrics
 from pipeline.errors import TargetError, UsageError
 
 
@@ -39,10 +40,9 @@ class ChatResult:
         """Decode rate: output tokens over the time after the first token (whole latency if no stream)."""
         if not self.completion_tokens:
             return None
-        span = self.latency_s - (self.ttft_s or 0.0) if self.ttft_s is not None else self.latency_s
         if self.ttft_s is not None and self.completion_tokens > 1:
-            return (self.completion_tokens - 1) / span if span > 0 else None
-        return self.completion_tokens / self.latency_s if self.latency_s > 0 else None
+            return metrics.decode_tokens_per_s(self.latency_s, self.ttft_s, self.completion_tokens)
+        return metrics.request_tokens_per_s(self.latency_s, self.completion_tokens)
 
 
 def _extract_spec(obj: dict[str, Any]) -> tuple[float | None, int | None]:

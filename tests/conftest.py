@@ -15,6 +15,62 @@ from pipeline.embedded import EmbeddedConfig, EmbeddedServer
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Fixtures that start a server: every test using one is an integration test (not in `make test-fast`).
+SERVER_FIXTURES = {"sim", "http_peer", "embedded_target"}
+# Commands `make test-fast` must never run (servers, network downloads, compilers, containers).
+_FAST_FORBIDDEN = ("nvcc", "ptxas", "pip", "locust", "loadtests", "simserver", "pipeline.embedded", "docker",
+                   "ansible", "dockerd", "mmdebstrap", "debootstrap", "sshd")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+def _fast_guard_violation(argv: object) -> str | None:
+    words = argv.split() if isinstance(argv, str) else [str(a) for a in argv]  # type: ignore[union-attr]
+    for w in words:
+        base = Path(w).name
+        for bad in _FAST_FORBIDDEN:
+            if base == bad or base.startswith(bad + ".") or w == bad or w.startswith(bad + "."):
+                return bad
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _test_fast_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `make test-fast` (PIPELINE_TEST_FAST=1): a test that opens a TCP socket or starts a server,
+    a download, a compiler or a container fails at once, so "no servers, no network, no nvcc" holds."""
+    import os
+
+    if os.environ.get("PIPELINE_TEST_FAST") != "1":
+        return
+    import subprocess
+
+    def refuse_socket(self: socket.socket, *a: object, **k: object) -> None:
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            raise AssertionError("make test-fast: this test opens a TCP socket; mark it integration or network")
+        return orig_connect(self, *a, **k)  # type: ignore[arg-type]
+
+    def refuse_bind(self: socket.socket, *a: object, **k: object) -> None:
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            raise AssertionError("make test-fast: this test starts a server; mark it integration")
+        return orig_bind(self, *a, **k)  # type: ignore[arg-type]
+
+    orig_connect, orig_bind = socket.socket.connect, socket.socket.bind
+    orig_init = subprocess.Popen.__init__
+
+    def guarded_popen(self: subprocess.Popen, args: object, *a: object, **k: object) -> None:  # type: ignore[type-arg]
+        bad = _fast_guard_violation(args)
+        if bad is not None:
+            raise AssertionError(f"make test-fast: this test runs {bad!r} ({args}); mark it integration/network/nvcc")
+        orig_init(self, args, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket.socket, "connect", refuse_socket)
+    monkeypatch.setattr(socket.socket, "bind", refuse_bind)
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded_popen)
+
 
 def free_port() -> int:
     with socket.socket() as s:

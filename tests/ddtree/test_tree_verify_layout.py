@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.network  # downloads the sglang wheel from PyPI
+
 torch = pytest.importorskip("torch", reason="torch (CPU) is a dev dependency: pip install -e '.[dev]'")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,6 +24,8 @@ from patches import (
     series_dir_for,
 )
 
+pytestmark = pytest.mark.network  # downloads sglang from PyPI (cached after the first run)
+
 REPO = Path(__file__).resolve().parents[2]
 TARGET_FILE = "sglang/srt/utils/common.py"
 TEST_REF = "tests/images/test_patches.py"

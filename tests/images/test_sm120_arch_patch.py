@@ -20,6 +20,8 @@ import pytest
 
 from patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series, series_dir_for
 
+pytestmark = pytest.mark.network  # downloads sglang from PyPI (cached after the first run)
+
 REL = "sglang/srt/utils/common.py"
 CI_TARGETS = os.environ.get("IMAGE_CI_TARGETS", "pcie nvlink").split()
 

@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "images" / "cuda-toolkit.sh"
 HOST_CUDA = Path(os.environ.get("HOST_CUDA_ROOT", "/usr/local/cuda-13.0"))
 
-pytestmark = pytest.mark.skipif(not (HOST_CUDA / "bin" / "nvcc").is_file(),
-                                reason=f"no CUDA toolkit at {HOST_CUDA} (set HOST_CUDA_ROOT)")
+pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(not (HOST_CUDA / "bin" / "nvcc").is_file(),
+                                reason=f"no CUDA toolkit at {HOST_CUDA} (set HOST_CUDA_ROOT)")]
 
 
 def verify(cuda_root: Path, archs: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from tests.loadtests.conftest import read_json, run_cli
+from tests.loadtests.conftest import assert_locust_counts_only_chat_requests, metrics_csv, read_json, run_cli
 
 SUMMARY_KEYS = {"complete", "host", "model", "load", "processes", "requests", "error_rate", "ttft_ms", "itl_ms",
                 "tpot_ms", "e2e_ms", "output_len", "request_tok_per_s", "throughput", "lengths", "slo",
                 "stop_reason", "length_source"}
-
-
-def _csv_rows(path: Path) -> dict[str, dict[str, str]]:
-    return {r["Name"]: r for r in csv.DictReader(path.open())}
 
 
 def test_error_classes_reach_summary_and_locust(sim, tmp_path: Path) -> None:
@@ -28,6 +26,8 @@ def test_error_classes_reach_summary_and_locust(sim, tmp_path: Path) -> None:
     assert s["slo"]["met"] is False  # ~5/6 errors
     failures = {r["Error"] for r in csv.DictReader((out / "locust_failures.csv").open())}
     assert {"http_503", "stream_cut", "malformed_chunk", "empty_output"} <= failures
+    recs = assert_locust_counts_only_chat_requests(out)  # real failures: one per failed chat request
+    assert sum(not r["ok"] for r in recs) >= s["requests"]["failed"] > 0
     assert (out / "locust.html").stat().st_size > 1000 and (out / "summary.html").is_file()
 
 
@@ -43,10 +43,12 @@ def test_single_and_multi_process_results_have_the_same_form(sim, tmp_path: Path
     assert s2["processes"] == 2 and s2["complete"] and s2["requests"]["ok"] > 0 and s2["requests"]["failed"] == 0
     assert len(list((multi / "records").glob("*.jsonl"))) == 2  # one record file per worker process
     assert len(list((single / "records").glob("*.jsonl"))) == 1
-    r1, r2 = _csv_rows(single / "locust_stats.csv"), _csv_rows(multi / "locust_stats.csv")
-    assert set(r1) == set(r2) >= {"chat", "TTFT", "ITL", "TPOT", "tokens/s", "output_tokens", "Aggregated"}
-    # The master aggregated every worker's events: ITL events = 19 gaps per completed request.
-    assert int(r2["ITL"]["Request Count"]) == 19 * int(r2["TTFT"]["Request Count"])
+    # Locust counts chat requests only, in both modes; the master merged every worker's latency metrics
+    # (report_to_master / worker_report): one TTFT per request and 19 gaps per request across both workers.
+    for out in (single, multi):
+        recs = assert_locust_counts_only_chat_requests(out)
+        m = metrics_csv(out)
+        assert int(m["ITL"]["Count"]) == 19 * int(m["TTFT"]["Count"]) == 19 * len(recs)
 
 
 def test_poisson_rate_mode_and_request_bound(sim, tmp_path: Path) -> None:
@@ -97,6 +99,11 @@ def test_capacity_search_finds_the_known_knee(sim, tmp_path: Path) -> None:
     assert [s["load"] for s in r["steps"] if s["phase"] == "bracket"][:4] == [1, 2, 4, 8]
     assert any(s["stop_reason"] == "saturated_ttft" for s in r["steps"])  # over-saturated steps end early
     assert r["goodput_at_capacity"] > 0
+    # Each step's Locust stats count chat requests only (the Aggregated row was inflated by metric events).
+    assert_locust_counts_only_chat_requests(out / r["steps"][0]["dir"])
+    junit = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    assert junit is not None and junit.get("failures") == "0"
+    assert {c.get("name") for c in junit.iter("testcase")} == {"complete", "capacity_found"}
     for f in ("capacity.html", "latency.png", "throughput.png"):
         assert (out / f).stat().st_size > 1000
 
@@ -150,12 +157,25 @@ def test_web_ui_runs_the_same_locustfile(sim, tmp_path: Path) -> None:
                 time.sleep(0.2)
         r = httpx.post(base + "/swarm", data={"user_count": 2, "spawn_rate": 10, "host": srv.url}, timeout=5)
         assert r.status_code == 200 and r.json()["success"]
-        names: set[str] = set()
-        while time.monotonic() < deadline and not {"chat", "TTFT", "ITL"} <= names:
+        body: dict = {}
+        while time.monotonic() < deadline:
             time.sleep(0.5)
-            stats = httpx.get(base + "/stats/requests", timeout=5).json()["stats"]
-            names = {s["name"] for s in stats if s["num_requests"] > 0}
-        assert {"chat", "TTFT", "ITL", "TPOT"} <= names
+            body = httpx.get(base + "/stats/requests", timeout=5).json()
+            chat = [s for s in body["stats"] if s["name"] == "chat"]
+            if chat and chat[0]["num_requests"] >= 5:
+                break
+        # Locust's request table: the chat requests and their aggregate, nothing else.
+        assert {s["name"] for s in body["stats"]} == {"chat", "Aggregated"}
+        agg = {s["name"]: s for s in body["stats"]}["Aggregated"]
+        assert agg["num_requests"] >= 5
+        # The latency metrics: the web UI's extra tab reads them from `extended_stats`.
+        ext = {e["key"]: e["data"] for e in body["extended_stats"]}
+        rows = {r["name"]: r for r in ext["latency-metrics"]}
+        assert rows["TTFT"]["unit"] == "ms" and rows["TTFT"]["count"] >= 1 and rows["ITL"]["count"] >= 3
+        page = httpx.get(base + "/", timeout=5).text
+        assert "Latency metrics" in page and "latency-metrics" in page
+        metrics_csv_text = httpx.get(base + "/latency-metrics/csv", timeout=5).text
+        assert metrics_csv_text.splitlines()[0].startswith("Name,Unit,Count,Mean")
         assert list((tmp_path / "ui" / "records").glob("*.jsonl"))
     finally:
         import os
@@ -163,3 +183,30 @@ def test_web_ui_runs_the_same_locustfile(sim, tmp_path: Path) -> None:
 
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_missed_slo_fails_cli_and_make_with_junit(sim, tmp_path: Path) -> None:
+    from tests.loadtests.conftest import REPO
+
+    srv = sim("--ttft-ms", "30", "--tokens", "4", "--itl-ms", "1", "--no-record")
+    out = tmp_path / "miss"
+    cp = run_cli("run", "--host", srv.url, "--users", "1", "--duration", "2", "--slo-ttft-ms", "5", "--check-slo",
+                 "--out", str(out))
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    assert suite is not None
+    failed = {c.get("name") for c in suite.iter("testcase") if c.find("failure") is not None}
+    assert failed == {"ttft_p95"}
+    # The same run through make: SLOs are checked by default; GNU make reports the inner exit code 1.
+    mk = subprocess.run(["make", "--no-print-directory", "loadtest", f"HOST={srv.url}", "USERS=1", "DURATION=2",
+                         "SLO_TTFT_MS=5", f"OUT={tmp_path / 'make-miss'}"], cwd=REPO, capture_output=True, text=True,
+                        timeout=120, check=False)
+    assert mk.returncode != 0 and "Error 1" in mk.stderr, mk.stdout + mk.stderr
+    mk = subprocess.run(["make", "--no-print-directory", "loadtest", f"HOST={srv.url}", "USERS=1", "DURATION=2",
+                         "SLO_TTFT_MS=5000", f"OUT={tmp_path / 'make-pass'}"], cwd=REPO, capture_output=True,
+                        text=True, timeout=120, check=False)
+    assert mk.returncode == 0, mk.stdout + mk.stderr
+    mk = subprocess.run(["make", "--no-print-directory", "loadtest", f"HOST={srv.url}", "SLO_TTFT_MS=-1",
+                         f"OUT={tmp_path / 'make-bad'}"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                        check=False)
+    assert mk.returncode == 2 and "Error 2" in mk.stderr and "slo.ttft_p95_ms" in mk.stderr, mk.stderr

@@ -163,3 +163,39 @@ def test_stream_error_classes_without_locust(sim) -> None:
     assert not any(g.ok for g in got[1:])
     js = sim("--mode", "json")
     assert stream_chat(Endpoint.parse(js.url), raw).error == ERR_NOT_STREAMING
+
+
+def test_latency_registry_percentiles_and_worker_merge() -> None:
+    from loadtests.latency import MetricRegistry, bucket
+
+    assert bucket(0.01234) == 0.0123 and bucket(1234.5) == 1230 and bucket(0) == 0
+    rng = random.Random(3)
+    values = [rng.uniform(1, 50) for _ in range(2000)]
+    whole, w1, w2 = MetricRegistry(), MetricRegistry(), MetricRegistry()
+    whole.add_many("ITL", values)
+    w1.add_many("ITL", values[:700])
+    w2.add_many("ITL", values[700:])
+    master = MetricRegistry()
+    for w in (w1, w2):  # what report_to_master sends and worker_report merges
+        master.merge(json.loads(json.dumps(w.serialize())))
+    a, b = whole.get("ITL"), master.get("ITL")
+    assert (a.count, a.min, a.max) == (b.count, b.min, b.max) == (2000, min(values), max(values))
+    assert b.mean == pytest.approx(sum(values) / 2000)
+    ordered = sorted(values)
+    for q in (0.5, 0.9, 0.95, 0.99):
+        assert a.percentile(q) == b.percentile(q)
+        assert b.percentile(q) == pytest.approx(ordered[int(q * 2000) - 1], rel=0.01)
+    assert master.get("TTFT").count == 0 and master.get("TTFT").row()["p95"] is None
+    assert [r["name"] for r in master.rows()][:3] == ["TTFT", "ITL", "TPOT"]
+
+
+def test_metric_definitions_are_shared() -> None:
+    from pipeline import metrics
+    from pipeline.client import ChatResult
+
+    r = StreamResult(ok=True, ttft=0.1, e2e=1.1, chunks=11)
+    assert r.tpot == pytest.approx(metrics.tpot(1.1, 0.1, 11)) == pytest.approx(0.1)
+    assert r.decode_tokens_per_s == pytest.approx(10.0) and r.tokens_per_s == pytest.approx(10.0)
+    assert ChatResult("x", "stop", 1, 11, latency_s=1.1, ttft_s=0.1).tokens_per_s == pytest.approx(10.0)
+    assert metrics.inter_token_gaps([0.0, 0.5, 0.75]) == [0.5, 0.25]
+    assert metrics.decode_tokens_per_s(1.0, 1.0, 5) is None and metrics.tpot(1.0, None, 5) is None

@@ -18,7 +18,25 @@ def test_defaults() -> None:
 
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.name)
 def test_shipped_profiles_load(path: Path) -> None:
-    load_gate_config(path)
+    import yaml
+    from pydantic import BaseModel
+
+    cfg = load_gate_config(path)
+    assert isinstance(cfg, GateConfig)
+    # Every value the profile sets under `gate:` reached the config (nothing dropped or left at a default).
+    def check(node: dict, obj: BaseModel, where: str) -> None:
+        for key, value in node.items():
+            got = getattr(obj, key)
+            if isinstance(got, BaseModel) and isinstance(value, dict):
+                check(value, got, f"{where}.{key}")
+            else:
+                dumped = [g.model_dump() if isinstance(g, BaseModel) else g for g in got] \
+                    if isinstance(got, list) else got
+                assert dumped == value or str(got) == str(value), f"{where}.{key}: {got!r} != {value!r}"
+
+    section = yaml.safe_load(path.read_text())["gate"]
+    assert section, f"{path.name} sets nothing under gate:"
+    check(section, cfg, path.name)
 
 
 def test_override_subset_keeps_other_defaults(tmp_path: Path) -> None:

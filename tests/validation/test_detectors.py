@@ -21,9 +21,9 @@ def test_corpus_is_current() -> None:
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert len(CORPUS) == len(mod.OK) + len(mod.BAD)
-    assert sum(1 for o in CORPUS if o["label"] == "ok") >= 40
-    assert sum(1 for o in CORPUS if o["label"] == "bad") >= 25
+    expected = [{"id": f"ok-{k}", "label": "ok", "text": t} for k, t in mod.OK.items()]
+    expected += [{"id": f"bad-{k}", "label": "bad", "class": c, "text": t} for k, (c, t) in mod.BAD.items()]
+    assert expected == CORPUS, "corpus.jsonl differs from make_corpus.py: run python tests/validation/make_corpus.py"
 
 
 @pytest.mark.parametrize("item", [o for o in CORPUS if o["label"] == "ok"], ids=lambda o: o["id"])

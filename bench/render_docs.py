@@ -1,0 +1,148 @@
+"""Render the measurement tables in docs/ from the raw result files committed beside them.
+
+A rendered block in a Markdown file looks like
+
+    <!-- render: loadtest-ceiling docs/results/loadtest-ceiling-2026-12-01.json -->
+    | ... table rendered from the JSON ... |
+    Raw: docs/results/loadtest-ceiling-2026-12-01.json (date, machine and command inside)
+    <!-- /render -->
+
+Everything between the markers is generated: edit the raw file's source (re-run the benchmark with
+`--result`), then `python bench/render_docs.py`. `--check` exits 1 when a block is out of date, 2 when
+a block names an unknown renderer or a missing file. tests/test_docs_claims.py runs the check in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+) (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /render -->)", re.S)
+
+
+def _num(v: float | None, digits: int = 0) -> str:
+    if v is None:
+        return "—"
+    text = f"{v:,.{digits}f}"
+    return text.replace(",", " ") if digits == 0 else text
+
+
+def _machine(raw: dict[str, Any]) -> str:
+    m = raw.get("machine") or {}
+    load = m.get("load_average_start")
+    load_txt = f", load average {load[0]:.1f} at the start" if load else ""
+    return f"{m.get('cpus', '?')} cores ({m.get('cpu_model') or 'unknown CPU'}){load_txt}"
+
+
+def _raw_line(path: str, raw: dict[str, Any]) -> str:
+    return (f"Raw: {path} — measured {raw.get('date', '?')} on {_machine(raw)}; command: "
+            f"`{raw.get('command', '?')}`")
+
+
+def render_ceiling(raw: dict[str, Any], path: str) -> str:
+    """Harness ceiling per client core (best and worst of the repeats per ITL setting)."""
+    lines = ["| client (pinned to 1 core) | runs | output tok/s | req/s | client core busy | tok per client CPU-s |",
+             "|---|---|---|---|---|---|"]
+    for ev in ("each", "mean"):
+        rows = [r for r in raw.get("harness", []) if r["itl_events"] == ev]
+        if not rows:
+            continue
+
+        def span(key: str, digits: int = 0, rows: list[dict[str, Any]] = rows) -> str:
+            vals = [r[key] for r in rows if r.get(key) is not None]
+            if not vals:
+                return "—"
+            lo, hi = min(vals), max(vals)
+            return _num(lo, digits) if lo == hi else f"{_num(lo, digits)} – {_num(hi, digits)}"
+        lines.append(f"| harness, ITL `{ev}` | {len(rows)} | {span('output_tok_per_s')} | {span('requests_per_s')} | "
+                     f"{span('client_cores_busy', 2)} | {span('tok_per_cpu_s')} |")
+    for b in raw.get("bench_serving", []):
+        lines.append(f"| sglang.bench_serving | 1 | {_num(b.get('output_tok_per_s'))} | "
+                     f"{_num(b.get('requests_per_s'))} | — | — |")
+    return "\n".join(lines) + "\n\n" + _raw_line(path, raw) + "\n"
+
+
+def render_timing(raw: dict[str, Any], path: str) -> str:
+    """Timing error of TTFT and every ITL gap against the simulator's recorded send instants."""
+    t = raw["timing"]
+    lines = ["| quantity | samples | \\|error\\| median | p90 | p99 | share < 1 ms |", "|---|---|---|---|---|---|"]
+    for label, key in (("ITL gap", "itl_abs_error"), ("TTFT (headers → first token)", "ttft_abs_error")):
+        d = t[key]
+        lines.append(f"| {label} | {d['n']} | {d['median_ms']:.3f} ms | {d['p90_ms']:.3f} ms | {d['p99_ms']:.3f} ms | "
+                     f"{d['share_under_1ms'] * 100:.0f} % |")
+    return "\n".join(lines) + "\n\n" + _raw_line(path, raw) + "\n"
+
+
+def render_scaling(raw: dict[str, Any], path: str) -> str:
+    """Locust master + N workers against the same simulator."""
+    lines = ["| workers | users | output tok/s | per worker vs 1 worker | client cores busy | tok per client CPU-s |",
+             "|---|---|---|---|---|---|"]
+    eff = raw.get("scaling_efficiency") or {}
+    for r in raw.get("scaling", []):
+        lines.append(f"| {r['processes']} | {r['users']} | {_num(r['output_tok_per_s'])} | "
+                     f"{eff.get(str(r['processes']), 0):.2f} | {r['client_cores_busy']:.2f} | "
+                     f"{_num(r['tok_per_cpu_s'])} |")
+    return "\n".join(lines) + "\n\n" + _raw_line(path, raw) + "\n"
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "loadtest-ceiling": render_ceiling,
+    "loadtest-timing": render_timing,
+    "loadtest-scaling": render_scaling,
+}
+
+
+class RenderError(Exception):
+    pass
+
+
+def render_text(text: str, repo: Path = REPO) -> str:
+    """`text` with every render block regenerated from its raw file."""
+    def sub(m: re.Match[str]) -> str:
+        name, path = m.group("name"), m.group("path")
+        if name not in RENDERERS:
+            raise RenderError(f"unknown renderer '{name}' (known: {', '.join(RENDERERS)})")
+        f = repo / path
+        if not f.is_file():
+            raise RenderError(f"render block '{name}' names {path}, which does not exist")
+        return m.group(1) + RENDERERS[name](json.loads(f.read_text()), path) + m.group(5)
+    return BLOCK.sub(sub, text)
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """(renderer, raw path) of every render block in `text`."""
+    return [(m.group("name"), m.group("path")) for m in BLOCK.finditer(text)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if a rendered block is out of date")
+    args = ap.parse_args(argv)
+    stale = []
+    try:
+        for doc in DOCS:
+            text = doc.read_text(encoding="utf-8")
+            new = render_text(text)
+            if new != text:
+                stale.append(doc.relative_to(REPO))
+                if not args.check:
+                    doc.write_text(new, encoding="utf-8")
+    except RenderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.check and stale:
+        print(f"out of date (run python bench/render_docs.py): {', '.join(map(str, stale))}", file=sys.stderr)
+        return 1
+    print(("rendered: " if stale else "up to date: ") + (", ".join(map(str, stale)) or f"{len(DOCS)} files"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
