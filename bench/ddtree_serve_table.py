@@ -1,10 +1,10 @@
-"""Render a serve-matrix result (tests/ddtree/serve_matrix.py, raw JSON kept in docs/raw/) as
+"""Render a serve-matrix result (tests/ddtree/serve_matrix.py, raw JSON kept in docs/results/) as
 Markdown tables: per server, whether it served, and per request group how many greedy outputs
 equal the target-only baseline, with the mean accept length from meta_info; where an output
 differs, the first differing position and the baseline's top-2 log-prob gap there (a near-tie
 when the gap is under --tie-nats).
 
-    python bench/ddtree_serve_table.py docs/raw/ddtree-serve-....json [--tie-nats 0.05]
+    python bench/ddtree_serve_table.py docs/results/ddtree-serve-....json [--tie-nats 0.05]
 """
 
 from __future__ import annotations

@@ -92,7 +92,15 @@ def render_scaling(raw: dict[str, Any], path: str) -> str:
     return "\n".join(lines) + "\n\n" + _raw_line(path, raw) + "\n"
 
 
+def render_ddtree_serve(raw: dict[str, Any], path: str) -> str:
+    """DDTree served by real sglang servers on the H200 (tests/ddtree/serve_matrix.py)."""
+    from bench.ddtree_serve_table import render
+
+    return render(raw, 0.05) + f"\nRaw: {path} (date, machine, command and every server's log tail inside)\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "ddtree-serve": render_ddtree_serve,
     "loadtest-ceiling": render_ceiling,
     "loadtest-timing": render_timing,
     "loadtest-scaling": render_scaling,
