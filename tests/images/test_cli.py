@@ -13,6 +13,8 @@ import pytest
 from images.build import build_args, build_context, repository
 from images.config import TARGETS, ImageConfig, load_image_config
 from patches import load_series, series_dir_for
+
+PLUGIN = Path(__file__).resolve().parents[2] / "patches" / "ddtree" / "sglang_ddtree"
 from pipeline.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +94,10 @@ def test_context_holds_only_dockerfile_inputs() -> None:
     series = load_series(series_dir_for("0.5.23"))
     expected = {"Dockerfile", "images/cuda-toolkit.sh", "images/jit_proof.py", "patches/__init__.py",
                 "patches/__main__.py", "wheels", "certs", "patches/sglang-0.5.23/series",
-                "patches/sglang-0.5.23/manifest.yaml", *(f"patches/sglang-0.5.23/{p.name}" for p in series.patches)}
+                "patches/sglang-0.5.23/manifest.yaml", *(f"patches/sglang-0.5.23/{p.name}" for p in series.patches),
+                # the DDTree plugin the image installs
+                "patches/ddtree/pyproject.toml",
+                *(f"patches/ddtree/sglang_ddtree/{p.name}" for p in PLUGIN.glob("*.py"))}
     assert expected <= names
     extra = names - expected - {"certs/build-host.crt"}
     assert not extra, extra
