@@ -13,11 +13,10 @@ import pytest
 from images.build import build_args, build_context, repository
 from images.config import TARGETS, ImageConfig, load_image_config
 from patches import load_series, series_dir_for
-
-PLUGIN = Path(__file__).resolve().parents[2] / "patches" / "ddtree" / "sglang_ddtree"
 from pipeline.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
+PLUGIN = REPO / "patches" / "ddtree" / "sglang_ddtree"
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
