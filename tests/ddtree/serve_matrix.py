@@ -69,7 +69,8 @@ TOPKS = (1, 4, 8)
 SERVER_TOPK = 8
 
 
-MODEL = {"path": "/tmp/tiny", "draft": "/tmp/tiny-draft", "load": ["--load-format", "dummy"], "real": False}
+MODEL = {"path": "/tmp/tiny", "draft": "/tmp/tiny-draft", "load": ["--load-format", "dummy"], "real": False,
+         "draft_load": ["--speculative-draft-load-format", "dummy"]}
 
 
 def prompts() -> list[list[int]]:
@@ -91,7 +92,7 @@ def prompts() -> list[list[int]]:
     return [[rng.randrange(3, V - 2) for _ in range(n)] for n in PROMPT_LENS]
 
 
-def setup_model(name: str) -> None:
+def setup_model(name: str, trained_drafter: str | None = None) -> None:
     """Write the model configs: the tiny dummy Llama, or the converted SmolLM2 and a DFlash
     drafter (dummy weights) shaped for it."""
     if name == "tiny":
@@ -110,6 +111,11 @@ def setup_model(name: str) -> None:
     os.makedirs("/tmp/smollm2-draft", exist_ok=True)
     Path("/tmp/smollm2-draft/config.json").write_text(json.dumps(draft))
     MODEL.update(path=str(target), draft="/tmp/smollm2-draft", load=[], real=True)
+    if trained_drafter:  # python -m models train-drafter output: real weights, checked against the target
+        from models.drafter import check_dirs
+
+        check_dirs(target, trained_drafter, block_size=BLOCK)
+        MODEL.update(draft=trained_drafter, draft_load=[])
 
 
 def series(variant: str) -> list[Path]:
@@ -173,7 +179,7 @@ class Server:
         c += GRAPH if self.graph else EAGER
         if self.budget is not None:
             c += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", MODEL["draft"],
-                  "--speculative-draft-load-format", "dummy", "--speculative-num-draft-tokens", str(BLOCK),
+                  *MODEL["draft_load"], "--speculative-num-draft-tokens", str(BLOCK),
                   "--speculative-ddtree-budget", str(self.budget), "--speculative-ddtree-topk", str(SERVER_TOPK),
                   "--disable-overlap-schedule"]
         return c
@@ -274,10 +280,11 @@ def main() -> int:
     ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     ap.add_argument("--max-new", type=int, default=MAX_NEW)
     ap.add_argument("--no-waves", action="store_true", help="start every server at once (JIT caches warm)")
+    ap.add_argument("--drafter", help="a trained DFlash drafter dir (smollm2 only); default: dummy weights")
     a = ap.parse_args()
     t_start = time.time()
     (OUT / "logs").mkdir(parents=True, exist_ok=True)
-    setup_model(a.model)
+    setup_model(a.model, a.drafter)
     MAX_NEW_BOX[0] = a.max_new
     servers = plan(a.only)
     for v in sorted({s.variant or "patched" for s in servers}):
