@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from rollout import REPO_ROOT
-from rollout.testbed import run_cli, write_inventory
+from tests.support.testbed import run_cli, write_inventory
 
 REPO = "127.0.0.1:5000/rollout-bench-cpu"
 ENV = {"TESTHOSTS_PREFIX": "rb", "TESTHOSTS_NET": "10.232"}
@@ -42,7 +42,7 @@ def main() -> int:
     args = ap.parse_args()
     import docker
 
-    from rollout import cpuimage
+    from tests.support import cpuimage
 
     sh("bash", "scripts/services.sh", "start", "docker", "registry")
     client = docker.from_env(timeout=300)
