@@ -17,8 +17,7 @@ ROLLOUT_ENV = ANSIBLE_COLLECTIONS_PATH=$(CURDIR)/.cache/ansible-collections
 
 deploy: ## flow: deploy IMAGE to HOST, gate, load test against the SLOs, then promote or roll back [CHECK=1 IMAGE_TARBALL=f]
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }
-	$(ROLLOUT_ENV) $(PY) -m flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)"$(if $(CHECK), --check)$(if $(GATE_CONFIG), --gate-config "$(GATE_CONFIG)") \
-	  $(if $(LOADTEST_CONFIG),--loadtest-config "$(LOADTEST_CONFIG)") $(if $(IMAGE_TARBALL),--image-tarball "$(IMAGE_TARBALL)")
+	$(ROLLOUT_ENV) $(PY) -m flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)"$(if $(CHECK), --check)$(if $(GATE_CONFIG), --gate-config "$(GATE_CONFIG)")$(if $(LOADTEST_CONFIG), --loadtest-config "$(LOADTEST_CONFIG)")$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
 
 rollback: ## rollout: put HOST back on its recorded previous image [CHECK=1]
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }

@@ -328,3 +328,31 @@ def test_host_unreachable_mid_rollout(fleet):
         assert {h: v[0] for h, v in serving(fleet).items()} == {h: v[0] for h, v in before.items()}
     finally:
         hosts_sh("start", str(len(TEST_HOSTS)), str(fleet["testhosts"]), check=False)
+
+
+def test_air_gapped_tarball_deploy(fleet, tmp_path):
+    """`make deploy IMAGE_TARBALL=...`: labels are read from the tarball (a wrong-fleet one is refused before
+    anything changes), the tarball is copied to the host and loaded; no registry, so nothing is promoted."""
+    client = fleet["docker"]
+    wrong = tmp_path / "nvlink-only.tar"
+    with wrong.open("wb") as fh:
+        for chunk in client.images.get(fleet["images"]["nvlink-only"]).save(named=True):
+            fh.write(chunk)
+    before = serving(fleet)
+    r = rollout("deploy", "--hosts", H1, "--inventory", str(fleet["inv"]), "--image", fleet["images"]["nvlink-only"],
+                "--image-tarball", str(wrong), "--no-gate")
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"{H1}: built for nvlink, the host group is pcie" in r.stderr
+    assert serving(fleet) == before
+
+    good = tmp_path / "rc1.tar"
+    with good.open("wb") as fh:
+        for chunk in client.images.get(fleet["images"]["rc1"]).save(named=True):
+            fh.write(chunk)
+    r = rollout("deploy", "--hosts", H1, "--inventory", str(fleet["inv"]), "--image", fleet["images"]["rc1"],
+                "--image-tarball", str(good), "--no-gate")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = report_of(r)
+    assert rep["result"] == "deployed" and rep["changed_hosts"] == [H1] and rep["digest"] is None
+    assert "Load the tarball into the engine" in r.stderr
+    assert serving(fleet)[H1][0] == fleet["images"]["rc1"]
