@@ -26,7 +26,7 @@ from pipeline.reports import new_run_dir
 from rollout import REPO_ROOT
 from rollout.config import RolloutConfig
 
-PREFIX, NET, BASE_PORT = "dm", "10.232", 18300
+PREFIX, NET, BASE_PORT = "dm", "10.234", 18300
 GATE = REPO_ROOT / "tests" / "rollout" / "fixtures" / "gate-embedded-lean.yaml"
 
 

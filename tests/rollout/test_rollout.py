@@ -307,9 +307,9 @@ def test_crash_looping_container_fails_fast_with_its_error(fleet):
 def test_host_unreachable_mid_rollout(fleet):
     """H2 drops off the network after H1 switched: H1 is rolled back, H2 never changed."""
     before = serving(fleet)
-    proc = subprocess.Popen([sys.executable, "-m", "rollout", "deploy", "--hosts", "all", "--inventory",
+    proc = subprocess.Popen([sys.executable, "-m", "flow", "deploy", "--hosts", "all", "--inventory",
                              str(fleet["inv"]), "--image", fleet["images"]["rc1"], "--no-gate"],
-                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=dict(os.environ))
+                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env={**os.environ, **registry_env()})
     lines, cut = [], False
     assert proc.stderr is not None
     for line in proc.stderr:
