@@ -32,10 +32,17 @@ $(COLLECTIONS_STAMP): ansible/requirements.yml $(STAMP)
 setup: $(STAMP) $(COLLECTIONS_STAMP) ## create .venv, install the pipeline (+ dev tools, embedded model, Ansible collections)
 
 # ----------------------------------------------------------------------------- main job + tests
-demo: setup ## main job on the embedded default target: deploy + gate + load test -> runs/main-*/
-	$(PY) -m pipeline.mainjob $(if $(OUT),--out $(OUT))
+demo: setup ## the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
+	@if [ "$$(id -u)" != 0 ]; then echo "error: make demo needs root (Docker engine, TLS registry, SSH test hosts in network namespaces); without root run: make demo-light" >&2; exit 2; fi
+	$(PY) -m flow demo $(if $(OUT),--out $(OUT))
 
-test: setup ## the whole test suite (CI runs exactly this); GPU tests skip without a GPU
+demo-light: setup ## main job on the embedded target, no root/Docker: serve + gate + load test -> runs/main-*/
+	$(PY) -m flow main $(if $(OUT),--out $(OUT))
+
+test-prepare: setup ## what the tests need, idempotent (as root: apt packages, services, base + CI images)
+	scripts/test-prepare.sh
+
+test: test-prepare ## the whole test suite (CI runs exactly this); GPU tests skip without a GPU
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup ## unit tests only (no servers, no docker)

@@ -295,10 +295,11 @@ def headline(report: dict[str, Any], stages: list[Stage]) -> dict[str, Any]:
     lt = next((s for s in stages if s.name == "loadtest"), None)
     gates = [s for s in stages if s.name.startswith("gate")]
     acc = next((s.data.get("accept_length") for s in gates if s.data.get("accept_length") is not None), None)
+    ttft = lt.data.get("ttft_p95_ms_at_capacity") if lt else None
     return {"image": report.get("image"), "digest": report.get("digest"),
             "capacity (users meeting the SLOs)": lt.data.get("capacity") if lt else None,
-            "TTFT p95 at capacity (ms)": lt.data.get("ttft_p95_ms_at_capacity") if lt else None,
-            "accept length": acc,
+            "TTFT p95 at capacity (ms)": round(ttft, 1) if isinstance(ttft, int | float) else None,
+            "accept length": acc if acc is not None else "n/a (the server reports no speculative decoding)",
             "changed hosts": ", ".join(report.get("changed_hosts") or []) or "none",
             "promoted": (report.get("promotion") or {}).get("promoted")}
 

@@ -112,8 +112,8 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
             if kind == "runner_on_ok" and (changed or task.startswith(_SLOW)):
                 extra = f" ({res['elapsed_s']}s)" if "elapsed_s" in res else ""
                 log(f"{host}: {task}: {'changed' if changed else 'ok'}{extra}")
-        elif kind == "runner_on_async_poll":
-            log(f"{host}: {task}: still running ({time.monotonic() - t0:.0f}s into the run)")
+        elif kind == "runner_on_async_poll":  # the long waits (pull, weights, health) report every few seconds
+            log(f"{host}: {task}: still running")
         elif kind in FAIL_EVENTS and not data.get("ignore_errors"):
             hr.failed = True
             hr.messages.append(f"{task}: {_msg(res)}")
@@ -124,8 +124,6 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
             hr.unreachable = True
             hr.messages.append(f"unreachable during '{task}': {_msg(res)}")
             log(f"{host}: UNREACHABLE during {task}")
-        elif kind == "runner_on_start" and task.startswith(_SLOW):
-            log(f"{host}: {task} ...")
         return True
 
     env = ansible_env()
