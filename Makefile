@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup lint lint-py test test-prepare test-fast demo demo-light validate check-text record-baseline sweep embedded-start embedded-stop
+.PHONY: help setup lint lint-py test test-prepare test-fast demo demo-need-root demo-light validate check-text record-baseline sweep embedded-start embedded-stop
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | sort | \
@@ -32,8 +32,10 @@ $(COLLECTIONS_STAMP): ansible/requirements.yml $(STAMP)
 setup: $(STAMP) $(COLLECTIONS_STAMP) ## create .venv, install the pipeline (+ dev tools, embedded model, Ansible collections)
 
 # ----------------------------------------------------------------------------- main job + tests
-demo: setup ## the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
+demo-need-root:
 	@if [ "$$(id -u)" != 0 ]; then echo "error: make demo needs root (Docker engine, TLS registry, SSH test hosts in network namespaces); without root run: make demo-light" >&2; exit 2; fi
+
+demo: demo-need-root setup ## the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
 	$(PY) -m flow demo $(if $(OUT),--out $(OUT))
 
 demo-light: setup ## main job on the embedded target, no root/Docker: serve + gate + load test -> runs/main-*/

@@ -62,6 +62,9 @@ def gate_stage(url: str, out: Path, gate_cfg: Any, *, quiet: bool = False, name:
         res = run_gate(url, gate_cfg, out_dir=out, console=Console(stderr=True, quiet=quiet))
     except PipelineError as exc:
         return Stage(name, False, f"gate could not run against {url}: {exc}", time.monotonic() - t0)
+    except Exception as exc:  # anything else still ends in a rollback, never in a half-changed fleet
+        return Stage(name, False, f"gate crashed against {url}: {type(exc).__name__}: {exc}"[:600],
+                     time.monotonic() - t0)
     s = res.summary
     failed = ", ".join(s.get("failed_checks") or []) or "none"
     spec = s.get("spec") or {}
@@ -97,8 +100,9 @@ def loadtest_stage(lt_cfg: Any, out: Path, min_capacity: float, *, quiet: bool =
     out.mkdir(parents=True, exist_ok=True)
     try:
         res = run_capacity(lt_cfg, out, log=_log(quiet))
-    except PipelineError as exc:
-        return Stage("loadtest", False, f"load test could not complete: {exc}", time.monotonic() - t0,
+    except Exception as exc:  # PipelineError (bad target, incomplete run) or anything else: the stage fails
+        why = str(exc) if isinstance(exc, PipelineError) else f"{type(exc).__name__}: {exc}"
+        return Stage("loadtest", False, f"load test could not complete: {why}"[:600], time.monotonic() - t0,
                      links={"load-test report": str(out / "capacity.html")})
     cap = res.get("capacity")
     slo = res.get("slo") or {}
@@ -159,6 +163,9 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
                               "registry": {"host": ref.registry, "tls": reg.t.tls if reg else None,
                                            "user": reg.creds.username if reg and reg.creds else None}}
     log(f"deploy {ref} ({digest or 'tarball'}) to {', '.join(hosts)} (run dir {run_dir})")
+    extra_vars = dict(extra_vars or {})
+    if reg is not None and reg.t.ca_bundle:  # the hosts' engines trust the same CA
+        extra_vars.setdefault("rollout_registry_ca_bundle", reg.t.ca_bundle)
     try:
         return _run(cfg, inv, hosts, ref, digest, reg, run_dir, report, stages, gate_cfg, lt_cfg, check,
                     image_tarball, extra_vars, quiet, t0)
