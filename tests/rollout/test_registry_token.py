@@ -95,6 +95,28 @@ def test_token_flow_login_labels_retag_and_evidence(token_registry, tmp_path):
     assert "repository:fleet/tiny:" in scopes and "push" in scopes and PASSWORD not in scopes
 
 
+def test_credentials_from_docker_config_file(token_registry, tmp_path, monkeypatch):
+    """No ROLLOUT_REGISTRY_* in the environment: the login comes from $DOCKER_CONFIG/config.json (what
+    `docker login` writes), and is never in the Credentials' repr or str."""
+    import base64
+
+    addr = token_registry["addr"]
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"auths": {addr: {"auth": base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()}}}))
+    monkeypatch.delenv("ROLLOUT_REGISTRY_USER", raising=False)
+    monkeypatch.delenv("ROLLOUT_REGISTRY_PASSWORD", raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    creds = reglib.credentials(addr, required=True)
+    assert creds is not None and creds.username == USER and "docker config" in creds.source
+    assert PASSWORD not in repr(creds) + str(creds)
+    with reglib.Registry(addr, creds, reglib.Transport(tls=False, timeout_s=5)) as reg:
+        reg.check()
+        assert reg.digest(reglib.parse_image(f"{addr}/fleet/tiny:rc1")) is not None
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "empty"))
+    with pytest.raises(UsageError, match="registry credentials missing"):
+        reglib.credentials(addr, required=True)
+
+
 def test_token_flow_bad_inputs(token_registry):
     addr, ts = token_registry["addr"], token_registry["ts"]
     with pytest.raises(UsageError, match="refused the credentials of deployer") as e1:
@@ -106,3 +128,4 @@ def test_token_flow_bad_inputs(token_registry):
     ts.stop()
     with pytest.raises(TargetError, match=r"token server .* unreachable"):
         _client(addr).check()
+
