@@ -256,7 +256,7 @@ class SimServer:
         cmd = [sys.executable, "-m", "tests.support.simserver", "--port", str(self.port), *self.args]
         if self.cpu is not None:
             cmd = ["taskset", "-c", str(self.cpu), *cmd]
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))  # the repository root
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_raise_priority)
         deadline = time.monotonic() + 15
