@@ -150,9 +150,13 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
                                               for h in hosts)
         reg = registry.Registry(ref.registry, registry.credentials(ref.registry, needs_auth),
                                 transport(cfg, inv, hosts))
-        reg.check()
-        digest = reg.require(ref)
-        labels = reg.labels(ref)
+        try:
+            reg.check()
+            digest = reg.require(ref)
+            labels = reg.labels(ref)
+        except BaseException:
+            reg.close()
+            raise
     fit_info = fit.check(str(ref), labels, inv, hosts) if cfg.image_fit_check else {"skipped": True}
     stages.append(Stage("image-fit", True, f"{ref} fits {', '.join(sorted(fit_info.get('groups', {})))}"
                         if cfg.image_fit_check else "image fit check disabled", skipped=not cfg.image_fit_check,
@@ -166,6 +170,8 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
     extra_vars = dict(extra_vars or {})
     if reg is not None and reg.t.ca_bundle:  # the hosts' engines trust the same CA
         extra_vars.setdefault("rollout_registry_ca_bundle", reg.t.ca_bundle)
+    if reg is not None and reg.auth_scheme and reg.creds:  # the registry asked for a login: the hosts log in too
+        extra_vars.setdefault("rollout_registry_auth", True)
     try:
         return _run(cfg, inv, hosts, ref, digest, reg, run_dir, report, stages, gate_cfg, lt_cfg, check,
                     image_tarball, extra_vars, quiet, t0)
@@ -181,7 +187,7 @@ def _run(cfg: RolloutConfig, inv: Inventory, hosts: list[str], ref: registry.Ima
     log = _log(quiet)
     # ---- 2. deploy
     dep = ro.apply(cfg, inv, hosts, str(ref), run_dir, check=check, image_tarball=image_tarball,
-                   extra_vars=extra_vars, quiet=quiet)
+                   extra_vars=extra_vars, credentials=reg.creds if reg else None, quiet=quiet)
     report["deploy"] = dep.summary()
     report["changed_hosts"] = dep.changed
     report["restored_hosts"] = dep.restored

@@ -92,8 +92,10 @@ def _summary(res: PlaybookResult | DeployOutcome) -> dict[str, Any]:
 
 def apply(cfg: RolloutConfig, inv: Inventory, hosts: list[str], image: str, run_dir: Path, *, check: bool = False,
           image_tarball: str | None = None, extra_vars: dict[str, Any] | None = None,
-          quiet: bool = False) -> DeployOutcome:
-    """Run the deploy playbook: preflight, pull (or load the tarball), weights, rolling restart with health."""
+          credentials: registry.Credentials | None = None, quiet: bool = False) -> DeployOutcome:
+    """Run the deploy playbook: preflight, pull (or load the tarball), weights, rolling restart with health.
+    `credentials` (from the environment or the Docker config file) reach the hosts' login through the 0600
+    file of rollout/runner.py, never through the playbook's environment."""
     ref = registry.parse_image(image)
     extravars = {"rollout_image": str(ref), "rollout_registry": ref.registry, **_common_vars(cfg),
                  **(extra_vars or {})}
@@ -101,7 +103,10 @@ def apply(cfg: RolloutConfig, inv: Inventory, hosts: list[str], image: str, run_
         extravars["rollout_registry_ca_bundle"] = str(_abs(cfg.registry_ca_bundle))
     if image_tarball:
         extravars["image_tarball"] = str(Path(image_tarball).resolve())
-    res = run_playbook("deploy", inv.path, hosts, run_dir, extravars, check=check, forks=cfg.forks, quiet=quiet)
+    env = ({registry.USER_ENV: credentials.username, registry.PASSWORD_ENV: credentials.password}
+           if credentials else None)
+    res = run_playbook("deploy", inv.path, hosts, run_dir, extravars, check=check, forks=cfg.forks, quiet=quiet,
+                       envvars=env)
     return DeployOutcome(res.rc, res.status, res.wall_s, res.hosts, check)
 
 

@@ -145,6 +145,7 @@ class Registry:
         if self.t.ca_bundle and not Path(self.t.ca_bundle).is_file():
             raise UsageError(f"registry CA bundle not found: {self.t.ca_bundle}")
         self.scheme = "https" if self.t.tls else "http"
+        self.auth_scheme: str | None = None  # "basic" / "bearer" once check() saw the registry ask for a login
         self._oras: Any = None
 
     # ------------------------------------------------------------------ connection + auth
@@ -195,6 +196,7 @@ class Registry:
             raise TargetError(f"registry {self.host} answered HTTP {r.status_code} on /v2/: nothing was changed")
         challenge = r.headers.get("WWW-Authenticate", "")
         scheme = challenge.split(" ", 1)[0].lower()
+        self.auth_scheme = scheme
         if self.creds is None:
             raise UsageError(f"registry credentials missing: {self.host} needs a login ({scheme or 'unknown'} auth); "
                              f"set {USER_ENV} and {PASSWORD_ENV} or log in with docker login")
