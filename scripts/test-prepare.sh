@@ -34,7 +34,7 @@ for t in $targets; do
   docker image inspect "sglang-fleet-ci:0.5.23-$t-rc1" >/dev/null 2>&1 || need_images=1
 done
 if ((need_images)); then
-  step "CI images ($targets): building (about 16 min cold on 2 cores)"
+  step "CI images ($targets): building (minutes on 2 cores: 449 s measured 2026-12-01)"
   bash .ci/stages/images.sh
 fi
 step "done"
