@@ -1,5 +1,5 @@
 """Rollout wall time for N netns SSH test hosts (default 2, 4, 8): a fresh deploy of rc1 (parallel pull,
-weights staging, serial restarts) and a rolling update to rc2, both through `python -m rollout deploy`
+weights staging, serial restarts) and a rolling update to rc2, both through `python -m flow deploy`
 (ansible-runner, serial 1), the gate skipped so that the number is the rollout itself.
 
     .venv/bin/python bench/rollout_time.py --hosts 2 4 8      # or: make bench-rollout
