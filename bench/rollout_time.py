@@ -1,5 +1,5 @@
 """Rollout wall time for N netns SSH test hosts (default 2, 4, 8): a fresh deploy of rc1 (parallel pull,
-weights staging, serial restarts) and a rolling update to rc2, both through `python -m rollout deploy`
+weights staging, serial restarts) and a rolling update to rc2, both through `python -m flow deploy`
 (ansible-runner, serial 1), the gate skipped so that the number is the rollout itself.
 
     .venv/bin/python bench/rollout_time.py --hosts 2 4 8      # or: make bench-rollout
@@ -24,9 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from rollout import REPO_ROOT
-from rollout.testbed import run_cli, write_inventory
+from tests.support.testbed import TEST_REGISTRY, registry_login, run_cli, write_inventory
 
-REPO = "127.0.0.1:5000/rollout-bench-cpu"
+REPO = f"{TEST_REGISTRY}/rollout-bench-cpu"
 ENV = {"TESTHOSTS_PREFIX": "rb", "TESTHOSTS_NET": "10.232"}
 
 
@@ -42,20 +42,22 @@ def main() -> int:
     args = ap.parse_args()
     import docker
 
-    from rollout import cpuimage
+    from tests.support import cpuimage
 
-    sh("bash", "scripts/services.sh", "start", "docker", "registry")
+    sh("bash", "scripts/services.sh", "start", "docker", "registry", "tlsregistry")
     client = docker.from_env(timeout=300)
+    auth = registry_login()
+    client.login(registry=TEST_REGISTRY, **auth)
     try:
         client.images.get(f"{REPO}:rc1")
     except docker.errors.ImageNotFound:
         try:  # the tests' build of the same Dockerfile
-            client.images.get("127.0.0.1:5000/rollout-test-cpu:rc1").tag(REPO, "rc1")
+            client.images.get(f"{TEST_REGISTRY}/rollout-test-cpu:rc1").tag(REPO, "rc1")
         except docker.errors.ImageNotFound:
-            cpuimage.build(f"{REPO}:rc1", push=True)
+            cpuimage.build(f"{REPO}:rc1", push=True, auth_config=auth)
     client.images.get(f"{REPO}:rc1").tag(REPO, "rc2")
     for tag in ("rc1", "rc2"):
-        for line in client.images.push(REPO, tag=tag, stream=True, decode=True):
+        for line in client.images.push(REPO, tag=tag, stream=True, decode=True, auth_config=auth):
             assert "error" not in line, line
     rows = []
     for n in args.hosts:

@@ -1,7 +1,8 @@
 # Rollout to the PCIe and NVLink fleets (ansible/, rollout/, docs/rollout.md).
 #   make deploy   HOST=<host|group> IMAGE=<registry>/<name>:<tag> [INVENTORY=dir] [CHECK=1] [GATE_CONFIG=f]
-#   make rollback HOST=...   make status HOST=...   make promote IMAGE=... REPORT=<gate report dir>
-.PHONY: deploy rollback status promote render lint-ansible bench-rollout test-rollout cpu-image
+#                 [LOADTEST_CONFIG=f (its loadtest: SLOs)] [IMAGE_TARBALL=docker-save.tar] [CONFIG=deployment.yaml]
+#   make rollback HOST=...   make status HOST=...
+.PHONY: deploy rollback status render lint-ansible bench-rollout test-rollout cpu-image
 
 HOST ?=
 IMAGE ?=
@@ -9,13 +10,14 @@ INVENTORY ?= ansible/inventories/example
 ROLLOUT_CONFIG ?=
 GATE_CONFIG ?=
 CHECK ?=
-REPORT ?=
+LOADTEST_CONFIG ?=
+IMAGE_TARBALL ?=
 ROLLOUT_ARGS = --hosts "$(HOST)" --inventory "$(INVENTORY)" $(if $(ROLLOUT_CONFIG),--config "$(ROLLOUT_CONFIG)")
 ROLLOUT_ENV = ANSIBLE_COLLECTIONS_PATH=$(CURDIR)/.cache/ansible-collections
 
-deploy: ## rollout: deploy IMAGE to HOST (host or group), gate each endpoint, promote or roll back [CHECK=1]
+deploy: ## flow: deploy IMAGE to HOST, gate, load test against the SLOs, then promote or roll back [CHECK=1 IMAGE_TARBALL=f]
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }
-	$(ROLLOUT_ENV) $(PY) -m rollout deploy $(ROLLOUT_ARGS) --image "$(IMAGE)"$(if $(CHECK), --check)$(if $(GATE_CONFIG), --gate-config "$(GATE_CONFIG)")
+	$(ROLLOUT_ENV) $(PY) -m flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)"$(if $(CHECK), --check)$(if $(GATE_CONFIG), --gate-config "$(GATE_CONFIG)")$(if $(LOADTEST_CONFIG), --loadtest-config "$(LOADTEST_CONFIG)")$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
 
 rollback: ## rollout: put HOST back on its recorded previous image [CHECK=1]
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }
@@ -28,11 +30,8 @@ status: ## rollout: current/previous image, container and health of HOST
 render: ## rollout: show the server container each host of HOST would run (no connection)
 	$(ROLLOUT_ENV) $(PY) -m rollout render $(ROLLOUT_ARGS) $(if $(IMAGE),--image "$(IMAGE)")
 
-promote: ## rollout: retag IMAGE as promoted (same digest) with the gate report REPORT beside it
-	$(PY) -m rollout promote --image "$(IMAGE)" --report-dir "$(REPORT)"
-
-cpu-image: ## rollout: build + push the CPU serving image of the embedded model (IMAGE=registry/name:tag)
-	$(PY) -m rollout build-cpu-image --tag "$(IMAGE)"
+cpu-image: ## rollout (test bed): build + push the CPU serving image of the embedded model (IMAGE=registry/name:tag)
+	$(PY) -m tests.support.cpuimage "$(IMAGE)"
 
 lint-ansible: ## rollout: ansible-lint, production profile
 	cd ansible && ANSIBLE_CONFIG=ansible.cfg ANSIBLE_INVENTORY=inventories/example $(ROLLOUT_ENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH \

@@ -1,10 +1,10 @@
-"""Rollout of the serving image to the PCIe and NVLink fleets: Ansible (through ansible-runner) for the
-hosts, the validation gate for each new endpoint, the registry for promotion.
+"""The Ansible half of a rollout to the PCIe and NVLink fleets (through ansible-runner) and the registry
+client. The promotion flow that uses them (deploy -> gate -> load test -> promote) is flow/promote.py.
 
-    python -m rollout deploy   --hosts HOST_OR_GROUP --image REPO:TAG [--inventory DIR] [--check]
+    python -m flow deploy      --hosts HOST_OR_GROUP --image REPO:TAG [--inventory DIR] [--check]
     python -m rollout rollback --hosts HOST_OR_GROUP
     python -m rollout status   --hosts HOST_OR_GROUP
-    python -m rollout promote  --image REPO:TAG --report-dir DIR
+    python -m rollout.collections install|check
 """
 
 from pathlib import Path

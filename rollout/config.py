@@ -24,6 +24,20 @@ class RolloutConfig(StrictModel):
     # Registry needs a login (also taken from the inventory's rollout_registry_auth).
     registry_auth: bool = False
     registry_timeout_s: float = Field(default=10.0, gt=0)
+    # TLS to the registry (default). false only for a plain-HTTP loopback test registry (also taken from
+    # the inventory's rollout_registry_tls). CA bundle: a private CA (env ROLLOUT_REGISTRY_CA_BUNDLE wins).
+    registry_tls: bool = True
+    registry_ca_bundle: str | None = None
+    # Load test before promotion: a quick capacity search on the first changed endpoint; its SLOs come from
+    # the `loadtest:` section of loadtest_config (default: the load-test defaults). Promotion needs a
+    # capacity of at least min_capacity (users) meeting those SLOs.
+    loadtest: bool = True
+    loadtest_config: str | None = None
+    loadtest_quick: bool = True
+    loadtest_max_load: float | None = Field(default=None, gt=0)
+    min_capacity: float = Field(default=1.0, gt=0)
+    # Refuse an image whose labels (target, sglang version, patch series) do not fit the host group.
+    image_fit_check: bool = True
 
 
 def load(path: str | None, overrides: dict | None = None) -> RolloutConfig:

@@ -31,10 +31,11 @@ class HostResult:
     switched: bool = False  # a new container was started on this host
     recorded: bool = False  # the new version passed health and was recorded
     restored: bool = False  # the new version failed; the previous one was put back
-    would_change: bool = False  # check mode: the container would be replaced
+    would_change: bool = False  # the container would be (check mode) or was replaced
     failed: bool = False
     unreachable: bool = False
     messages: list[str] = field(default_factory=list)
+    failure: dict[str, Any] = field(default_factory=dict)  # reason, msg, log_tail (the serve role's report)
     data: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -67,15 +68,24 @@ def _msg(res: dict[str, Any]) -> str:
     return " ".join(str(m).split())[:600]
 
 
+# Tasks whose start is worth a progress line (the long waits).
+_SLOW = ("Pull the image", "Load the tarball", "Pre-stage the weights", "Container: switch", "Wait for /health",
+         "Container: restore", "Wait until")
+
+
 def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, extravars: dict[str, Any],
                  *, check: bool = False, forks: int = 16, envvars: dict[str, str] | None = None,
-                 quiet: bool = False, label: str | None = None) -> PlaybookResult:
+                 quiet: bool = False, label: str | None = None, tags: str | None = None) -> PlaybookResult:
+    """Run playbooks/<name>.yml on `hosts`. Per-host outcomes come from the roles' custom stats
+    (`set_stats` under `rollout.<host>`) and from Ansible's own failed/unreachable events and stats;
+    task names are used for progress lines only."""
     import ansible_runner
 
     results = {h: HostResult(h) for h in hosts}
     pdd = run_dir / f"ansible-{label or name}"
     pdd.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    stats: dict[str, Any] = {}
 
     def log(line: str) -> None:
         if not quiet:
@@ -84,6 +94,9 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
     def on_event(ev: dict[str, Any]) -> bool:
         kind = ev.get("event", "")
         data = ev.get("event_data") or {}
+        if kind == "playbook_on_stats":
+            stats.update(data)
+            return True
         host = data.get("host")
         task = data.get("task", "")
         res = data.get("res") or {}
@@ -93,32 +106,24 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
             return True
         hr = results[host]
         if kind in OK_EVENTS:
+            msg = res.get("msg") if isinstance(res.get("msg"), dict) else {}
+            hr.data.update(msg.get("rollout_status") or msg.get("rollout_render") or {})
             changed = bool(res.get("changed"))
-            if task == "Container: switch" and changed:
-                hr.switched = True
-            elif task == "Container: plan" and changed:
-                hr.would_change = True
-            elif task == "Container: restore":
-                hr.restored = True
-            elif task == "Write current and previous image to the host state file":
-                hr.recorded = True
-            elif task == "Report status":
-                hr.data.update((res.get("msg") or {}).get("rollout_status") or {})
-            elif task == "Show the container spec":
-                hr.data.update((res.get("msg") or {}).get("rollout_render") or {})
-            if kind == "runner_on_ok" and (changed or task.startswith(("Container: switch", "Container: restore"))):
-                log(f"{host}: {task}: {'changed' if changed else 'ok'}")
+            if kind == "runner_on_ok" and (changed or task.startswith(_SLOW)):
+                extra = f" ({res['elapsed_s']}s)" if "elapsed_s" in res else ""
+                log(f"{host}: {task}: {'changed' if changed else 'ok'}{extra}")
+        elif kind == "runner_on_async_poll":  # the long waits (pull, weights, health) report every few seconds
+            log(f"{host}: {task}: still running")
         elif kind in FAIL_EVENTS and not data.get("ignore_errors"):
             hr.failed = True
             hr.messages.append(f"{task}: {_msg(res)}")
             log(f"{host}: FAILED {task}: {_msg(res)[:300]}")
+            for ln in (res.get("log_tail") or [])[-10:]:
+                log(f"{host}:   | {ln[:300]}")
         elif kind == "runner_on_unreachable":
             hr.unreachable = True
             hr.messages.append(f"unreachable during '{task}': {_msg(res)}")
             log(f"{host}: UNREACHABLE during {task}")
-        elif kind == "runner_on_start" and task.startswith(("Container: switch", "Wait for /health",
-                                                             "Pull the image", "Container: restore")):
-            log(f"{host}: {task} ...")
         return True
 
     env = ansible_env()
@@ -145,6 +150,7 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
             extravars=extravars,
             envvars=env,
             cmdline=cmdline,
+            tags=tags,
             forks=forks,
             event_handler=on_event,
             quiet=True,
@@ -156,5 +162,17 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
         if cred_dir:
             shutil.rmtree(cred_dir, ignore_errors=True)
     wall = time.monotonic() - t0
+    custom = (stats.get("artifact_data") or {}).get("rollout") or {}
+    for h, hr in results.items():
+        mine = custom.get(h) or {}
+        hr.switched = bool(mine.get("switched"))
+        hr.recorded = bool(mine.get("recorded"))
+        hr.restored = bool(mine.get("restored"))
+        hr.would_change = bool(mine.get("would_change"))
+        hr.failure = dict(mine.get("failure") or {})
+        if h in (stats.get("dark") or {}):
+            hr.unreachable = True
+        if h in (stats.get("failures") or {}):
+            hr.failed = True
     log(f"{name}: rc={r.rc} status={r.status} in {wall:.1f}s")
     return PlaybookResult(name, r.rc, r.status, results, wall, pdd / "artifacts")

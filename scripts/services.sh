@@ -190,13 +190,104 @@ registry_status() {
   fi
 }
 
+# ---------------------------------------------------------------- tlsregistry
+# A second registry that behaves like a production one: TLS (a private CA made here) and htpasswd
+# logins (bcrypt). CA, key, user and password live under $TLS_DIR (0700); the password file is 0600.
+# The engine trusts the CA through /etc/docker/certs.d/$TLS_REGISTRY_ADDR/ca.crt.
+TLS_REGISTRY_ADDR=${TLS_REGISTRY_ADDR:-127.0.0.1:5443}
+TLS_REGISTRY_DATA=${TLS_REGISTRY_DATA:-/var/lib/docker-registry-tls}
+TLS_DIR="$STATE_DIR/tlsregistry"
+TLS_USER=${TLS_REGISTRY_USER:-fleet-ci}
+tlsregistry_ready() {
+  curl -sS --max-time 2 --cacert "$TLS_DIR/ca.crt" -o /dev/null -w '%{http_code}' "https://$TLS_REGISTRY_ADDR/v2/" |
+    grep -qx 401
+}
+
+tlsregistry_start() {
+  if [[ -s $TLS_DIR/ca.crt ]] && tlsregistry_ready 2>/dev/null; then
+    log "tlsregistry: already answering on $TLS_REGISTRY_ADDR"; return 0
+  fi
+  need_root docker-registry
+  [[ -x /usr/bin/docker-registry ]] || apt_install docker-registry
+  command -v htpasswd >/dev/null 2>&1 || apt_install apache2-utils
+  mkdir -p "$TLS_DIR" "$TLS_REGISTRY_DATA"
+  chmod 0700 "$TLS_DIR"
+  local host=${TLS_REGISTRY_ADDR%:*}
+  if [[ ! -s $TLS_DIR/server.crt ]]; then
+    log "tlsregistry: making a CA and a server certificate for $host"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=fleet test CA" \
+      -keyout "$TLS_DIR/ca.key" -out "$TLS_DIR/ca.crt" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=$host" -keyout "$TLS_DIR/server.key" \
+      -out "$TLS_DIR/server.csr" 2>/dev/null
+    printf 'subjectAltName=IP:%s,DNS:localhost\nextendedKeyUsage=serverAuth\n' "$host" >"$TLS_DIR/ext.cnf"
+    openssl x509 -req -in "$TLS_DIR/server.csr" -CA "$TLS_DIR/ca.crt" -CAkey "$TLS_DIR/ca.key" \
+      -CAcreateserial -days 30 -extfile "$TLS_DIR/ext.cnf" -out "$TLS_DIR/server.crt" 2>/dev/null
+  fi
+  if [[ ! -s $TLS_DIR/password ]]; then
+    (umask 077; openssl rand -hex 16 >"$TLS_DIR/password")
+  fi
+  htpasswd -Bbc "$TLS_DIR/htpasswd" "$TLS_USER" "$(<"$TLS_DIR/password")" 2>/dev/null
+  echo "$TLS_USER" >"$TLS_DIR/user"
+  mkdir -p "/etc/docker/certs.d/$TLS_REGISTRY_ADDR"
+  cp "$TLS_DIR/ca.crt" "/etc/docker/certs.d/$TLS_REGISTRY_ADDR/ca.crt"
+  cat >"$TLS_DIR/registry.yml" <<CFG
+version: 0.1
+log:
+  level: info
+storage:
+  filesystem:
+    rootdirectory: $TLS_REGISTRY_DATA
+  delete:
+    enabled: true
+auth:
+  htpasswd:
+    realm: fleet-registry
+    path: $TLS_DIR/htpasswd
+http:
+  addr: $TLS_REGISTRY_ADDR
+  tls:
+    certificate: $TLS_DIR/server.crt
+    key: $TLS_DIR/server.key
+  headers:
+    X-Content-Type-Options: [nosniff]
+CFG
+  if ! our_pid tlsregistry docker-regist >/dev/null; then
+    log "tlsregistry: starting on https://$TLS_REGISTRY_ADDR (log: $LOG_DIR/tlsregistry.log)"
+    setsid /usr/bin/docker-registry serve "$TLS_DIR/registry.yml" >>"$LOG_DIR/tlsregistry.log" 2>&1 </dev/null 9>&- &
+    echo $! >"$STATE_DIR/tlsregistry.pid"
+  fi
+  if ! wait_for "tlsregistry: https://$TLS_REGISTRY_ADDR/v2/ (login required)" tlsregistry_ready; then
+    tail -n 20 "$LOG_DIR/tlsregistry.log" >&2 || true
+    die "tlsregistry: not ready after ${WAIT_S}s (see $LOG_DIR/tlsregistry.log)"
+  fi
+}
+
+tlsregistry_stop() {
+  local pid
+  if pid=$(our_pid tlsregistry docker-regist); then
+    log "tlsregistry: stopping (pid $pid)"
+    kill -TERM "$pid"
+    rm -f "$STATE_DIR/tlsregistry.pid"
+  else
+    log "tlsregistry: not running (or not started by this script)"
+  fi
+}
+
+tlsregistry_status() {
+  if [[ -s $TLS_DIR/ca.crt ]] && tlsregistry_ready 2>/dev/null; then
+    echo "tlsregistry: running (https://$TLS_REGISTRY_ADDR, CA $TLS_DIR/ca.crt, user $(<"$TLS_DIR/user"))"
+  else
+    echo "tlsregistry: stopped"; return 3
+  fi
+}
+
 # ---------------------------------------------------------------- main
 [[ $# -ge 1 ]] || usage
 action=$1; shift
 services=("$@")
 [[ ${#services[@]} -gt 0 ]] || services=("${ALL_SERVICES[@]}")
 for s in "${services[@]}"; do
-  [[ $s == docker || $s == registry ]] || die "unknown service '$s' (known: ${ALL_SERVICES[*]})"
+  [[ $s == docker || $s == registry || $s == tlsregistry ]] || die "unknown service '$s' (known: ${ALL_SERVICES[*]})"
 done
 case $action in start | stop | status | restart) ;; *) die "unknown action '$action' (start|stop|status|restart)" ;; esac
 

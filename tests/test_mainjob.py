@@ -1,4 +1,4 @@
-"""The README's main job (`make demo`): deploy the embedded target, gate it, load-test it."""
+"""The main job on the embedded target (`python -m flow main`): serve, gate and load-test in one process."""
 
 from __future__ import annotations
 
@@ -19,14 +19,21 @@ def test_main_job_end_to_end(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "main"
-    p = subprocess.run([sys.executable, "-m", "pipeline.mainjob", "--out", str(out), "--port", str(port)],
+    p = subprocess.run([sys.executable, "-m", "flow", "main", "--out", str(out), "--port", str(port)],
                        cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-4000:]
     last = json.loads(p.stdout.strip().splitlines()[-1])
     assert last == {"verdict": "PASS", "out": str(out)}
-    summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["stages"]) == {"deploy", "gate", "loadtest"}
+    report = json.loads((out / "report.json").read_text())
+    names = [s["name"] for s in report["stages"]]
+    assert names == ["deploy", "gate", "loadtest", "promote"], names
     assert json.loads((out / "gate" / "report.json").read_text())["summary"]["verdict"] == "PASS"
-    assert (out / "index.html").is_file() and (out / "junit.xml").is_file()
-    assert any((out / "loadtest").iterdir())
+    lt = next(s for s in report["stages"] if s["name"] == "loadtest")
+    assert lt["ok"] and lt["data"]["capacity"] >= 1
+    page = (out / "index.html").read_text()
+    # the page links the gate and load-test reports, and both exist
+    assert "gate/report.html" in page and "loadtest/capacity.html" in page
+    assert (out / "gate" / "report.html").is_file() and (out / "loadtest" / "capacity.html").is_file()
+    assert report["headline"]["capacity (users meeting the SLOs)"] == lt["data"]["capacity"]
+    assert (out / "junit.xml").is_file()
     assert f"all reports under {out}" in p.stderr

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from rollout import REPO_ROOT
-from rollout.testbed import TEST_HOSTS as HOSTS
-from rollout.testbed import TEST_REPO as REPO
-from rollout.testbed import testhosts_sh
+from tests.support.testbed import TEST_HOSTS as HOSTS
+from tests.support.testbed import TEST_REPO as REPO
+from tests.support.testbed import registry_login, testhosts_sh
 
 N_HOSTS = len(HOSTS)
 
@@ -24,8 +24,10 @@ def _skip_reason() -> str | None:
         return "needs root (network namespaces, dockerd)"
     if not Path("/usr/sbin/sshd").exists():
         return "needs openssh-server (.ci/stages/rollout.sh installs it)"
-    if not (REPO_ROOT / ".cache/ansible-collections/ansible_collections/community/docker").is_dir():
-        return "needs the collections in .cache/ansible-collections (.ci/stages/rollout.sh)"
+    from rollout import collections
+
+    if collections.missing():
+        return f"needs the Ansible collections ({', '.join(collections.missing())}): make setup installs them"
     return None
 
 
@@ -34,26 +36,46 @@ def services():
     why = _skip_reason()
     if why:
         pytest.skip(why)
-    subprocess.run(["bash", "scripts/services.sh", "start", "docker", "registry"], check=True, cwd=REPO_ROOT)
+    subprocess.run(["bash", "scripts/services.sh", "start", "docker", "registry", "tlsregistry"], check=True,
+                   cwd=REPO_ROOT)
     import docker
 
     return docker.from_env(timeout=300)
 
 
+# A serving image that exits at once with an error on stderr (restart policy: it crash-loops).
+CRASH_DOCKERFILE = """FROM local/bookworm-py:latest
+LABEL org.fleet.engine="embedded" org.fleet.target="pcie,nvlink"
+ENTRYPOINT ["python3", "-c", "import sys; print('loading weights'); sys.exit('fatal: simulated CUDA init failure')"]
+"""
+
+
+def _push(client, ref: str, auth: dict) -> None:
+    repo, _, tag = ref.rpartition(":")
+    for line in client.images.push(repo, tag=tag, stream=True, decode=True, auth_config=auth):
+        assert "error" not in line, line
+
+
 @pytest.fixture(scope="session")
 def images(services):
-    """rc1 and rc2 (same build, two tags), `bad` (the base image: no engine inside, never healthy)."""
-    from rollout import cpuimage
+    """On the TLS + login registry: rc1 and rc2 (same build, two tags), `crash` (exits at once, crash-loops),
+    `nvlink-only` (the CPU image labelled for the nvlink fleet only: refused on pcie hosts)."""
+    import io
 
-    cpuimage.build(f"{REPO}:rc1", push=True)
+    from tests.support import cpuimage
+
+    auth = registry_login()
+    services.login(registry=REPO.split("/")[0], **auth)
+    cpuimage.build(f"{REPO}:rc1", push=True, auth_config=auth)
     img = services.images.get(f"{REPO}:rc1")
     img.tag(REPO, "rc2")
-    for line in services.images.push(REPO, tag="rc2", stream=True, decode=True):
-        assert "error" not in line, line
-    services.images.get(cpuimage.BASE_IMAGE).tag(REPO, "bad")
-    for line in services.images.push(REPO, tag="bad", stream=True, decode=True):
-        assert "error" not in line, line
-    return {"rc1": f"{REPO}:rc1", "rc2": f"{REPO}:rc2", "bad": f"{REPO}:bad"}
+    _push(services, f"{REPO}:rc2", auth)
+    cpuimage.build(f"{REPO}:nvlink-only", push=True, targets="nvlink", auth_config=auth)
+    services.images.build(fileobj=io.BytesIO(CRASH_DOCKERFILE.encode()), tag=f"{REPO}:crash", network_mode="host",
+                          rm=True, pull=False)
+    _push(services, f"{REPO}:crash", auth)
+    return {"rc1": f"{REPO}:rc1", "rc2": f"{REPO}:rc2", "crash": f"{REPO}:crash",
+            "nvlink-only": f"{REPO}:nvlink-only"}
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +93,7 @@ def testhosts(services, tmp_path_factory):
 @pytest.fixture(scope="session")
 def scrambled_model(tmp_path_factory):
     from pipeline.embedded import default_model_path
-    from rollout.cpuimage import scramble_gguf
+    from tests.support.cpuimage import scramble_gguf
 
     p = tmp_path_factory.mktemp("badmodel") / "model.gguf"
     scramble_gguf(default_model_path(), p)

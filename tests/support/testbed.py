@@ -74,8 +74,10 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
         "ansible_user": "root",
         "ansible_python_interpreter": "/usr/bin/python3",
         "ansible_ssh_private_key_file": str((testhosts_dir / "id_ed25519").resolve()),
-        "rollout_registry": "127.0.0.1:5000",
-        "rollout_registry_auth": False,
+        "rollout_registry": TEST_REGISTRY,
+        "rollout_registry_auth": True,
+        "rollout_registry_tls": True,
+        "rollout_registry_ca_bundle": str(REGISTRY_CA),
         "rollout_state_dir": str((data / "state").resolve()),
         "serve_engine": "embedded",
         "serve_restart_policy": "unless-stopped",
@@ -111,7 +113,20 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
     return out
 
 
-TEST_REGISTRY = "127.0.0.1:5000"
+# The tests' registry: TLS (a private CA) + htpasswd logins, started by `scripts/services.sh start tlsregistry`.
+TEST_REGISTRY = "127.0.0.1:5443"
+TLS_DIR = Path(os.environ.get("SERVICES_STATE_DIR", "/run/fleet-services")) / "tlsregistry"
+REGISTRY_CA = TLS_DIR / "ca.crt"
+
+
+def registry_login() -> dict[str, str]:
+    """The TLS registry's user and password (files written by scripts/services.sh, 0600)."""
+    return {"username": (TLS_DIR / "user").read_text().strip(), "password": (TLS_DIR / "password").read_text().strip()}
+
+
+def registry_env() -> dict[str, str]:
+    login = registry_login()
+    return {"ROLLOUT_REGISTRY_USER": login["username"], "ROLLOUT_REGISTRY_PASSWORD": login["password"]}
 # Namespace prefix, /16 and first port of the tests' hosts (tests/rollout). Override them to run beside
 # another fleet, e.g. one left by a killed run: testhosts.sh refuses a namespace another run still uses.
 TEST_PREFIX = os.environ.get("ROLLOUT_TESTHOSTS_PREFIX", "rt")
@@ -130,8 +145,10 @@ TEST_REPO = f"{TEST_REGISTRY}/rollout-test-cpu"
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 900):
-    """`python -m rollout ARGS` as a subprocess (what `make deploy` runs), output captured."""
-    e = dict(os.environ)
+    """`python -m flow deploy ...` (what `make deploy` runs) or `python -m rollout status|rollback ...`, with the
+    registry login in the environment unless `env` overrides it; output captured."""
+    e = {**os.environ, **registry_env()}
     e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "rollout", *args], capture_output=True, text=True, cwd=REPO_ROOT,
+    module = "flow" if args[0] in ("deploy", "main", "demo") else "rollout"
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO_ROOT,
                           env=e, timeout=timeout)

@@ -65,21 +65,22 @@ def _context() -> Path:
     return CONTEXT
 
 
-def build(tag: str, push: bool = True) -> dict:
-    """docker build images/cpu (legacy builder, host network) as `tag`, then push it."""
+def build(tag: str, push: bool = True, targets: str = "pcie,nvlink", auth_config: dict | None = None) -> dict:
+    """docker build images/cpu (legacy builder, host network) as `tag`, then push it. `targets` is the
+    image's org.fleet.target label (a label only: the layers are shared between label variants)."""
     client = _docker()
     ensure_base(client)
     ctx = _context()
     try:
         image, _ = client.images.build(path=str(ctx), tag=tag, network_mode="host", rm=True, pull=False,
-                                       buildargs={"BASE_IMAGE": BASE_IMAGE})
+                                       buildargs={"BASE_IMAGE": BASE_IMAGE, "FLEET_TARGETS": targets})
     except Exception as exc:  # docker.errors.BuildError carries the log
         log = "".join(x.get("stream", "") for x in getattr(exc, "build_log", []) or [])[-1500:]
         raise TargetError(f"cpu image build failed: {exc}\n{log}") from None
     out = {"tag": tag, "id": image.id}
     if push:
         repo, _, t = tag.rpartition(":")
-        for line in client.images.push(repo, tag=t, stream=True, decode=True):
+        for line in client.images.push(repo, tag=t, stream=True, decode=True, auth_config=auth_config):
             if "error" in line:
                 raise TargetError(f"push {tag} failed: {line['error']}")
     return out
@@ -157,3 +158,9 @@ def scramble_gguf(src: str | Path, dst: str | Path, tensor: str = "token_embd.we
         f.write(b"".join(blob[i * row_bytes:(i + 1) * row_bytes] for i in order))
     sha = hashlib.sha256(dst.read_bytes()).hexdigest()
     return {"tensor": tensor, "rows": rows, "row_bytes": row_bytes, "sha256": sha}
+
+
+if __name__ == "__main__":  # make cpu-image IMAGE=registry/name:tag
+    import json
+
+    print(json.dumps(build(sys.argv[1])))

@@ -1,0 +1,99 @@
+"""`make demo`: the product's real path on an embedded fleet on this machine (root).
+
+patch series checked -> CPU serving image built and pushed to a local TLS + login registry -> two SSH test
+hosts (network namespaces) -> `flow.promote.deploy` (Ansible deploy, gate, load test, promotion) -> one
+page (runs/demo-*/index.html) with verdict, capacity, TTFT p95 and accept length on top, linking every
+report. The hosts and their containers are removed at the end; the registry and dockerd keep running.
+
+What differs from a GPU fleet is the test bed's (tests/support/testbed.py, docs/rollout.md): the embedded
+engine instead of sglang, recorded nvidia-smi outputs, one shared Docker engine, the lean gate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from flow import promote
+from flow.report import Stage, write
+from patches import DEFAULT_VERSION, load_series, series_dir_for
+from pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError
+from pipeline.reports import new_run_dir
+from rollout import REPO_ROOT
+from rollout.config import RolloutConfig
+
+PREFIX, NET, BASE_PORT = "dm", "10.234", 18300
+GATE = REPO_ROOT / "tests" / "rollout" / "fixtures" / "gate-embedded-lean.yaml"
+
+
+def _say(msg: str) -> None:
+    print(f"demo: {msg}", file=sys.stderr, flush=True)
+
+
+def run(out: str | None = None) -> int:
+    if os.geteuid() != 0:
+        raise UsageError("make demo needs root (Docker engine, TLS registry, SSH test hosts); without root run: "
+                         "make demo-light")
+    import docker
+
+    from tests.support import cpuimage
+    from tests.support.testbed import TEST_REGISTRY, registry_env, registry_login, testhosts_sh, write_inventory
+
+    run_dir = Path(out) if out else new_run_dir(REPO_ROOT / "runs", "demo")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stages: list[Stage] = []
+    t0 = time.monotonic()
+
+    t = time.monotonic()
+    series = load_series(series_dir_for(DEFAULT_VERSION))
+    stages.append(Stage("series", True, f"sglang {DEFAULT_VERSION}: {len(series.patches)} patches, sha256 "
+                        f"{series.sha256[:12]} (parsed and hashed; `make patches-check` applies it)",
+                        time.monotonic() - t))
+    _say(stages[-1].summary)
+
+    t = time.monotonic()
+    subprocess.run(["bash", "scripts/services.sh", "start", "docker", "registry", "tlsregistry"], check=True,
+                   cwd=REPO_ROOT)
+    auth = registry_login()
+    client = docker.from_env(timeout=600)
+    client.login(registry=TEST_REGISTRY, **auth)
+    image = f"{TEST_REGISTRY}/fleet-demo-cpu:{run_dir.name}"[:200]
+    _say(f"building and pushing {image} ...")
+    built = cpuimage.build(image, push=True, auth_config=auth)
+    stages.append(Stage("image", True, f"{image} built ({built['id'][:19]}) and pushed over TLS with a login",
+                        time.monotonic() - t))
+
+    t = time.monotonic()
+    hosts_dir = run_dir / "testhosts"
+    testhosts_sh("start", "2", str(hosts_dir), prefix=PREFIX, net=NET)
+    try:
+        inv = write_inventory(run_dir / "inventory", hosts_dir, base_port=BASE_PORT, startup_budget_s=180)
+        stages.append(Stage("fleet", True, f"2 SSH test hosts {PREFIX}1 (pcie), {PREFIX}2 (nvlink) in network "
+                            "namespaces", time.monotonic() - t))
+        cfg = RolloutConfig(inventory=str(inv), runs_dir=str(run_dir), gate_config=str(GATE), loadtest_max_load=2)
+        os.environ.update(registry_env())
+        rc, deploy_dir = promote.deploy(cfg, "all", image)
+    finally:
+        testhosts_sh("stop", str(hosts_dir), check=False, prefix=PREFIX, net=NET)
+        for c in client.containers.list(all=True, filters={"label": "org.sglang-fleet.managed=true"}):
+            if c.name in (f"rollout-test-{PREFIX}1", f"rollout-test-{PREFIX}2"):
+                c.remove(force=True)
+    rep = json.loads((deploy_dir / "report.json").read_text())
+    for s in rep["stages"]:
+        stages.append(Stage(s["name"], s["ok"], s["summary"], s["seconds"], s["skipped"],
+                            {k: str(Path(v)) for k, v in s["links"].items()}, s["data"]))
+    stages.append(Stage("reports", True, "the deploy's own page",
+                        links={"deploy page": str(deploy_dir / "index.html")}))
+    verdict = rep["result"].upper()
+    head = {"verdict": verdict, **rep["headline"], "series": series.sha256[:12]}
+    page = write(run_dir, "Demo — embedded fleet", verdict, head, stages,
+                 {"action": "demo", "image": image, "run_dir": str(run_dir), "deploy_run": str(deploy_dir),
+                  "wall_s": round(time.monotonic() - t0, 1)})
+    print(f"{verdict}: capacity {head['capacity (users meeting the SLOs)']} users, TTFT p95 "
+          f"{head['TTFT p95 at capacity (ms)']} ms, accept length {head['accept length']}; page {page}",
+          file=sys.stderr)
+    return EXIT_OK if rc == 0 else EXIT_FAIL

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Everything `make test` needs besides the venv, prepared idempotently; on a prepared machine every step
+# is a check that takes well under a second. As root (CI is root): the Debian packages, dockerd, the
+# plain and the TLS+htpasswd registries, the bootstrapped base image, the CI images of both targets
+# (tests/images), sshd for the netns test hosts (the rollout tests start the hosts themselves). The
+# Ansible collections come with `make setup`. Not root: says which tests will skip, changes nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+step() { echo "::: test-prepare: $* ($(( $(date +%s) - t0 ))s)"; }
+if [[ $(id -u) -ne 0 ]]; then
+  echo "test-prepare: not root: Docker, registry and SSH-host tests will skip (run make test as root to include them)"
+  exit 0
+fi
+PKGS=(docker.io docker-registry mmdebstrap debootstrap iproute2 openssh-server openssh-client python3-requests
+      patch ca-certificates curl apache2-utils)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  step "apt: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -o DPkg::Lock::Timeout=300 update -qq
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+step "services"
+scripts/services.sh start docker registry tlsregistry
+step "base image"
+scripts/base-image.sh
+targets=${IMAGE_CI_TARGETS:-pcie nvlink}
+need_images=0
+for t in $targets; do
+  docker image inspect "sglang-fleet-ci:0.5.23-$t-rc1" >/dev/null 2>&1 || need_images=1
+done
+if ((need_images)); then
+  step "CI images ($targets): building (minutes on 2 cores: 449 s measured 2026-12-01)"
+  bash .ci/stages/images.sh
+fi
+step "done"
