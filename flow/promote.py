@@ -34,6 +34,7 @@ from rollout import deploy as ro
 from rollout import registry
 from rollout.config import RolloutConfig
 from rollout.inventory import Inventory
+from rollout.serve_args import check_serve_command
 
 
 def _log(quiet: bool) -> Callable[[str], None]:
@@ -53,6 +54,24 @@ def transport(cfg: RolloutConfig, inv: Inventory, hosts: list[str]) -> registry.
 
 
 # ------------------------------------------------------------------------------------------ stages
+def serve_args_stage(cfg: RolloutConfig, hosts_pattern: str, image: str) -> Stage:
+    """Render each target host's server command (no connection) and run the DDTree rules on it:
+    a budget the block cannot hold, a backend without a tree mask, overlap scheduling left on, ... is
+    UsageError (exit 2) here, before anything changes, not an sglang startup failure after the old
+    server is stopped."""
+    t0 = time.monotonic()
+    rendered = ro.render(cfg, hosts_pattern, image)
+    found: dict[str, Any] = {}
+    for host, spec in sorted(rendered.items()):
+        cmd = [str(x) for x in ((spec or {}).get("command") or [])]
+        r = check_serve_command(host, cmd)
+        if r is not None:
+            found[host] = {"budget": r.budget, "topk": r.topk, "verify_width": r.verify_width}
+    summary = (", ".join(f"{h}: DDTree budget {v['budget']} top-k {v['topk']} (verify width {v['verify_width']})"
+                         for h, v in found.items()) or "no DDTree host among the targets")
+    return Stage("serve-args", True, summary, seconds=time.monotonic() - t0, data=found)
+
+
 def gate_stage(url: str, out: Path, gate_cfg: Any, *, quiet: bool = False, name: str = "gate") -> Stage:
     """The validation gate, in process, against `url`; reports under `out`."""
     from validation.gate import run_gate
@@ -142,7 +161,7 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
     lt_cfg = loadtest_config(cfg, inv.endpoint(hosts[0])) if cfg.loadtest and cfg.gate and not check else None
     digest = None
     reg = None
-    stages: list[Stage] = []
+    stages: list[Stage] = [serve_args_stage(cfg, hosts_pattern, str(ref))]
     if image_tarball:
         labels = fit.tarball_labels(image_tarball)
     else:
