@@ -44,6 +44,8 @@ class DetectorThresholds(StrictModel):
     loop_min_repeats: int = Field(default=4, ge=2)
     loop_min_tokens: int = Field(default=24, ge=2)
     loop_min_share: float = Field(default=0.6, gt=0, le=1, description="or: the loop is most of a short answer")
+    loop_short_max_period: int = Field(default=3, ge=1, description="or: a block this short ...")
+    loop_short_min_repeats: int = Field(default=6, ge=2, description="... repeated this often")
     # token_soup
     lexicon_size: int = Field(default=200_000, ge=1000)
     soup_min_words: int = Field(default=8, ge=1)
@@ -62,11 +64,31 @@ class DetectorThresholds(StrictModel):
     collapse_max_symbol_share: float = Field(default=0.35, gt=0, le=1)
     collapse_last_words: int = Field(default=12, ge=4)
     collapse_last_unknown_rate: float = Field(default=0.25, gt=0, le=1)
+    # subword_repeat: a unit of 2-8 letters repeated without spaces
+    subword_min_repeats: int = Field(default=4, ge=2)
+    subword_min_chars: int = Field(default=12, ge=4)
+    # mojibake: stray symbols in one token, or within a window of 24 characters
+    mojibake_token_odd: int = Field(default=2, ge=1)
+    mojibake_window_odd: int = Field(default=4, ge=2)
+    # word_order: determiner-before-function-word pairs and glued words
+    word_order_min_events: int = Field(default=2, ge=1)
+    word_order_min_rate: float = Field(default=0.02, ge=0, le=1)
+    # near_repeat: one stem dominating a window; sentences that are near-copies of each other
+    stutter_window: int = Field(default=16, ge=4)
+    stutter_min_share: float = Field(default=0.4, gt=0, le=1)
+    near_repeat_min_words: int = Field(default=6, ge=2)
+    near_repeat_similarity: float = Field(default=0.7, gt=0, le=1)
+    near_repeat_min_copies: int = Field(default=3, ge=2)
+    near_repeat_min_share: float = Field(default=0.5, gt=0, le=1)
+    exact_repeat_min_copies: int = Field(default=4, ge=2)
+    exact_repeat_min_share: float = Field(default=0.6, gt=0, le=1)
+    near_repeat_max_sentences: int = Field(default=400, ge=10, description="cost bound (pairwise comparison)")
 
     @field_validator("disabled")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        known = {"empty", "char_run", "ngram_loop", "token_soup", "bad_chars", "script_salad", "collapse"}
+        known = {"empty", "char_run", "ngram_loop", "token_soup", "bad_chars", "script_salad", "collapse",
+                 "subword_repeat", "mojibake", "word_order", "near_repeat"}
         unknown = sorted(set(v) - known)
         if unknown:
             raise ValueError(f"unknown detector(s) {unknown}; known: {sorted(known)}")
