@@ -186,6 +186,23 @@ class FluencyJudge:
             out.append((int(t["id"]), piece if isinstance(piece, str) else bytes(piece).decode("utf-8", "replace")))
         return out
 
+    def _nll_from_hidden(self, h: Any, n_prefix: int, targets: list[int]) -> list[float]:
+        """NLL of each target token: hidden state of position p (normed) x output embedding -> log-softmax."""
+        import numpy as np
+
+        logits = h[n_prefix - 1 : n_prefix - 1 + len(targets)] @ self._w.T
+        m = logits.max(axis=1)
+        lse = np.log(np.exp(logits - m[:, None]).sum(axis=1)) + m
+        return [float(x) for x in lse - logits[np.arange(len(targets)), np.asarray(targets)]]
+
+    def token_nll(self, prefix_ids: list[int], ids: list[int]) -> list[float]:
+        """NLL (nats) of every token of ids after prefix_ids (at least one prefix token)."""
+        import numpy as np
+
+        emb = self._post("/embedding", {"content": prefix_ids + ids})
+        h = np.asarray(emb[0]["embedding"] if isinstance(emb, list) else emb["embedding"], dtype=np.float32)
+        return self._nll_from_hidden(h, len(prefix_ids), ids)
+
     def score(self, text: str, prompt: str | None = None) -> JudgeScore:
         """Per-token NLL of text (after the chat prefix of prompt) and its worst window. Never raises on bad
         input or a bad server answer: the reason is in JudgeScore.error."""
@@ -219,13 +236,7 @@ class FluencyJudge:
         finally:
             self.busy_s += time.perf_counter() - t0
         t1 = time.perf_counter()
-        # position p predicts token p+1: score the text tokens from the last prefix position on
-        start = len(prefix) - 1
-        logits = h[start:-1] @ self._w.T
-        m = logits.max(axis=1)
-        lse = np.log(np.exp(logits - m[:, None]).sum(axis=1)) + m
-        target = np.asarray([i for i, _ in toks])
-        nll = (lse - logits[np.arange(len(toks)), target]).astype(float)
+        nll = self._nll_from_hidden(h, len(prefix), [i for i, _ in toks])
         self.busy_s += time.perf_counter() - t1
         capped = [min(float(x), cfg.max_token_nll) for x in nll]
         keep = [k for k, (_, piece) in enumerate(toks) if not any(c.isdigit() for c in piece)]

