@@ -61,9 +61,10 @@ FAMILY_CLASS = {"code_python": "code", "code_js": "code", "json": "json", "yaml"
                 "list": "list", "steps": "list", "repeated_structure": "list", "test_log": "code"}
 
 
-def real_answers(url: str, seed: int, temps: list[float], max_tokens: int) -> list[dict[str, Any]]:
+def real_answers(url: str, seed: int, temps: list[float], max_tokens: int, extra: int) -> list[dict[str, Any]]:
     suite = load_suite(GateConfig().suite)
-    prompts = [(p.category, p.prompt) for p in suite.prompts] + EXTRA_PROMPTS
+    pick = random.Random(seed).sample(EXTRA_PROMPTS, min(extra, len(EXTRA_PROMPTS)))
+    prompts = [(p.category, p.prompt) for p in suite.prompts] + pick
     client = OpenAIClient(url, timeout_s=300)
     jobs = [(cat, pr, t) for t in temps for cat, pr in prompts]
 
@@ -86,7 +87,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--n", type=int, default=6, help="items per generated family")
-    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=120)
+    ap.add_argument("--extra-prompts", type=int, default=4, help="varied prompts beside the 8 suite prompts")
     ap.add_argument("--target", help="an already running embedded-model URL (default: start one)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -102,7 +104,7 @@ def main() -> int:
         srv = EmbeddedServer(EmbeddedConfig(port=port), REPO / "runs" / f"families-{args.seed}").start()
         url = srv.url
     try:
-        real = real_answers(url, args.seed, cfg.temperatures, args.max_tokens)
+        real = real_answers(url, args.seed, cfg.temperatures, args.max_tokens, args.extra_prompts)
     finally:
         if srv:
             srv.stop()

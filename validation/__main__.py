@@ -43,6 +43,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         o["lossless"] = {"baseline": args.baseline}
     if getattr(args, "speculative", False):
         o["spec"] = {"enabled": "on"}
+    if getattr(args, "no_judge", False):
+        o["judge"] = {"enabled": False}
     return o
 
 
@@ -196,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", help="model name (default: the first from /v1/models)")
     r.add_argument("--temperatures", help="comma-separated, overrides the config")
     r.add_argument("--baseline", help="baseline JSON for the lossless T=0 check")
+    r.add_argument("--no-judge", action="store_true", help="skip the fluency judge (reported as skipped)")
     r.add_argument("--speculative", action="store_true",
                    help="the deployment uses speculative decoding (spec.enabled: on): lossless baseline required")
     c = sub.add_parser("check-text", help="score texts offline: one JSON line per input line")
