@@ -64,6 +64,12 @@ def main() -> int:
               "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "runs": args.runs,
               "median_s": round(statistics.median(walls), 1), "min_s": round(min(walls), 1),
               "max_s": round(max(walls), 1), "walls_s": [round(w, 1) for w in walls], "verdicts": verdicts}
+    with_judge = [p["judge"] for p in pairs if p.get("judge") and p["judge"]["judge_s"] is not None]  # type: ignore[index]
+    if with_judge:  # the judge's own phase (start + scoring) against the rest of the same gate run
+        shares = [j["judge_s"] / (j["wall_s"] - j["judge_s"]) for j in with_judge]  # type: ignore[index,operator]
+        result["judge_share"] = {"per_run": [round(x, 3) for x in shares],
+                                 "median": round(statistics.median(shares), 3),
+                                 "judge_s": [j["judge_s"] for j in with_judge]}  # type: ignore[index]
     if args.judge_cost:
         on = [float(p["judge"]["wall_s"]) for p in pairs]  # type: ignore[index]
         off = [float(p["nojudge"]["wall_s"]) for p in pairs]  # type: ignore[index]
