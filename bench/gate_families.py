@@ -138,7 +138,7 @@ def main() -> int:
             findings = [f"{f.check}: {f.reason}" for f in score_text(it["text"], cfg.thresholds)]
             det_s += time.perf_counter() - t0
             sc = judge.score(it["text"], it.get("prompt")) if it["text"].strip() else None
-            limit = threshold_for(cfg.judge, it["category"])
+            limit = threshold_for(cfg.judge, it["category"], prompted=bool(it.get("prompt")))
             it["judge"] = {**sc.as_dict(), "limit": limit} if sc else None
             if sc and sc.error:
                 findings.append(f"fluency: not judged: {sc.error}")

@@ -124,7 +124,8 @@ def cmd_check_text(args: argparse.Namespace) -> int:
 
                 sc = judge.score(it["text"], it.get("prompt"))
                 cls = it.get("prompt_class") or it.get("category")
-                limit = threshold_for(cfg.judge, cls if isinstance(cls, str) else None)
+                limit = threshold_for(cfg.judge, cls if isinstance(cls, str) else None,
+                                      prompted=isinstance(it.get("prompt"), str) and bool(it.get("prompt")))
                 if sc.error:
                     findings.append(_finding("fluency", f"not judged: {sc.error}"))
                 elif (sc.judged >= cfg.judge.min_tokens and sc.worst_window_nll is not None

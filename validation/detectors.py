@@ -500,6 +500,7 @@ def detect_mojibake(text: str, th: DetectorThresholds) -> list[Finding]:
 _DETERMINERS = {"the", "a", "an"}
 _FUNCTION_AFTER_DET = {"the", "a", "an", "of", "to", "and", "in", "is", "was", "for", "with", "on", "at", "by", "from",
                        "or", "but", "as", "it", "that", "are", "were", "be", "this", "then", "into", "its"}
+_A_OK_AFTER = {"and", "or", "is", "was", "are", "were", "be", "it", "that", "as", "but", "then", "this", "its"}
 _PUNCT_GLUE = re.compile(r"(?<![\w.])([a-z]{2,})[,.;:!?]([A-Z][a-z]+)\b")
 _STOP_CAPS = {"The", "And", "Into", "Then", "Of", "For", "With", "From", "That", "This", "But", "Or", "A", "An", "In",
               "On", "At", "To", "Is", "Was", "It", "As", "By"}
@@ -521,8 +522,8 @@ def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
                 toks.append(raw[-1])
         for a, b in itertools.pairwise(toks):
             if a.lower() in _DETERMINERS and (b.lower() in _FUNCTION_AFTER_DET or b in ".,;:!?"):
-                if a == "A" and b in ".,;:!?":
-                    continue  # "grade A." / "plan A,"
+                if a.lower() == "a" and (b in ".,;:!?" or b.lower() in _A_OK_AFTER):
+                    continue  # "plan A.", a variable: "a, b = b, a + b", "if a and b", "a is None"
                 events.append(f"{a} {b}")
     for m in _PUNCT_GLUE.finditer(prose):
         if in_lexicon(m.group(1), st_lang, th.lexicon_size) and in_lexicon(m.group(2), st_lang, th.lexicon_size):
@@ -548,11 +549,17 @@ _LIST_MARK = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#+)\s*")
 
 
 def _norm_words(sentence: str) -> list[str]:
+    """Words of a sentence; numbers become '#' and paths / identifiers are dropped: the parts that
+    legitimately vary between the lines of a test log or the steps of a list."""
     out = []
     for tok in _LIST_MARK.sub("", sentence).split():
+        core = tok.strip(_EDGE)
+        if core and all(c.isdigit() or c in ".,:%-" for c in core) and any(c.isdigit() for c in core):
+            out.append("#")
+            continue
         if _SKIP_TOKEN.search(tok) or any(c.isdigit() for c in tok):
-            continue  # numbers, paths, identifiers: the parts that legitimately vary in logs and steps
-        w = tok.strip(_EDGE).lower()
+            continue
+        w = core.lower()
         if w.isalpha():
             out.append(w)
     return out

@@ -256,8 +256,11 @@ class FluencyJudge:
         return res
 
 
-def threshold_for(cfg: Any, prompt_class: str | None) -> float:
-    """The calibrated worst-window limit of a prompt class (suite categories map onto judge classes)."""
+def threshold_for(cfg: Any, prompt_class: str | None, prompted: bool = True) -> float:
+    """The calibrated worst-window limit of a prompt class (suite categories map onto judge classes);
+    a text judged without its prompt uses the "text" class (it is less predictable without context)."""
+    if not prompted:
+        return float(cfg.max_window_nll.get("text", cfg.max_window_nll["prose"]))
     cls = cfg.class_map.get(prompt_class or "", prompt_class or "prose")
     return float(cfg.max_window_nll.get(cls, cfg.max_window_nll["prose"]))
 

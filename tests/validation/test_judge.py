@@ -31,9 +31,10 @@ def test_missing_model_names_what_to_install() -> None:
 
 
 def test_threshold_per_class() -> None:
-    jc = JudgeConfig(max_window_nll={"prose": 7.0, "code": 9.0})
+    jc = JudgeConfig(max_window_nll={"prose": 7.0, "code": 9.0, "text": 8.0})
     assert threshold_for(jc, "code") == 9.0 and threshold_for(jc, "poem") == 7.0
     assert threshold_for(jc, None) == 7.0 and threshold_for(jc, "unknown-class") == 7.0
+    assert threshold_for(jc, "code", prompted=False) == 8.0
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +67,13 @@ def test_judge_separates_families(judge: FluencyJudge, seed: int) -> None:
             sc = judge.score(text)
             assert sc.error is None
             assert sc.worst_window_nll is None or sc.judged < cfg.min_tokens or \
-                sc.worst_window_nll <= max(cfg.max_window_nll.values()), (fam, text, sc)
+                sc.worst_window_nll <= threshold_for(cfg, None, prompted=False), (fam, text, sc)
     for fam in ("word_shuffle", "soup_tail", "token_soup", "glued_shuffle"):
         for _ in range(3):
             text = corrupt(prose(rng, rng.randint(3, 6)), fam, rng)
             sc = judge.score(text)
-            assert sc.worst_window_nll is not None and sc.worst_window_nll > threshold_for(cfg, "prose"), (fam, text)
+            limit = threshold_for(cfg, None, prompted=False)
+            assert sc.worst_window_nll is not None and sc.worst_window_nll > limit, (fam, text)
 
 
 @pytest.mark.integration
@@ -82,7 +84,7 @@ def test_detectors_and_judge_catch_every_family(judge: FluencyJudge) -> None:
         for _ in range(3):
             text = corrupt(prose(rng, rng.randint(3, 6)), fam, rng)
             sc = judge.score(text)
-            judged_bad = sc.judged >= cfg.min_tokens and (sc.worst_window_nll or 0) > threshold_for(cfg, "prose")
+            judged_bad = sc.judged >= cfg.min_tokens and (sc.worst_window_nll or 0) > threshold_for(cfg, None, False)
             assert score_text(text) or judged_bad, (fam, text, sc)
 
 
