@@ -27,6 +27,36 @@ sys.path.insert(0, str(REPO))
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
 
 
+def _write(args: argparse.Namespace, walls: list[float], verdicts: list[str],
+           pairs: list[dict[str, object]]) -> dict[str, object]:
+    """The result so far, written to --out (after every pair, so an interrupted run leaves its data)."""
+    result: dict[str, object] = {
+        "date": time.strftime("%Y-%m-%d"), "command": "python bench/gate_time.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "runs": args.runs,
+        "median_s": round(statistics.median(walls), 1), "min_s": round(min(walls), 1),
+        "max_s": round(max(walls), 1), "walls_s": [round(w, 1) for w in walls], "verdicts": verdicts}
+    with_judge = [p["judge"] for p in pairs if p.get("judge") and p["judge"]["judge_s"] is not None]  # type: ignore[index]
+    if with_judge:  # the judge's own phase (start + scoring) against the rest of the same gate run
+        shares = [j["judge_s"] / (j["wall_s"] - j["judge_s"]) for j in with_judge]  # type: ignore[index,operator]
+        result["judge_share"] = {"per_run": [round(x, 3) for x in shares],
+                                 "median": round(statistics.median(shares), 3),
+                                 "judge_s": [j["judge_s"] for j in with_judge]}  # type: ignore[index]
+    if args.judge_cost and all("nojudge" in p and "judge" in p for p in pairs):
+        on = [float(p["judge"]["wall_s"]) for p in pairs]  # type: ignore[index]
+        off = [float(p["nojudge"]["wall_s"]) for p in pairs]  # type: ignore[index]
+        js = [float(p["judge"]["judge_s"]) for p in pairs if p["judge"]["judge_s"] is not None]  # type: ignore[index]
+        result["judge_cost"] = {
+            "pairs": pairs, "median_with_judge_s": round(statistics.median(on), 1),
+            "median_without_judge_s": round(statistics.median(off), 1),
+            "median_ratio": round(statistics.median(a / b for a, b in zip(on, off, strict=True)), 3),
+            "judge_s_median": round(statistics.median(js), 1) if js else None,
+            "judge_share_of_gate_without": round(statistics.median(js) / statistics.median(off), 3) if js else None}
+    result["complete_pairs"] = len(pairs)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -58,29 +88,9 @@ def main() -> int:
                     verdicts.append(verdict)
                 print(f"run {i} judge={judge}: {wall:.1f}s {verdict} judge_s={judge_s}", flush=True)
             pairs.append(pair)
-    result: dict[str, object] = {
-              "date": time.strftime("%Y-%m-%d"), "command": "python bench/gate_time.py " + " ".join(sys.argv[1:]),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-              "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "runs": args.runs,
-              "median_s": round(statistics.median(walls), 1), "min_s": round(min(walls), 1),
-              "max_s": round(max(walls), 1), "walls_s": [round(w, 1) for w in walls], "verdicts": verdicts}
-    with_judge = [p["judge"] for p in pairs if p.get("judge") and p["judge"]["judge_s"] is not None]  # type: ignore[index]
-    if with_judge:  # the judge's own phase (start + scoring) against the rest of the same gate run
-        shares = [j["judge_s"] / (j["wall_s"] - j["judge_s"]) for j in with_judge]  # type: ignore[index,operator]
-        result["judge_share"] = {"per_run": [round(x, 3) for x in shares],
-                                 "median": round(statistics.median(shares), 3),
-                                 "judge_s": [j["judge_s"] for j in with_judge]}  # type: ignore[index]
-    if args.judge_cost:
-        on = [float(p["judge"]["wall_s"]) for p in pairs]  # type: ignore[index]
-        off = [float(p["nojudge"]["wall_s"]) for p in pairs]  # type: ignore[index]
-        js = [float(p["judge"]["judge_s"]) for p in pairs if p["judge"]["judge_s"] is not None]  # type: ignore[index]
-        result["judge_cost"] = {
-            "pairs": pairs, "median_with_judge_s": round(statistics.median(on), 1),
-            "median_without_judge_s": round(statistics.median(off), 1),
-            "median_ratio": round(statistics.median(a / b for a, b in zip(on, off, strict=True)), 3),
-            "judge_s_median": round(statistics.median(js), 1) if js else None,
-            "judge_share_of_gate_without": round(statistics.median(js) / statistics.median(off), 3) if js else None}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+            _write(args, walls, verdicts, pairs)
+    result = _write(args, walls, verdicts, pairs)
+
     print(json.dumps(result, indent=2))
     return 0
 
