@@ -67,6 +67,7 @@ class DetectorThresholds(StrictModel):
     # subword_repeat: a unit of 2-8 letters repeated without spaces
     subword_min_repeats: int = Field(default=4, ge=2)
     subword_min_chars: int = Field(default=12, ge=4)
+    subword_min_chars_code: int = Field(default=24, ge=4, description="inside fenced / inline code")
     # mojibake: stray symbols in one token, or within a window of 24 characters
     mojibake_token_odd: int = Field(default=2, ge=1)
     mojibake_window_odd: int = Field(default=4, ge=2)

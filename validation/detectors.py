@@ -405,17 +405,24 @@ _UNIT_LOOP = re.compile(r"([^\W\d_]{2,8}?)\1{3,}", re.U)
 
 
 def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
-    """A sub-word unit repeated without spaces ("refrefrefref"): a token id looped by the engine."""
-    prose = prose_of(text)
-    for m in _UNIT_LOOP.finditer(prose):
+    """A sub-word unit repeated without spaces ("refrefrefref"): a token id looped by the engine.
+    Code is scanned too (a loop can start right after an opening fence), with a longer minimum span."""
+    code = [(m.start(), m.end()) for m in _FENCE.finditer(text)] + [(m.start(), m.end())
+                                                                   for m in _INLINE_CODE.finditer(text)]
+    for m in _UNIT_LOOP.finditer(text):
         unit, span = m.group(1), m.group(0)
-        if len(span) < th.subword_min_chars or len(span) // len(unit) < th.subword_min_repeats:
+        in_code = any(a <= m.start() < b for a, b in code)
+        need = th.subword_min_chars_code if in_code else th.subword_min_chars
+        if len(span) < need or len(span) // len(unit) < th.subword_min_repeats:
             continue
-        word = re.match(r"[^\W\d_]*", prose[m.start():]).group(0)  # type: ignore[union-attr]
+        a = m.start()
+        while a > 0 and text[a - 1].isalpha():
+            a -= 1
+        word = re.match(r"[^\W\d_]*", text[a:]).group(0)  # type: ignore[union-attr]
         if in_lexicon(word, "en", th.lexicon_size):
             continue
-        return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space",
-                        excerpt(prose, m.start(), m.end()))]
+        return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
+                        + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
     return []
 
 

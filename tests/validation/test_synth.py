@@ -63,6 +63,12 @@ def test_issue_classes_fail_by_name() -> None:
     assert "near_repeat" in {f.check for f in score_text("Our galaxy " + "galaxy galaxy galaxies " * 6)}
 
 
+def test_subword_loop_inside_code() -> None:
+    """Seen on held-out seed 20261201: a loop right after an opening fence is still a loop."""
+    assert "subword_repeat" in {f.check for f in score_text("``` SELECT COUNT(*) as c FROM " + "su" * 30)}
+    assert score_text("```python\nassert s == 'abab' * 2  # 'abababab'\n```") == []
+
+
 def test_legitimate_repetition_passes() -> None:
     log = " ".join(f"Test {i} passed." for i in range(1, 30))
     steps = "\n".join(f"{i}. Stir the sauce for one minute and taste it." for i in range(1, 3))
