@@ -7,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).with_name("corpus.jsonl")
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "validation", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=timeout)
 
 
 def assert_one_line_error(p: subprocess.CompletedProcess[str], needle: str) -> None:
@@ -110,3 +112,15 @@ def test_run_empty_model_list(http_peer) -> None:
 def test_run_garbage_model_list(http_peer) -> None:
     http_peer.routes["/v1/models"] = (200, "application/json", b'{"hello": 1}')
     assert_one_line_error(run_cli("run", "--target", http_peer.url), "did not return an OpenAI model list")
+
+
+@pytest.mark.integration
+def test_check_text_with_the_judge_scores_corpus() -> None:
+    """The default check-text (text detectors + fluency judge on the real reference model)."""
+    p = run_cli("check-text", "--scores", str(CORPUS), timeout=900)
+    assert p.returncode == 1, p.stderr
+    rows = [json.loads(x) for x in p.stdout.splitlines()]
+    labels = {json.loads(x)["id"]: json.loads(x)["label"] for x in CORPUS.read_text().splitlines()}
+    wrong = [r for r in rows if r["ok"] != (labels[r["id"]] == "ok")]
+    assert not wrong, wrong
+    assert all("fluency" in r for r in rows)
