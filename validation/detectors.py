@@ -590,7 +590,9 @@ def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
     thermometer ..."), or one word stuttered in its forms ("galaxy galaxy galaxies"). Legitimate repetition
     keeps its repeats identical (a chorus), varies only numbers and names (test logs, numbered steps) or
     repeats a short template with different content (lists)."""
-    prose = prose_of(text)
+    # markdown table rows are left out: cells legitimately repeat ("| test_a | passed |" in every row);
+    # a looping table is ngram_loop's to judge
+    prose = "\n".join(line for line in prose_of(text).splitlines() if line.count("|") < 2)
     # 1) stutter: one stem dominating a short window of words
     words = [_stem(w.lower()) for w in re.findall(r"[^\W\d_]+|\d+", prose)]
     win = min(th.stutter_window, len(words))

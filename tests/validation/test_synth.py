@@ -70,6 +70,8 @@ def test_subword_loop_inside_code() -> None:
 
 
 def test_legitimate_repetition_passes() -> None:
+    table = "| test | result |\n|---|---|\n" + "".join(f"| test_{i} | passed |\n" for i in range(12))
+    assert score_text(table) == []
     log = " ".join(f"Test {i} passed." for i in range(1, 30))
     steps = "\n".join(f"{i}. Stir the sauce for one minute and taste it." for i in range(1, 3))
     assert score_text(log) == [] and score_text(steps) == []
