@@ -1,6 +1,6 @@
 """Render the held-out rates table of docs/validation.md from the raw JSON of bench/gate_families.py.
 
-    python bench/render_gate_table.py docs/gate-heldout-seed20261201.json [--doc docs/validation.md]
+    python bench/render_gate_table.py docs/gate-heldout-seed20261201.json [more.json ...] [--doc docs/validation.md]
 
 Replaces the text between `<!-- heldout-table:start -->` and `<!-- heldout-table:end -->` in the doc
 (nothing in that block is typed by hand); --check exits 1 when the doc is not what the JSON renders.
@@ -48,18 +48,22 @@ def render(res: dict, src: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("result")
+    ap.add_argument("result", nargs="+", help="one or more raw results, rendered in this order")
     ap.add_argument("--doc", default="docs/validation.md")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
-    res = json.loads(Path(a.result).read_text())
+    blocks = []
+    for path in a.result:
+        res = json.loads(Path(path).read_text())
+        blocks.append(f"#### Seed {res['seed']}\n\n" + render(res, path))
     doc = Path(a.doc).read_text()
     if START not in doc or END not in doc:
         print(f"error: {a.doc} has no {START} ... {END} block", file=sys.stderr)
         return 2
     head, rest = doc.split(START, 1)
     _, tail = rest.split(END, 1)
-    new = f"{head}{START}\n{render(res, a.result)}\n{END}{tail}"
+    body = "\n\n".join(blocks)
+    new = f"{head}{START}\n{body}\n{END}{tail}"
     if a.check:
         return 0 if new == doc else 1
     Path(a.doc).write_text(new)
