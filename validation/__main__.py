@@ -41,6 +41,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
     if getattr(args, "baseline", None):
         o["lossless"] = {"baseline": args.baseline}
+    if getattr(args, "speculative", False):
+        o["spec"] = {"enabled": "on"}
+    if getattr(args, "no_judge", False):
+        o["judge"] = {"enabled": False}
     return o
 
 
@@ -57,29 +61,96 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK if result.passed else EXIT_FAIL
 
 
-def cmd_check_text(args: argparse.Namespace) -> int:
-    cfg = load_gate_config(args.config) if args.config else GateConfig()
-    path = Path(args.file)
-    if not path.is_file():
-        raise UsageError(f"file not found: {path}")
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
+MAX_TEXT_CHARS = 200_000
+
+
+def _read_items(path: Path) -> list[dict[str, Any]]:
+    """One item per non-blank line; a bad line becomes an item with an `error` (never an exception)."""
+    items: list[dict[str, Any]] = []
+    for n, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            items.append({"line": n, "id": None, "error": f"line {n}: invalid UTF-8 at byte {exc.start}"})
             continue
         try:
             obj = json.loads(line)
         except ValueError:
-            raise UsageError(f"{path}:{n}: not a JSON object") from None
-        if not isinstance(obj, dict) or "id" not in obj or not isinstance(obj.get("text"), str):
-            raise UsageError(f"{path}:{n}: each line needs \"id\" and a string \"text\"")
-        rows.append(obj)
-    any_bad = False
-    for obj in rows:
-        findings = score_text(obj["text"], cfg.thresholds)
-        any_bad |= bool(findings)
-        print(json.dumps({"id": obj["id"], "ok": not findings,
-                          "reasons": [f"{f.check}: {f.reason}" for f in findings]}, ensure_ascii=False))
+            items.append({"line": n, "id": None, "error": f"line {n}: not a JSON object"})
+            continue
+        if not isinstance(obj, dict):
+            items.append({"line": n, "id": None, "error": f"line {n}: not a JSON object"})
+            continue
+        item_id = obj.get("id", f"line-{n}")
+        if "id" not in obj:
+            items.append({"line": n, "id": None, "error": f"line {n}: no \"id\""})
+        elif not isinstance(obj.get("text"), str):
+            items.append({"line": n, "id": item_id, "error": f"line {n}: no string \"text\""})
+        elif len(obj["text"]) > MAX_TEXT_CHARS:
+            items.append({"line": n, "id": item_id, "error": f"line {n}: text of {len(obj['text'])} characters is "
+                          f"over the {MAX_TEXT_CHARS}-character limit of one answer: not scored"})
+        else:
+            items.append({"line": n, **obj})
+    return items
+
+
+def cmd_check_text(args: argparse.Namespace) -> int:
+    cfg = load_gate_config(args.config) if args.config else GateConfig()
+    if args.no_judge:
+        cfg = cfg.model_copy(update={"judge": cfg.judge.model_copy(update={"enabled": False})})
+    path = Path(args.file)
+    if not path.is_file():
+        raise UsageError(f"file not found: {path}")
+    items = _read_items(path)
+    judge = None
+    if cfg.judge.enabled and any("error" not in it for it in items):
+        from validation.judge import FluencyJudge
+
+        judge = FluencyJudge(cfg.judge).start()
+    any_bad, errors = False, []
+    try:
+        for it in items:
+            if "error" in it:
+                errors.append(it["error"])
+                print(json.dumps({"id": it["id"], "ok": False, "reasons": [], "error": it["error"]},
+                                 ensure_ascii=False))
+                continue
+            findings = score_text(it["text"], cfg.thresholds)
+            row: dict[str, Any] = {"id": it["id"], "ok": True, "reasons": []}
+            if judge is not None:
+                from validation.judge import threshold_for
+
+                sc = judge.score(it["text"], it.get("prompt"))
+                cls = it.get("prompt_class") or it.get("category")
+                limit = threshold_for(cfg.judge, cls if isinstance(cls, str) else None,
+                                      prompted=isinstance(it.get("prompt"), str) and bool(it.get("prompt")))
+                if sc.error:
+                    findings.append(_finding("fluency", f"not judged: {sc.error}"))
+                elif (sc.judged >= cfg.judge.min_tokens and sc.worst_window_nll is not None
+                      and sc.worst_window_nll > limit):
+                    findings.append(_finding("fluency", f"worst {cfg.judge.window}-token window has mean NLL "
+                                             f"{sc.worst_window_nll:.2f} nats > {limit:.2f}: "
+                                             f"{sc.worst_window_text[:60]!r}"))
+                if args.scores:
+                    row["fluency"] = {**sc.as_dict(), "limit": limit}
+            any_bad |= bool(findings)
+            row["ok"] = not findings
+            row["reasons"] = [f"{f.check}: {f.reason}" for f in findings]
+            print(json.dumps(row, ensure_ascii=False))
+    finally:
+        if judge is not None:
+            judge.stop()
+    if errors:
+        raise UsageError(f"{len(errors)} bad input line(s) in {path} (reported per item above); first: {errors[0]}")
     return EXIT_FAIL if any_bad else EXIT_OK
+
+
+def _finding(check: str, reason: str) -> Any:
+    from validation.detectors import Finding
+
+    return Finding(check, reason)
 
 
 def cmd_record_baseline(args: argparse.Namespace) -> int:
@@ -128,9 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", help="model name (default: the first from /v1/models)")
     r.add_argument("--temperatures", help="comma-separated, overrides the config")
     r.add_argument("--baseline", help="baseline JSON for the lossless T=0 check")
+    r.add_argument("--no-judge", action="store_true", help="skip the fluency judge (reported as skipped)")
+    r.add_argument("--speculative", action="store_true",
+                   help="the deployment uses speculative decoding (spec.enabled: on): lossless baseline required")
     c = sub.add_parser("check-text", help="score texts offline: one JSON line per input line")
-    c.add_argument("file")
+    c.add_argument("file", help='JSONL: {"id", "text", optional "prompt", "prompt_class"} per line')
     c.add_argument("--config")
+    c.add_argument("--no-judge", action="store_true", help="text detectors only (no fluency judge)")
+    c.add_argument("--scores", action="store_true", help="add the judge's scores to every row")
     b = sub.add_parser("record-baseline", help="record T=0 answers of a non-speculative deployment")
     b.add_argument("--target", required=True)
     b.add_argument("--out", required=True)

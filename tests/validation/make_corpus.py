@@ -8,6 +8,10 @@ import json
 from pathlib import Path
 
 OK = {
+    "json_tech_line": '{"served_model_name": "kimi-k2.6", "attention_backend": "flashinfer", "speculative_algorithm": '
+                      '"DDTREE", "nccl_p2p_level": "NVL", "kv_cache_dtype": "fp8_e4m3", "cuda_graph_max_bs": 128}',
+    "numbered_same_start": "1. Use a food thermometer to check the chicken.\n2. Rest the meat for five minutes.\n"
+                           "3. Slice it against the grain and serve.",
     "md_table": "| Animal | Sound |\n|--------|-------|\n| Dog    | Woof  |\n| Cat    | Meow  |\n| Cow    | Moo   |",
     "md_table_wide": "| Model | Budget | Top-k | tok/s |\n|:------|-------:|------:|------:|\n| chain | 7 | 1 | 98.2 |\n"
                      "| tree | 16 | 4 | 150.4 |\n| tree | 32 | 8 | 141.0 |",
@@ -75,6 +79,16 @@ OK = {
 }
 
 BAD = {
+    "digit_flood": ("char_run", "Salt wind over " + "0" * 64),
+    "subword_loop": ("subword_repeat", "Speculative decoding " + "ref" * 16),
+    "mojibake_tail": ("mojibake", "The moon rose and painted the lake with its silverŠŽ™''Ž€"
+                      "ド丂˜ˆ"),
+    "glued_shuffle": ("word_order", "panInto minutes,Milk for it of eggs, andThenFlour the. whisk a the pinch of"),
+    "thermometer_repeat": ("near_repeat", "1. Use a food thermometer to check that the chicken is cooked through. "
+                           "2. Use a food thermometer to check that the chicken is fully cooked through. 3. Use a "
+                           "food thermometer to check the chicken is cooked all the way through."),
+    "galaxy_stutter": ("near_repeat", "Our galaxy is huge. galaxy galaxy galaxies galaxy, galaxy the galaxies "
+                       "galaxy galaxy galaxies galaxy galaxy"),
     "seed_bang": ("char_run", "The.r!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"),
     "seed_glued": ("token_soup", "poemownersWrite"),
     "seed_glued_ctx": ("token_soup", "Here is a poemownersWrite about theoceanWaves rolling in."),

@@ -24,9 +24,15 @@ def test_gate_passes_embedded_model_at_every_temperature(embedded_target: Embedd
     for t in ("0", "0.6", "0.8", "1"):
         assert {f"char_run@T{t}", f"token_soup@T{t}", f"ngram_loop@T{t}"} <= names
     assert {"determinism_sequential", "determinism_concurrent", "variation_distinct", "finish_usage"} <= names
+    for t in ("0", "0.6", "0.8", "1"):
+        assert {f"fluency@T{t}", f"near_repeat@T{t}", f"mojibake@T{t}"} <= names
+    skipped = {c.name: c.message for c in result.cases if c.skipped}
+    assert "no baseline" in skipped["lossless_t0"] and "speed_vs_baseline" in skipped
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["summary"]["verdict"] == "PASS" and report["summary"]["model"] == "smollm2-135m-instruct"
     assert (tmp_path / "junit.xml").is_file() and (tmp_path / "report.html").is_file()
+    assert report["summary"]["judge_s"] > 0
+    assert {x["name"] for x in report["summary"]["skipped_checks"]} >= {"lossless_t0", "speed_vs_baseline"}
 
 
 def _degenerate_cfg(extra: dict) -> object:

