@@ -54,6 +54,11 @@ def transport(cfg: RolloutConfig, inv: Inventory, hosts: list[str]) -> registry.
 
 
 # ------------------------------------------------------------------------------------------ stages
+def _speculative(hostvars: dict[str, Any]) -> bool:
+    return (hostvars.get("serve_engine", "sglang") == "sglang"
+            and str(hostvars.get("serve_spec_algorithm") or "").upper() in ("DFLASH", "DDTREE"))
+
+
 def serve_args_stage(cfg: RolloutConfig, hosts_pattern: str, image: str) -> Stage:
     """Render each target host's server command (no connection) and run the DDTree rules on it:
     a budget the block cannot hold, a backend without a tree mask, overlap scheduling left on, ... is
@@ -158,6 +163,12 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
         if gpath and not gpath.is_file():
             raise UsageError(f"gate config not found: {cfg.gate_config}")
         gate_cfg = load_gate_config(gpath)
+        from validation.config import lossless_requirement
+
+        speculative = [h for h in hosts if _speculative(inv.hostvars.get(h, {}))]
+        why = lossless_requirement(gate_cfg, speculative=True) if speculative else None
+        if why:  # a speculative build is never promoted without the check that catches fluent corruption
+            raise UsageError(f"{', '.join(speculative)} run speculative decoding; gate config: {why}")
     lt_cfg = loadtest_config(cfg, inv.endpoint(hosts[0])) if cfg.loadtest and cfg.gate and not check else None
     digest = None
     reg = None

@@ -39,3 +39,14 @@ def test_bad_ddtree_settings_are_refused_before_any_change(tmp_path: Path, edit:
     with pytest.raises(UsageError) as e:
         serve_args_stage(_cfg(inv, tmp_path), "nvlink", "r.example/x:1")
     assert "b300-0" in str(e.value) and "DDTree settings cannot start" in str(e.value)
+
+
+def test_speculative_hosts_need_a_lossless_baseline_or_a_waiver() -> None:
+    from flow.promote import _speculative
+    from validation.config import load_gate_config, lossless_requirement
+
+    assert _speculative({"serve_engine": "sglang", "serve_spec_algorithm": "DDTREE"})
+    assert not _speculative({"serve_engine": "embedded", "serve_spec_algorithm": "DDTREE"})
+    assert not _speculative({"serve_engine": "sglang", "serve_spec_algorithm": "none"})
+    why = lossless_requirement(load_gate_config(None), speculative=True)
+    assert why and "baseline" in why
