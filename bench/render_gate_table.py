@@ -38,8 +38,8 @@ def render(res: dict, src: str) -> str:
         wrong = v["flagged"] if label == "ok" else v["n"] - v["flagged"]
         lines.append(f"| {key} | {v['n']} | {v['flagged']} | {wrong} |")
     caught = ", ".join(f"{k} {v}" for k, v in sorted(s["caught_by"].items(), key=lambda kv: -kv[1]))
-    lines += ["", f"Findings on garbled items by check: {caught}. Garbled items caught by the fluency judge "
-              f"alone: {s['fluency_only_catches']}.",
+    lines += ["", f"Per class and by check from the same raw result, `{src}`. Findings on garbled items by check: "
+              f"{caught}. Garbled items caught by the fluency judge alone: {s['fluency_only_catches']}.",
               f"Time: generating the real answers {t['generate_real']} s; scoring all {s['coherent'] + s['garbled']} "
               f"items {t['score_all']} s, of which the judge {t['judge_busy']} s and the text detectors "
               f"{t['detectors']} s."]

@@ -29,12 +29,20 @@ scripts/services.sh start docker registry tlsregistry
 step "base image"
 scripts/base-image.sh
 targets=${IMAGE_CI_TARGETS:-pcie nvlink}
+# A CI image is current when it exists AND was built from these inputs (Dockerfile, image scripts, the
+# patch series, the DDTree plugin): an image left by an older checkout is rebuilt, not reused.
+inputs=$(cat images/Dockerfile images/*.sh images/*.py patches/__init__.py patches/__main__.py \
+           patches/sglang-0.5.23/* patches/ddtree/pyproject.toml patches/ddtree/sglang_ddtree/*.py | sha256sum | cut -c1-32)
+marks=${CI_IMAGE_MARKS:-/var/cache/sglang-fleet-ci}
 need_images=0
 for t in $targets; do
   docker image inspect "sglang-fleet-ci:0.5.23-$t-rc1" >/dev/null 2>&1 || need_images=1
+  [[ "$(cat "$marks/ci-image-$t.inputs" 2>/dev/null)" == "$inputs" ]] || need_images=1
 done
 if ((need_images)); then
-  step "CI images ($targets): building (minutes on 2 cores: 449 s measured 2026-12-01)"
+  step "CI images ($targets): building from inputs $inputs (minutes on 2 cores: 449 s measured 2026-12-01)"
   bash .ci/stages/images.sh
+  mkdir -p "$marks"
+  for t in $targets; do echo "$inputs" > "$marks/ci-image-$t.inputs"; done
 fi
 step "done"

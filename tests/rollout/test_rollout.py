@@ -186,7 +186,7 @@ def test_deploy_gate_loadtest_promote_and_second_deploy_is_a_noop(fleet):
     rep = report_of(r)
     assert rep["result"] == "promoted" and sorted(rep["changed_hosts"]) == [H1, H2]
     names = [s["name"] for s in rep["stages"]]
-    assert names == ["image-fit", "deploy", f"gate {H1}", f"gate {H2}", "loadtest", "promote"], names
+    assert names == ["serve-args", "image-fit", "deploy", f"gate {H1}", f"gate {H2}", "loadtest", "promote"], names
     assert all(g["rc"] == 0 for g in rep["gate"].values()) and len(rep["gate"]) == 2
     assert rep["loadtest"]["ok"] and rep["loadtest"]["capacity"] >= 1
     promo = rep["promotion"]
