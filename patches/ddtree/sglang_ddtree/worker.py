@@ -25,7 +25,6 @@ Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` reques
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 import torch
@@ -84,7 +83,6 @@ class DDTreeWorker(DFlashWorkerV2):
         self.window_width = max(self.verify_width, int(self.block_size))
         self._depth_offsets = torch.arange(self.window_width, dtype=torch.int64, device=self.device)
         self._block_offsets = torch.arange(int(self.block_size), dtype=torch.int64, device=self.device)
-        self._draft_verify_window_buf: torch.Tensor | None = None
         self._last_tree: tree_mod.TreeBatch | None = None  # for tests and debugging
         logger.info(
             "DDTree on: budget=%d topk=%d block=%d verify width=%d",
@@ -118,7 +116,22 @@ class DDTreeWorker(DFlashWorkerV2):
         rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand_as(cols)
         return req_to_token[rows, cols].to(torch.int64)
 
-    def _draft_block(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, window: torch.Tensor):
+    def _window_plan(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, prefix_cpu: torch.Tensor,
+                     locs: torch.Tensor, width: int):
+        """The KV plan of a forward writing ``width`` slots per request at ``locs`` (flattened
+        ``[bs, width]``), with DFLASH's host bound prefix + width; returns (plan, host bound)."""
+        seq_lens_cpu = prefix_cpu.to(torch.int32) + width
+        plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            write_virtual=locs,
+            read_extent=width,
+        )
+        return plan, seq_lens_cpu
+
+    def _draft_block(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, prefix_cpu: torch.Tensor,
+                     window: torch.Tensor):
         """Run the DFlash drafter on ``[root, mask...]``; return its hidden states [bs, B, H]."""
         draft_input = batch.spec_info
         bs = int(prefix_lens.shape[0])
@@ -139,14 +152,7 @@ class DDTreeWorker(DFlashWorkerV2):
             noise = noise * self._noise_embed_scale
         input_embeds = noise.view(-1, noise.shape[-1])
 
-        seq_lens_cpu = prefix_lens.to("cpu", dtype=torch.int32) + block
-        plan = self.target_worker.model_runner.kv_index_translator.plan(
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=prefix_lens,
-            seq_lens_cpu=seq_lens_cpu,
-            write_virtual=block_locs,
-            read_extent=block,
-        )
+        plan, seq_lens_cpu = self._window_plan(batch, prefix_lens, prefix_cpu, block_locs, block)
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             batch_size=bs,
@@ -245,14 +251,13 @@ class DDTreeWorker(DFlashWorkerV2):
         window = self._window_locs(batch, prefix_lens, self.window_width)  # [bs, max(W, B)]
 
         # 1) draft distributions -> 2) tree (host)
-        draft_hidden = self._draft_block(batch, prefix_lens, window)
+        prefix_cpu = prefix_lens.to("cpu", torch.int64)  # one host copy per step
+        draft_hidden = self._draft_block(batch, prefix_lens, prefix_cpu, window)
         logp, ids = self._tree_candidates(batch, draft_hidden)
         roots = draft_input.bonus_tokens.view(-1).to("cpu", torch.int64).numpy()
         tree = tree_mod.build_batch(
             roots, logp.float().cpu().numpy(), ids.cpu().numpy(), self.ddtree.budget, topk=self._request_topk(batch)
         )
-        self._last_tree = tree
-        prefix_cpu = prefix_lens.to("cpu", torch.int64)
 
         # 3) target verify over the tree
         tokens = torch.from_numpy(tree.tokens).to(device, non_blocking=True).reshape(-1)
@@ -261,16 +266,9 @@ class DDTreeWorker(DFlashWorkerV2):
         # host bound = committed prefix + the verify window (DFLASH's convention); the mask is
         # padded to the size the backends check against that bound (cells past the last block
         # are never read)
-        seq_lens_cpu = prefix_cpu.to(torch.int32) + w
+        plan, seq_lens_cpu = self._window_plan(batch, prefix_lens, prefix_cpu, verify_locs, w)
         mask = self._tree_mask(tree, prefix_cpu, pad_to=w * int(seq_lens_cpu.sum()) + bs * w * w)
         mask = mask.to(device, non_blocking=True)
-        plan = self.target_worker.model_runner.kv_index_translator.plan(
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=prefix_lens,
-            seq_lens_cpu=seq_lens_cpu,
-            write_virtual=verify_locs,
-            read_extent=w,
-        )
         verify_input = DFlashVerifyInput(
             draft_token=tokens,
             positions=positions,
@@ -335,13 +333,7 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTree verify needs the target's hidden states (capture FULL)")
         hidden = hidden[: bs * w][row_index]  # [bs * B, Hc], the accepted path in order
         draft_locs = new_window[:, :block].contiguous()
-        draft_plan = self.target_worker.model_runner.kv_index_translator.plan(
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=prefix_lens,
-            seq_lens_cpu=prefix_cpu.to(torch.int32) + block,
-            write_virtual=draft_locs.reshape(-1),
-            read_extent=block,
-        )
+        draft_plan, _ = self._window_plan(batch, prefix_lens, prefix_cpu, draft_locs.reshape(-1), block)
         cache_loc = self._draft_write_ids(draft_plan)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=hidden,
@@ -397,12 +389,3 @@ def _renorm(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min
     out = torch.zeros_like(probs).scatter_(1, order, sorted_p)
     return out / out.sum(dim=-1, keepdim=True)
 
-
-def describe(worker: Any) -> dict:
-    """Small state summary (for logs and the tests' debug endpoint)."""
-    return {
-        "budget": worker.ddtree.budget,
-        "topk": worker.topk,
-        "block_size": int(worker.block_size),
-        "verify_width": worker.verify_width,
-    }
