@@ -28,7 +28,6 @@ from pydantic import Field, field_validator
 
 from pipeline.config import StrictModel, load_config
 from pipeline.errors import PipelineError, TargetError, UsageError, cli_main
-from pipeline.procs import stop_child
 
 MODEL_ALIAS = "smollm2-135m-instruct"
 
@@ -195,7 +194,13 @@ class EmbeddedServer:
         )
 
     def stop(self) -> None:
-        stop_child(self.proc)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         self.proc = None
         self.pid_path.unlink(missing_ok=True)
 
