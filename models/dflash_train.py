@@ -175,30 +175,65 @@ def _features(target: nn.Module, ids: torch.Tensor, layer_ids: list[int]) -> tor
     return torch.cat([hs[i + 1][0] for i in layer_ids], dim=-1)
 
 
+_TOPICS = (
+    "the ocean", "a lighthouse", "volcanoes", "bread baking", "the moon", "honey bees", "train travel",
+    "chess", "rain forests", "old libraries", "electric cars", "coffee", "mountain hiking", "the printing press",
+    "whales", "city gardens", "glaciers", "jazz music", "the human heart", "bicycles", "deserts", "robots",
+    "the Roman empire", "snowstorms", "friendship", "a small bakery", "satellites", "rivers", "octopuses",
+    "learning a language",
+)
+_TASKS = (
+    "Write a short poem about {t}.", "Explain {t} to a ten-year-old.", "Give me three facts about {t}.",
+    "Write a short story about {t}.", "List five words that describe {t}.", "Why do people care about {t}?",
+    "Write a haiku about {t}.", "Describe {t} in two sentences.", "What are the pros and cons of {t}?",
+    "Write a friendly letter that mentions {t}.",
+)
+
+
+def corpus_prompts(n: int) -> list[str]:
+    """``n`` chat prompts: the fixed ones, then every task about every topic (300 more)."""
+    pool = list(PROMPTS) + [task.format(t=t) for t in _TOPICS for task in _TASKS]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
 def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, seed: int,
-                        device: str) -> list[torch.Tensor]:
-    """Sequences the target writes itself: chat prompts, sampled at several temperatures."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    seqs = []
+                        device: str, batch: int = 64) -> list[torch.Tensor]:
+    """Sequences the target writes itself: chat prompts, sampled at T 0 / 0.6 / 0.8 / 1.0 (one in
+    four each), generated in left-padded batches; each sequence is its prompt plus the answer up
+    to and including the first end-of-sequence token."""
     temps = (0.0, 0.6, 0.8, 1.0)
-    for i in range(n):
-        p = PROMPTS[i % len(PROMPTS)]
-        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        x = torch.tensor([list(ids)], device=device)
-        t = temps[i % len(temps)]
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=g)))
-        kw = {"do_sample": False} if t == 0 else {"do_sample": True, "temperature": t, "top_p": 0.95}
-        with torch.no_grad():
-            y = target.generate(x, max_new_tokens=max_new, pad_token_id=tok.eos_token_id, **kw)
-        seqs.append(y[0].detach())
-    return seqs
+    prompts = corpus_prompts(n)
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    out: dict[int, torch.Tensor] = {}
+    for g, t in enumerate(temps):
+        idx = [i for i in range(n) if i % len(temps) == g]
+        for c in range(0, len(idx), batch):
+            chunk = idx[c : c + batch]
+            rows = []
+            for i in chunk:
+                ids = tok.apply_chat_template([{"role": "user", "content": prompts[i]}], add_generation_prompt=True)
+                if isinstance(ids, dict) or hasattr(ids, "keys"):
+                    ids = ids["input_ids"]
+                rows.append([int(x) for x in ids])
+            width = max(len(r) for r in rows)
+            x = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+            attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+            torch.manual_seed(seed * 1000 + g * 100 + c)
+            kw = {"do_sample": False} if t == 0 else {"do_sample": True, "temperature": t, "top_p": 0.95}
+            with torch.no_grad():
+                y = target.generate(x, attention_mask=attn, max_new_tokens=max_new, pad_token_id=pad, **kw)
+            for i, r, row in zip(chunk, rows, y[:, width:].tolist(), strict=True):
+                if eos is not None and eos in row:
+                    row = row[: row.index(eos) + 1]
+                out[i] = torch.tensor(r + row, device=device)
+    return [out[i] for i in range(n)]
 
 
 def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any], *, block: int = 8,
           layers: int = 1, layer_ids: list[int] | None = None, steps: int = 600, anchors_per_seq: int = 16,
-          lr: float = 3e-4, seed: int = 0, device: str = "cpu", log=print) -> tuple[DFlashDrafter, dict]:
+          seqs_per_step: int = 8, lr: float = 3e-4, seed: int = 0, device: str = "cpu",
+          log=print) -> tuple[DFlashDrafter, dict]:
     torch.manual_seed(seed)
     seqs = [x for x in seqs if x.shape[0] >= block + 4]
     if len(seqs) < 2:
@@ -220,8 +255,9 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     losses = []
     t0 = time.time()
     for step in range(steps):
-        i = train_idx[int(torch.randint(0, len(train_idx), (1,), generator=rng))]
-        loss = _block_loss(model, feats[i], seqs[i], embed, head, block, mask_id, anchors_per_seq, rng)
+        picks = torch.randint(0, len(train_idx), (seqs_per_step,), generator=rng).tolist()
+        loss = sum(_block_loss(model, feats[train_idx[j]], seqs[train_idx[j]], embed, head, block, mask_id,
+                               anchors_per_seq, rng) for j in picks) / seqs_per_step
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -235,7 +271,8 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     report = {"seed": seed, "steps": steps, "block_size": block, "layers": layers, "target_layer_ids": layer_ids,
               "loss_first": sum(losses[:20]) / max(1, len(losses[:20])),
               "loss_last": sum(losses[-20:]) / max(1, len(losses[-20:])), "offline": acc,
-              "train_seqs": len(train_idx), "held_out_seqs": len(held), "seconds": time.time() - t0}
+              "train_seqs": len(train_idx), "held_out_seqs": len(held), "seqs_per_step": seqs_per_step,
+              "train_tokens": int(sum(seqs[i].shape[0] for i in train_idx)), "seconds": time.time() - t0}
     return model, report
 
 

@@ -75,3 +75,31 @@ def test_the_context_is_only_what_came_before_the_block(target) -> None:
         assert torch.allclose(model(feats, e, anchor), model(changed, e, anchor))
         changed[5] += 3.0  # a feature before it must
         assert not torch.allclose(model(feats, e, anchor), model(changed, e, anchor))
+
+
+class _ChatTok:
+    """A chat tokenizer stand-in for the tiny target: one id per character (3..89), eos 2."""
+
+    eos_token_id = 2
+    pad_token_id = 0
+
+    def apply_chat_template(self, conv, add_generation_prompt=True):
+        return [1] + [3 + (ord(c) % 87) for c in conv[0]["content"]]
+
+
+def test_batched_self_distillation_is_each_prompt_generated_alone(target) -> None:
+    m, _, _ = target
+    tok = _ChatTok()
+    seqs = dflash_train.self_distill_corpus(m, tok, n=8, max_new=12, seed=0, device="cpu", batch=3)
+    prompts = dflash_train.corpus_prompts(8)
+    assert len(seqs) == 8 and len(set(prompts)) == 8
+    for i in (0, 4):  # the greedy group (i % 4 == 0): batching and padding must not change a token
+        ids = tok.apply_chat_template([{"role": "user", "content": prompts[i]}])
+        with torch.no_grad():
+            alone = m.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
+        if 2 in alone[len(ids):]:
+            alone = alone[: len(ids) + alone[len(ids):].index(2) + 1]
+        assert seqs[i].tolist() == alone
+    for s, p in zip(seqs, prompts, strict=True):  # every sequence starts with its own prompt, no padding
+        ids = tok.apply_chat_template([{"role": "user", "content": p}])
+        assert s.tolist()[: len(ids)] == ids and len(s) <= len(ids) + 12

@@ -1,0 +1,242 @@
+"""The incident end to end on the H200: SmolLM2-135M + a trained DFlash drafter, DDTree on real
+sglang 0.5.23 servers, gated by `python -m validation run` (issue #11).
+
+Runs on the GPU machine after tests/ddtree/serve_matrix.py's environment is in place (the site dir
+/tmp/site, the converted target /tmp/smollm2, the three sglang variants built from the patch
+series) and a drafter trained by `python -m models train-drafter`:
+
+    python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash [--deadline 560]
+
+Starts at once (CUDA graphs, tokenizer on, OpenAI endpoints): the target alone (`base`), DFLASH's
+chain with the same drafter (`chain`), DDTree patched at budget 16 / top-k 4 and the sweep cells,
+the seeds' bug put back (`mutant`) and the tree-verify patches left out (`unpatched`), both at
+budget 16 / top-k 4. Then, in order:
+
+1. speed at one stream, every server in turn while the others idle (so the ratios are side by
+   side in one run): the same prompts, `ignore_eos`, decode tokens/s from the server's own
+   meta_info (completion tokens over the request's wall time), accept length per temperature;
+2. raw SGLang shapes kept as fixtures: one /generate meta_info, one streamed and one plain
+   /v1/chat/completions with `return_spec_tokens_details`, /server_info, /metrics spec lines;
+3. `validation record-baseline` on `base`, then `validation run` (profile
+   validation/profiles/sglang-smollm2.yaml, `--speculative --baseline`, fluency judge off on this
+   machine: it runs on the recorded texts afterwards) against every server at once.
+
+Writes $OUT/incident.json (commands, per-server start, speed rows, gate exit codes and cases) and
+$OUT/gates/<server>/ (the gate's report.json, junit.xml, samples.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import serve_matrix as sm
+
+ROOT = sm.ROOT
+OUT = sm.OUT
+PROFILE = ROOT / "validation" / "profiles" / "sglang-smollm2.yaml"
+SPEED_PROMPTS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain, step by step, how bread dough rises.",
+)
+SPEED_TOKENS = 192
+SWEEP = [(b, k) for b in (7, 15, 31) for k in (2, 4, 8)]
+
+
+class GateServer(sm.Server):
+    """A server with its tokenizer on (the gate speaks OpenAI's API) and its own top-k."""
+
+    def __init__(self, name: str, variant: str | None, budget: int | None, topk: int, port: int,
+                 chain: bool = False):
+        super().__init__(name, variant, budget, True, port)
+        self.topk, self.chain = topk, chain
+        self.speed: list[dict] = []
+        self.gate: dict = {}
+
+    def cmd(self) -> list[str]:
+        c = [sys.executable, "-m", "sglang.launch_server", "--model-path", sm.MODEL["path"],
+             "--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-radix-cache",
+             "--mem-fraction-static", "0.5", "--max-total-tokens", "30000", "--enable-metrics",
+             "--port", str(self.port), "--host", "127.0.0.1", "--nccl-port", str(self.port + 2000),
+             "--served-model-name", "smollm2-135m", *sm.GRAPH]
+        if self.chain or self.budget is not None:
+            c += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", sm.MODEL["draft"],
+                  "--speculative-num-draft-tokens", str(sm.BLOCK), "--disable-overlap-schedule"]
+        if self.budget is not None:
+            c += ["--speculative-ddtree-budget", str(self.budget), "--speculative-ddtree-topk", str(self.topk)]
+        return c
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def plan() -> list[GateServer]:
+    port = iter(range(31300, 31400))
+    s = [GateServer("base", None, None, 0, next(port)), GateServer("chain", "patched", None, 0, next(port), chain=True),
+         GateServer("patched-b16-k4", "patched", 16, 4, next(port)),
+         GateServer("mutant-b16-k4", "mutant", 16, 4, next(port)),
+         GateServer("unpatched-b16-k4", "unpatched", 16, 4, next(port))]
+    s += [GateServer(f"patched-b{b}-k{k}", "patched", b, k, next(port)) for b, k in SWEEP]
+    return s
+
+
+def chat_ids(tok, text: str) -> list[int]:
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def speed(s: GateServer, tok) -> None:
+    """Single-stream decode rate and accept length per temperature (this server alone busy)."""
+    for temp in (0.0, 0.8):
+        for text in SPEED_PROMPTS:
+            body = {"input_ids": chat_ids(tok, text),
+                    "sampling_params": {"max_new_tokens": SPEED_TOKENS, "temperature": temp, "ignore_eos": True}}
+            t = time.time()
+            try:
+                r = s.post("/generate", body, timeout=120)
+            except Exception as e:
+                s.speed.append({"temperature": temp, "error": repr(e)[:300]})
+                continue
+            wall = time.time() - t
+            meta = r.get("meta_info", {})
+            n = int(meta.get("completion_tokens") or 0)
+            s.speed.append({"temperature": temp, "prompt": text[:40], "completion_tokens": n, "wall_s": wall,
+                            "tokens_per_s": n / wall if wall > 0 else None,
+                            "spec_accept_length": meta.get("spec_accept_length"),
+                            "spec_verify_ct": meta.get("spec_verify_ct"), "text": (r.get("text") or "")[:400]})
+
+
+def fixtures(s: GateServer, tok) -> dict:
+    """The raw shapes the gate reads, from this real server (kept as test fixtures)."""
+    out: dict = {"server": s.name, "cmd": s.cmd()}
+    msg = [{"role": "user", "content": "Name three colours."}]
+    try:
+        out["generate"] = s.post("/generate", {"input_ids": chat_ids(tok, msg[0]["content"]),
+                                               "sampling_params": {"max_new_tokens": 24, "temperature": 0}})
+        out["chat"] = s.post("/v1/chat/completions", {"model": "smollm2-135m", "messages": msg, "max_tokens": 24,
+                                                      "temperature": 0, "return_spec_tokens_details": True})
+        req = urllib.request.Request(s.url + "/v1/chat/completions", json.dumps(
+            {"model": "smollm2-135m", "messages": msg, "max_tokens": 24, "temperature": 0, "stream": True,
+             "stream_options": {"include_usage": True}, "return_spec_tokens_details": True}).encode(),
+            {"Content-Type": "application/json"})
+        out["chat_stream_lines"] = [ln.decode().rstrip() for ln in urllib.request.urlopen(req, timeout=60)
+                                    if ln.strip()]
+        out["server_info"] = json.loads(s.get("/server_info"))
+        out["metrics_spec_lines"] = [ln for ln in s.get("/metrics").splitlines() if "spec" in ln]
+    except Exception as e:
+        out["error"] = repr(e)[:500]
+    return out
+
+
+def validation_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ":".join([str(ROOT), str(ROOT / ".carry" / "gate-py"), str(sm.SITE)])
+    return env
+
+
+def run_gate(s: GateServer, baseline: Path | None, timeout: float) -> None:
+    out = OUT / "gates" / s.name
+    cmd = [sys.executable, "-m", "validation", "run", "--target", s.url, "--config", str(PROFILE),
+           "--out", str(out), "--no-judge"]
+    if s.budget is not None or s.chain:
+        cmd += ["--speculative"]
+    if baseline is not None:
+        cmd += ["--baseline", str(baseline)]
+    t = time.time()
+    r = subprocess.run(cmd, cwd=ROOT, env=validation_env(), capture_output=True, text=True, timeout=max(30.0, timeout))
+    s.gate = {"cmd": " ".join(cmd), "rc": r.returncode, "wall_s": time.time() - t,
+              "tail": (r.stdout + r.stderr)[-3000:]}
+    rep = out / "report.json"
+    if rep.is_file():
+        doc = json.loads(rep.read_text())
+        s.gate["passed"] = doc.get("passed")
+        keys = ("name", "passed", "skipped", "message")
+        s.gate["cases"] = [{k: c.get(k) for k in keys} for c in doc.get("cases", [])]
+        s.gate["summary"] = doc.get("summary")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafter", required=True, help="python -m models train-drafter output dir")
+    ap.add_argument("--deadline", type=float, default=560.0)
+    ap.add_argument("--only", default="", help="comma-separated server names (default: all)")
+    a = ap.parse_args()
+    t0 = time.time()
+    (OUT / "logs").mkdir(parents=True, exist_ok=True)
+    sm.setup_model("smollm2", a.drafter)
+    servers = plan()
+    if a.only:
+        keep = set(a.only.split(",")) | {"base"}
+        servers = [s for s in servers if s.name in keep]
+    for v in sorted({s.variant for s in servers if s.variant}):
+        sm.build_variant(v)
+    plug = sm.install_plugins()
+    for s in servers:
+        s.start(plug)
+        time.sleep(0.5)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(sm.MODEL["path"])
+    while time.time() < t0 + min(300, a.deadline / 2):
+        pending = [s for s in servers if not s.poll_up() and not s.error]
+        if not pending:
+            break
+        time.sleep(2)
+    up = [s for s in servers if s.up_s]
+    print(f"servers up: {len(up)}/{len(servers)} at {time.time() - t0:.0f}s", flush=True)
+    doc: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": sm._machine(),
+                 "command": " ".join(sys.argv), "drafter": a.drafter, "speed_tokens": SPEED_TOKENS,
+                 "profile": str(PROFILE.relative_to(ROOT))}
+    train = Path(a.drafter) / "train.json"
+    if train.is_file():
+        doc["drafter_train"] = json.loads(train.read_text())
+    base = next((s for s in servers if s.name == "base"), None)
+    if base is None or not base.up_s:
+        print("baseline server not up:", base.error[-1500:] if base and base.error else "", flush=True)
+    else:
+        for s in up:  # 1) speed, one server busy at a time
+            speed(s, tok)
+        print(f"speed done at {time.time() - t0:.0f}s", flush=True)
+        doc["fixtures"] = [fixtures(s, tok) for s in up if s.name in ("base", "patched-b16-k4", "chain")]
+        baseline = OUT / "baseline.json"
+        r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
+                            str(baseline), "--config", str(PROFILE)], cwd=ROOT, env=validation_env(),
+                           capture_output=True, text=True, timeout=300)
+        doc["baseline"] = {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:]}
+        print(f"baseline rc={r.returncode} at {time.time() - t0:.0f}s", flush=True)
+        with cf.ThreadPoolExecutor(len(up)) as ex:  # 3) every gate at once
+            left = t0 + a.deadline - time.time() - 25
+            list(ex.map(lambda s: run_gate(s, baseline if baseline.is_file() else None, left), up))
+        print(f"gates done at {time.time() - t0:.0f}s", flush=True)
+    for s in servers:
+        if s.proc is not None and s.up_s is None and s.error is None:
+            s.error = "not up before the deadline: " + s.log.read_text(errors="replace")[-1500:]
+        s.stop()
+    doc["wall_s"] = time.time() - t0
+    doc["servers"] = [{**s.summary(), "topk": s.topk, "chain": s.chain, "speed": s.speed, "gate": s.gate}
+                      for s in servers]
+    for s in doc["servers"]:
+        rows = [r["tokens_per_s"] for r in s["speed"] if r.get("tokens_per_s") and r["temperature"] == 0]
+        s["median_tokens_per_s_t0"] = statistics.median(rows) if rows else None
+    (OUT / "incident.json").write_text(json.dumps(doc))
+    subprocess.run(["tar", "-C", str(OUT), "-czf", str(OUT / "incident-logs.tgz"), "logs"], check=False)
+    print(json.dumps([{"name": s["name"], "up": s["up_s"], "tps": s["median_tokens_per_s_t0"],
+                       "gate": s["gate"].get("rc"), "passed": s["gate"].get("passed")} for s in doc["servers"]]),
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
