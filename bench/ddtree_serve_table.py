@@ -96,6 +96,43 @@ def render(doc: dict, tie_nats: float) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_verdict(doc: dict, tie_nats: float) -> str:
+    """One row per server: per request group the greedy outputs identical to target-only / that
+    first differ at a near-tie (baseline top-2 gap <= tie_nats) / that differ structurally, the
+    mean accept length, and the server's verdict."""
+    s = summarize(doc, tie_nats)
+    tags = [f"k{k}-{m}" for m in ("oracle", "drafter") for k in (1, 4, 8)]
+    out = [f"Run {doc['date']} on {doc['machine']}; command `{doc['command']}`; model {doc.get('model', 'tiny')}, "
+           f"block {doc['block']}, {doc['max_new_tokens']} new tokens, {len(doc.get('prompt_lens') or [])} "
+           f"concurrent requests per group; near-tie: first difference where the baseline's top-2 log-prob gap "
+           f"is <= {tie_nats} nats. Cells: identical / near-tie / structural (of the group's outputs), then the "
+           f"mean accept length.", ""]
+    out += ["| server | " + " | ".join(tags) + " | verdict |", "|---|" + "---|" * len(tags) + "---|"]
+    for row in s["rows"]:
+        if row["name"] == "base-eager":
+            continue
+        if row["error"] or not row["groups"]:
+            out.append(f"| {row['name']} | " + " | ".join("—" for _ in tags)
+                       + f" | did not serve: {row['error'] or 'no results'} |")
+            continue
+        cells, structural = [], 0
+        for tag in (tags if any(t in row["groups"] for t in tags) else ["t0"]):
+            g = row["groups"].get(tag)
+            if g is None:
+                cells.append("—")
+                continue
+            ties = sum(1 for d in g["diffs"] if d["near_tie"])
+            struct = len(g["diffs"]) - ties
+            structural += struct + g["errors"]
+            acc = f" · {statistics.mean(g['accept']):.2f}" if g["accept"] else ""
+            err = f" +{g['errors']} err" if g["errors"] else ""
+            cells.append(f"{g['same']}/{ties}/{struct}{err}{acc}")
+        cells += ["—"] * (len(tags) - len(cells))
+        verdict = "identical up to near-ties" if not structural else f"**STRUCTURAL: {structural} outputs**"
+        out.append(f"| {row['name']} | " + " | ".join(cells) + f" | {verdict} |")
+    return "\n".join(out) + "\n"
+
+
 def _fmt(v, nd: int = 0) -> str:
     return "—" if v is None else f"{v:.{nd}f}"
 
@@ -104,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("result", type=Path)
     ap.add_argument("--tie-nats", type=float, default=0.05)
+    ap.add_argument("--verdict", action="store_true", help="one row per server (render_verdict)")
     a = ap.parse_args(argv)
     try:
         doc = json.loads(a.result.read_text())
     except (OSError, ValueError) as e:
         print(f"error: {a.result}: {e}", file=sys.stderr)
         return 2
-    sys.stdout.write(render(doc, a.tie_nats))
+    sys.stdout.write(render_verdict(doc, a.tie_nats) if a.verdict else render(doc, a.tie_nats))
     return 0
 
 

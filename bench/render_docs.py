@@ -99,8 +99,31 @@ def render_ddtree_serve(raw: dict[str, Any], path: str) -> str:
     return render(raw, 0.05) + f"\nRaw: {path} (date, machine, command and every server's log tail inside)\n"
 
 
+# a first difference where the baseline's top-2 log-prob gap is at most this is a numerical tie:
+# SmolLM2's bf16 logits of 8..32 are spaced 1/16..1/8 apart, so 0.25 nats is two bf16 steps at most
+DDTREE_TIE_NATS = 0.25
+
+
+def render_ddtree_verdict(raw: dict[str, Any], path: str) -> str:
+    """One verdict row per DDTree server (tests/ddtree/serve_matrix.py on the H200)."""
+    from bench.ddtree_serve_table import render_verdict
+
+    return render_verdict(raw, DDTREE_TIE_NATS) + f"\nRaw: {path} (per-request output ids, meta_info, " \
+        "the baseline's top-2 log-probs, /server_info and the Prometheus spec lines inside)\n"
+
+
+def render_incident(raw: dict[str, Any], path: str) -> str:
+    """The incident on real SGLang (tests/ddtree/incident.py on the H200)."""
+    from bench.incident_table import render
+
+    return render(raw, path) + f"\nRaw: {path} (per-server commands, speed rows with texts, every gate case with its " \
+        "message, the recorded SGLang response shapes)\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "incident": render_incident,
     "ddtree-serve": render_ddtree_serve,
+    "ddtree-serve-verdict": render_ddtree_verdict,
     "loadtest-ceiling": render_ceiling,
     "loadtest-timing": render_timing,
     "loadtest-scaling": render_scaling,

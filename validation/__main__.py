@@ -158,8 +158,13 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
     from validation.gate import Gate
 
     cfg = load_gate_config(args.config, {**_overrides(args), "temperatures": [0.0]})
+    # the baseline is the non-speculative deployment: the profile it shares with the speculative one
+    # may say `spec.enabled: on` and ask for a lossless baseline; neither applies to the baseline itself
     cfg = cfg.model_copy(update={"determinism": cfg.determinism.model_copy(update={"enabled": False}),
-                                 "variation": cfg.variation.model_copy(update={"enabled": False})})
+                                 "variation": cfg.variation.model_copy(update={"enabled": False}),
+                                 "spec": cfg.spec.model_copy(update={"enabled": "off"}),
+                                 "lossless": cfg.lossless.model_copy(update={"enabled": False, "baseline": None}),
+                                 "baseline_url": None})
     gate = Gate(args.target, cfg, Console(stderr=True))
     result = gate.run()
     errors = [s for s in result.samples if s.error]
@@ -212,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", required=True)
     b.add_argument("--config")
     b.add_argument("--model")
+    b.add_argument("--no-judge", action="store_true", help="skip the fluency judge (reported as skipped)")
     w = sub.add_parser("sweep", help="gate a grid of speculative configurations and recommend one")
     w.add_argument("--grid", required=True, help="YAML with a `sweep:` section (see validation/grids/)")
     w.add_argument("--host", help="'embedded' (default) or the baseline URL for an endpoints grid")

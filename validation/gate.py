@@ -210,6 +210,9 @@ class Gate:
         return GateResult(self.client.base_url, model, self.kind, passed, cases, samples, summary)
 
     # ------------------------------------------------------------------ judging
+    def _seeds_ignored(self) -> str | None:
+        return seeds_ignored_reason(self.kind, self.client.server_info() if self.kind == "sglang" else None)
+
     def _judge(self, samples: list[Sample], spec_before: SpecReading | None,
                spec_after: SpecReading | None) -> list[Case]:
         cfg = self.cfg
@@ -289,7 +292,10 @@ class Gate:
                     msgs.append(f"{pid}: only {len(set(texts))} distinct answers from seeds {v.seeds} "
                                 f"at T={v.temperature}")
             cases.append(Case("variation_distinct", "variation", ok, "; ".join(msgs) or "seeds give different answers"))
-            if v.check_seed_reproducible:
+            ignored = self._seeds_ignored() if v.check_seed_reproducible else None
+            if ignored:
+                cases.append(Case("seed_reproducible", "variation", True, ignored, skipped=True))
+            elif v.check_seed_reproducible:
                 msgs, ok = [], True
                 for pid in v.prompt_ids:
                     first = [s.text for s in good if s.purpose == "variation" and s.prompt_id == pid
@@ -404,6 +410,20 @@ def load_baseline(path: str, model: str, cfg: GateConfig) -> dict[str, str]:
     if base.get("max_tokens") != cfg.max_tokens:
         raise UsageError(f"baseline recorded with max_tokens={base.get('max_tokens')}, gate uses {cfg.max_tokens}")
     return dict(answers)
+
+
+def seeds_ignored_reason(kind: str | None, server_info: dict[str, Any] | None) -> str | None:
+    """Why a server cannot honour a request's seed, or None. SGLang 0.5.23 builds per-request
+    sampling seeds only with --enable-deterministic-inference (sampling_batch_info.py: the seed
+    tensor is None otherwise); /server_info reports the flag (top level or internal_states)."""
+    if kind != "sglang" or not server_info:
+        return None
+    states = [server_info, *[x for x in server_info.get("internal_states") or [] if isinstance(x, dict)]]
+    flags = [st["enable_deterministic_inference"] for st in states if "enable_deterministic_inference" in st]
+    if flags and not any(flags):
+        return ("not applicable: this SGLang server runs without --enable-deterministic-inference, so it ignores "
+                "request seeds (sglang builds no per-request seed tensor then); same-seed answers may differ")
+    return None
 
 
 def lossless_missing_case(cfg: GateConfig, speculative: bool) -> Case:

@@ -162,7 +162,7 @@ def run_gate(s: GateServer, baseline: Path | None, timeout: float) -> None:
     if rep.is_file():
         doc = json.loads(rep.read_text())
         s.gate["passed"] = doc.get("passed")
-        keys = ("name", "passed", "skipped", "message")
+        keys = ("name", "ok", "skipped", "message")
         s.gate["cases"] = [{k: c.get(k) for k in keys} for c in doc.get("cases", [])]
         s.gate["summary"] = doc.get("summary")
 
@@ -212,18 +212,18 @@ def main() -> int:
         doc["fixtures"] = [fixtures(s, tok) for s in up if s.name in ("base", "patched-b16-k4", "chain")]
         baseline = OUT / "baseline.json"
         r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
-                            str(baseline), "--config", str(PROFILE)], cwd=ROOT, env=validation_env(),
+                            str(baseline), "--config", str(PROFILE), "--no-judge"], cwd=ROOT, env=validation_env(),
                            capture_output=True, text=True, timeout=300)
         doc["baseline"] = {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:]}
         print(f"baseline rc={r.returncode} at {time.time() - t0:.0f}s", flush=True)
-        with cf.ThreadPoolExecutor(len(up)) as ex:  # 3) every gate at once
+        with cf.ThreadPoolExecutor(max(1, len(up))) as ex:  # 3) every gate at once
             left = t0 + a.deadline - time.time() - 25
-            list(ex.map(lambda s: run_gate(s, baseline if baseline.is_file() else None, left), up))
+            gated = [s for s in up if s is not base]  # the baseline's own check is record-baseline's
+            list(ex.map(lambda s: run_gate(s, baseline if baseline.is_file() else None, left), gated))
         print(f"gates done at {time.time() - t0:.0f}s", flush=True)
     for s in servers:
         if s.proc is not None and s.up_s is None and s.error is None:
             s.error = "not up before the deadline: " + s.log.read_text(errors="replace")[-1500:]
-        s.stop()
     doc["wall_s"] = time.time() - t0
     doc["servers"] = [{**s.summary(), "topk": s.topk, "chain": s.chain, "speed": s.speed, "gate": s.gate}
                       for s in servers]
@@ -231,6 +231,7 @@ def main() -> int:
         rows = [r["tokens_per_s"] for r in s["speed"] if r.get("tokens_per_s") and r["temperature"] == 0]
         s["median_tokens_per_s_t0"] = statistics.median(rows) if rows else None
     (OUT / "incident.json").write_text(json.dumps(doc))
+    sm.stop_all(servers)
     subprocess.run(["tar", "-C", str(OUT), "-czf", str(OUT / "incident-logs.tgz"), "logs"], check=False)
     print(json.dumps([{"name": s["name"], "up": s["up_s"], "tps": s["median_tokens_per_s_t0"],
                        "gate": s["gate"].get("rc"), "passed": s["gate"].get("passed")} for s in doc["servers"]]),

@@ -355,17 +355,30 @@ def main() -> int:
     for s in servers:
         if s.proc is not None and s.up_s is None and s.error is None:
             s.error = "not up before the deadline: " + s.log.read_text(errors="replace")[-1500:]
-        s.stop()
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": _machine(),
            "command": " ".join(sys.argv), "model": a.model, "model_path": MODEL["path"], "block": BLOCK,
            "max_new_tokens": MAX_NEW_BOX[0], "prompt_lens": PROMPT_LENS,
            "server_topk": SERVER_TOPK, "wall_s": time.time() - t_start, "servers": [s.summary() for s in servers]}
-    (OUT / "serve-matrix.json").write_text(json.dumps(doc))
+    (OUT / "serve-matrix.json").write_text(json.dumps(doc))  # before the servers stop (they drain slowly)
+    stop_all(servers)
     subprocess.run(["tar", "-C", str(OUT), "-czf", str(OUT / "logs.tgz"), "logs"], check=False)
     shutil.rmtree(OUT / "logs", ignore_errors=True)
     bad = [s.name for s in servers if s.error]
     print(f"done in {time.time() - t_start:.0f}s; failed to serve: {bad}", flush=True)
     return 0
+
+
+def stop_all(servers: list) -> None:
+    """SIGTERM every server at once, then SIGKILL what is still up after 10 s."""
+    live = [s.proc for s in servers if s.proc and s.proc.poll() is None]
+    for p in live:
+        p.terminate()
+    end = time.time() + 10
+    for p in live:
+        try:
+            p.wait(max(0.1, end - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def _machine() -> str:

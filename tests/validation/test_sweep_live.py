@@ -78,7 +78,11 @@ def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
 
         rec = tmp_path / "baseline.json"
         cfg_file = tmp_path / "gate.yaml"
-        cfg_file.write_text(yaml.safe_dump({"gate": cfg.model_dump(mode="json")}))
+        # the profile the speculative deployment is gated with (spec on): recording the baseline from
+        # the plain server with it must still work (no spec floor, no lossless check on the baseline)
+        spec_on = cfg.model_dump(mode="json")
+        spec_on["spec"]["enabled"] = "on"
+        cfg_file.write_text(yaml.safe_dump({"gate": spec_on}))
         p = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
                             str(rec), "--config", str(cfg_file)],
                            cwd=REPO, capture_output=True, text=True, timeout=900)

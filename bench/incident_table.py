@@ -1,0 +1,93 @@
+"""Render the incident run (tests/ddtree/incident.py on the H200; raw JSON kept in docs/results/) as
+Markdown: per server its single-stream speed against target-only (side by side in one run), accept
+length per temperature, and the gate's verdict with the checks that failed; then, for the servers
+whose gate failed on corruption, what each named check quoted.
+
+    python bench/incident_table.py docs/results/incident-....json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+CORRUPTION = ("char_run", "ngram_loop", "token_soup", "bad_chars", "script_salad", "collapse", "subword_repeat",
+              "mojibake", "word_order", "near_repeat", "empty", "fluency")
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.mean(xs) if xs else None
+
+
+def _f(v: float | None, nd: int = 0) -> str:
+    return "—" if v is None else f"{v:.{nd}f}"
+
+
+def _failed(s: dict[str, Any]) -> list[dict[str, Any]]:
+    """The gate's failed checks (its summary's failed_checks), with their messages."""
+    names = (s.get("gate", {}).get("summary") or {}).get("failed_checks") or []
+    by_name = {c["name"]: c for c in s.get("gate", {}).get("cases", [])}
+    return [by_name.get(n, {"name": n, "message": ""}) for n in names]
+
+
+def render(doc: dict[str, Any], path: str | None = None) -> str:
+    servers = doc["servers"]
+    base = next(s for s in servers if s["name"] == "base")
+    base_tps = base.get("median_tokens_per_s_t0")
+    tr = doc.get("drafter_train") or {}
+    out = [f"Run {doc['date']} on {doc['machine']}; command `{doc['command']}`; gate profile `{doc['profile']}`; "
+           f"{doc['speed_tokens']} new tokens per speed request (`ignore_eos`), each server measured alone.", ""]
+    if tr:
+        off = tr.get("offline", {})
+        out += [f"Drafter: {tr.get('layers')} layers, block {tr.get('block_size')}, target layers "
+                f"{tr.get('target_layer_ids')}, {tr.get('steps')} steps on {tr.get('train_tokens')} target-written "
+                f"tokens ({tr.get('train_seqs')} sequences) in {_f(tr.get('seconds'))} s, seed {tr.get('seed')}; "
+                f"offline accept length {_f(off.get('accept_length'), 2)} on {tr.get('held_out_seqs')} held-out "
+                "sequences.", ""]
+    if path:
+        out += [f"Raw: {path}", ""]
+    out += ["| server | budget / top-k | T=0 tok/s (1 stream) | vs target-only | accept length T=0 | T=0.8 | "
+            "gate exit | checks failed |", "|---|---|---|---|---|---|---|---|"]
+    for s in servers:
+        if not s.get("up_s"):
+            out.append(f"| {s['name']} | | did not serve | | | | | |")
+            continue
+        tps = s.get("median_tokens_per_s_t0")
+        ratio = f"{tps / base_tps:.2f}x" if tps and base_tps else "—"
+        acc = {t: _mean([r.get("spec_accept_length") for r in s["speed"] if r.get("temperature") == t])
+               for t in (0.0, 0.8)}
+        cfg = "target only" if s["budget"] is None and not s.get("chain") else (
+            "DFLASH chain" if s["budget"] is None else f"{s['budget']} / {s['topk']}")
+        names = ", ".join(c["name"] for c in _failed(s)) or "none"
+        out.append(f"| {s['name']} | {cfg} | {_f(tps)} | {ratio} | {_f(acc[0.0], 2)} | {_f(acc[0.8], 2)} | "
+                   f"{s.get('gate', {}).get('rc', '—')} | {names} |")
+    out += ["", "What the gate quoted where corruption detectors fired at T=0 (first 160 characters of each check):",
+            "", "| server | check | message |", "|---|---|---|"]
+    for s in servers:
+        for c in _failed(s):
+            if c["name"].split("@")[0] in CORRUPTION and c["name"].endswith("@T0"):
+                msg = (c.get("message") or "").replace("|", "/").replace("\n", " ")[:160]
+                out.append(f"| {s['name']} | {c['name']} | {msg} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("result", type=Path)
+    a = ap.parse_args(argv)
+    try:
+        doc = json.loads(a.result.read_text())
+    except (OSError, ValueError) as e:
+        print(f"error: {a.result}: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render(doc, str(a.result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
