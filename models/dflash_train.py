@@ -17,6 +17,13 @@ Training data is text the target writes itself (sampled continuations of varied 
 is the cross-entropy of the drafter's 7 predictions against the target's own tokens. Embedding and
 lm_head stay the target's (frozen, not exported: sglang shares them). Fixed seed.
 
+Blocks are anchored only where sglang drafts them: at the answer. After the prefill of an
+``n``-token prompt the first block sits at position ``n`` (the target's first token) and every
+later one further on, so a block anchored inside the prompt (the chat template, its fixed system
+prompt) is never drafted at serving time. Training and the offline acceptance use anchors
+``a >= prompt length`` when the prompt lengths are known (``self_distill_corpus`` records them);
+``offline.accept_length_all_anchors`` keeps the old every-position figure for comparison.
+
     python -m models train-drafter --target DIR --out DIR [--steps 600] [--seed 0]
 
 Export: ``model.safetensors`` (bf16, names as in DFlash checkpoints: ``layers.N.self_attn.q_proj``,
@@ -170,8 +177,16 @@ def shape_for(target_cfg: dict[str, Any], *, layers: int, n_features: int) -> Dr
 
 
 def _features(target: nn.Module, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """What sglang's ``set_dflash_layers_to_capture`` hands the drafter: for each id (in increasing
+    order, the order the target's layer loop captures them) the residual stream entering layer
+    ``id + 1``. HF's ``hidden_states[k]`` is the input of layer ``k`` for ``k < n``, but
+    ``hidden_states[n]`` is the final-norm output, which sglang never captures (id ``n - 1``)."""
     out = target(ids.unsqueeze(0), output_hidden_states=True)
-    hs = out.hidden_states  # hs[k] is the input of layer k; sglang captures the input of layer id + 1
+    hs = out.hidden_states
+    n = len(hs) - 1
+    if list(layer_ids) != sorted(set(layer_ids)) or not all(0 <= i < n - 1 for i in layer_ids):
+        raise ValueError(f"target_layer_ids {list(layer_ids)} must increase and lie in 0..{n - 2} "
+                         "(sglang captures the input of layer id + 1, in layer order)")
     return torch.cat([hs[i + 1][0] for i in layer_ids], dim=-1)
 
 
@@ -196,16 +211,27 @@ def corpus_prompts(n: int) -> list[str]:
     return [pool[i % len(pool)] for i in range(n)]
 
 
+class Corpus(list):
+    """Target-written sequences (a list of 1-D id tensors) with each one's prompt length."""
+
+    def __init__(self, seqs: list[torch.Tensor], prompt_lens: list[int]) -> None:
+        super().__init__(seqs)
+        if len(prompt_lens) != len(seqs):
+            raise ValueError("one prompt length per sequence")
+        self.prompt_lens = [int(p) for p in prompt_lens]
+
+
 def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, seed: int,
-                        device: str, batch: int = 64) -> list[torch.Tensor]:
+                        device: str, batch: int = 64) -> Corpus:
     """Sequences the target writes itself: chat prompts, sampled at T 0 / 0.6 / 0.8 / 1.0 (one in
     four each), generated in left-padded batches; each sequence is its prompt plus the answer up
-    to and including the first end-of-sequence token."""
+    to and including the first end-of-sequence token (``.prompt_lens``: each prompt's length)."""
     temps = (0.0, 0.6, 0.8, 1.0)
     prompts = corpus_prompts(n)
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
     out: dict[int, torch.Tensor] = {}
+    plen: dict[int, int] = {}
     for g, t in enumerate(temps):
         idx = [i for i in range(n) if i % len(temps) == g]
         for c in range(0, len(idx), batch):
@@ -227,17 +253,33 @@ def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, se
                 if eos is not None and eos in row:
                     row = row[: row.index(eos) + 1]
                 out[i] = torch.tensor(r + row, device=device)
-    return [out[i] for i in range(n)]
+                plen[i] = len(r)
+    return Corpus([out[i] for i in range(n)], [plen[i] for i in range(n)])
+
+
+def _first_anchor(prompt_len: int | None) -> int:
+    """The first position sglang anchors a block at: the prompt's length (its first block's token
+    0 is the target's first answer token); 1 when the prompt is unknown."""
+    return max(1, int(prompt_len or 0))
 
 
 def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any], *, block: int = 8,
           layers: int = 1, layer_ids: list[int] | None = None, steps: int = 600, anchors_per_seq: int = 16,
           seqs_per_step: int = 8, lr: float = 3e-4, seed: int = 0, device: str = "cpu",
-          log=print) -> tuple[DFlashDrafter, dict]:
+          prompt_lens: list[int] | None = None, log=print) -> tuple[DFlashDrafter, dict]:
+    """``prompt_lens`` (default: ``seqs.prompt_lens`` of a ``Corpus``, else none known): blocks are
+    anchored only at or after each prompt's end, where sglang drafts them."""
     torch.manual_seed(seed)
-    seqs = [x for x in seqs if x.shape[0] >= block + 4]
+    if prompt_lens is None:
+        prompt_lens = getattr(seqs, "prompt_lens", None)
+    plens = [None] * len(seqs) if prompt_lens is None else [int(p) for p in prompt_lens]
+    if len(plens) != len(seqs):
+        raise ValueError("one prompt length per sequence")
+    keep = [i for i, x in enumerate(seqs) if x.shape[0] >= block + 4 and x.shape[0] - block > _first_anchor(plens[i])]
+    seqs, plens = [seqs[i] for i in keep], [plens[i] for i in keep]
     if len(seqs) < 2:
-        raise ValueError(f"need at least 2 target-written sequences longer than {block + 3} tokens")
+        raise ValueError(f"need at least 2 target-written sequences longer than {block + 3} tokens "
+                         "with an answer of more than one block")
     cfg = drafter_cfg.drafter_config_for(target_cfg, block_size=block, layers=layers, target_layer_ids=layer_ids)
     layer_ids = cfg["dflash_config"]["target_layer_ids"]
     mask_id = cfg["dflash_config"]["mask_token_id"]
@@ -256,8 +298,8 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     t0 = time.time()
     for step in range(steps):
         picks = torch.randint(0, len(train_idx), (seqs_per_step,), generator=rng).tolist()
-        loss = sum(_block_loss(model, feats[train_idx[j]], seqs[train_idx[j]], embed, head, block, mask_id,
-                               anchors_per_seq, rng) for j in picks) / seqs_per_step
+        loss = sum(_block_loss(model, feats[i], seqs[i], embed, head, block, mask_id, anchors_per_seq, rng,
+                               lo=_first_anchor(plens[i])) for i in (train_idx[j] for j in picks)) / seqs_per_step
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -266,8 +308,11 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
         opt.step()
         losses.append(float(loss.detach()))
         if step % max(1, steps // 10) == 0:
-            log(f"[train-drafter] step {step}/{steps} loss {float(loss):.3f} ({time.time() - t0:.0f}s)")
-    acc = offline_acceptance(model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id)
+            log(f"[train-drafter] step {step}/{steps} loss {losses[-1]:.3f} ({time.time() - t0:.0f}s)")
+    acc = offline_acceptance(model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id,
+                             prompt_lens=[plens[i] for i in held])
+    acc["accept_length_all_anchors"] = offline_acceptance(
+        model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id)["accept_length"]
     report = {"seed": seed, "steps": steps, "block_size": block, "layers": layers, "target_layer_ids": layer_ids,
               "loss_first": sum(losses[:20]) / max(1, len(losses[:20])),
               "loss_last": sum(losses[-20:]) / max(1, len(losses[-20:])), "offline": acc,
@@ -276,12 +321,12 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     return model, report
 
 
-def _block_loss(model, feats, seq, embed, head, block, mask_id, n_anchor, rng) -> torch.Tensor:
+def _block_loss(model, feats, seq, embed, head, block, mask_id, n_anchor, rng, lo: int = 1) -> torch.Tensor:
     T = seq.shape[0]
     hi = T - block
-    if hi < 2:
-        raise ValueError("sequence shorter than a block")
-    anchors = torch.randint(1, hi, (n_anchor,), generator=rng).to(seq.device)
+    if hi <= lo:
+        raise ValueError("sequence shorter than a block after its first anchor")
+    anchors = torch.randint(lo, hi, (n_anchor,), generator=rng).to(seq.device)
     ids = torch.full((n_anchor, block), mask_id, dtype=torch.long, device=seq.device)
     ids[:, 0] = seq[anchors]
     labels = torch.stack([seq[a + 1 : a + block] for a in anchors.tolist()])
@@ -293,14 +338,17 @@ def _block_loss(model, feats, seq, embed, head, block, mask_id, n_anchor, rng) -
 
 
 @torch.no_grad()
-def offline_acceptance(model, feats_list, seqs, embed, head, block, mask_id) -> dict:
+def offline_acceptance(model, feats_list, seqs, embed, head, block, mask_id, prompt_lens=None) -> dict:
     """Mean chain accept length if the target's next tokens are the held-out text: 1 + the number
-    of leading drafted tokens that equal it (what DFLASH commits per step on that text)."""
+    of leading drafted tokens that equal it (what DFLASH commits per step on that text). With
+    ``prompt_lens``, blocks are anchored only where sglang drafts them (position >= prompt length)."""
     lens, top1 = [], []
-    for feats, seq in zip(feats_list, seqs, strict=True):
-        if seq.shape[0] - block <= 1:
+    plens = [None] * len(seqs) if prompt_lens is None else list(prompt_lens)
+    for feats, seq, plen in zip(feats_list, seqs, plens, strict=True):
+        lo = _first_anchor(plen)
+        if seq.shape[0] - block <= lo:
             continue
-        anchors = torch.arange(1, seq.shape[0] - block, 3, device=seq.device)
+        anchors = torch.arange(lo, seq.shape[0] - block, 3, device=seq.device)
         ids = torch.full((anchors.numel(), block), mask_id, dtype=torch.long, device=seq.device)
         ids[:, 0] = seq[anchors]
         pred = head(model(feats, embed(ids).float(), anchors)[:, 1:, :].to(head.weight.dtype)).argmax(-1)

@@ -58,6 +58,14 @@ def check(target: dict[str, Any], drafter: dict[str, Any], *, block_size: int | 
         raise UsageError(f"drafter reads target layers {bad}, but the target has {n_target} layers (0..{n_target - 1})")
     if len(set(ids)) != len(ids):
         raise UsageError(f"drafter target_layer_ids repeat a layer: {ids}")
+    # sglang captures the residual stream entering layer id + 1 (set_dflash_layers_to_capture), in
+    # layer order: the last layer's output is never captured, and features come in increasing order.
+    if n_target - 1 in ids:
+        raise UsageError(f"drafter reads target layer {n_target - 1}, the last one: sglang captures the input of "
+                         f"layer id + 1, and there is no layer {n_target}")
+    if ids != sorted(ids):
+        raise UsageError(f"drafter target_layer_ids {ids} must increase: sglang concatenates the captured layers "
+                         "in layer order")
     for key in ("vocab_size", "hidden_size"):
         if drafter.get(key) != target.get(key):
             raise UsageError(f"drafter {key} {drafter.get(key)} != target {key} {target.get(key)}")

@@ -100,6 +100,146 @@ def test_batched_self_distillation_is_each_prompt_generated_alone(target) -> Non
         if 2 in alone[len(ids):]:
             alone = alone[: len(ids) + alone[len(ids):].index(2) + 1]
         assert seqs[i].tolist() == alone
-    for s, p in zip(seqs, prompts, strict=True):  # every sequence starts with its own prompt, no padding
+    for s, p, n in zip(seqs, prompts, seqs.prompt_lens, strict=True):  # each starts with its own prompt, no padding
         ids = tok.apply_chat_template([{"role": "user", "content": p}])
-        assert s.tolist()[: len(ids)] == ids and len(s) <= len(ids) + 12
+        assert s.tolist()[: len(ids)] == ids and len(s) <= len(ids) + 12 and n == len(ids)
+
+
+# ------------------------------------------------------------- what sglang 0.5.23 serves, rule by rule
+# Each rule below is written here; where sglang's sources are unpacked at /tmp/sitetest (a reference
+# copy, read-only) the test also reads the rule from them, so a new sglang that changes it fails here.
+
+SGLANG = Path("/tmp/sitetest/sglang/srt")
+
+
+def _sglang_text(rel: str) -> str | None:
+    f = SGLANG / rel
+    return f.read_text() if f.is_file() else None
+
+
+def test_features_are_the_residual_stream_sglang_captures(target) -> None:
+    """sglang's Llama captures, for target layer id i, the residual stream entering layer i + 1
+    (set_dflash_layers_to_capture: layers_to_capture = [id + 1 ...]), in layer order."""
+    m, _, seqs = target
+    offset = 1
+    src = _sglang_text("models/llama.py")
+    if src is not None:
+        body = src[src.index("def set_dflash_layers_to_capture"):]
+        body = body[: body.index("\n\n\n")]
+        assert "self.model.layers_to_capture = [val + 1 for val in layer_ids]" in body, body
+    entering: list[torch.Tensor] = []
+    hooks = [layer.register_forward_pre_hook(
+        lambda mod, args, kw: entering.append((args[0] if args else kw["hidden_states"])[0].clone()),
+        with_kwargs=True) for layer in m.model.layers]
+    try:
+        with torch.no_grad():
+            feats = dflash_train._features(m, seqs[0], [0, 1, 2])
+    finally:
+        for h in hooks:
+            h.remove()
+    want = torch.cat([entering[i + offset] for i in (0, 1, 2)], dim=-1)
+    assert torch.allclose(feats, want)
+    for bad in ([3], [2, 1]):  # the last layer's output is never captured; features come in layer order
+        with pytest.raises(ValueError):
+            dflash_train._features(m, seqs[0], bad)
+        cfg = drafter.drafter_config_for(TINY, block_size=8)
+        cfg["dflash_config"]["target_layer_ids"] = bad
+        with pytest.raises(Exception, match="sglang"):
+            drafter.check(TINY, cfg, block_size=8)
+
+
+_STACKED = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
+            ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+
+
+def _sglang_params(layers: int) -> set[str]:
+    """DFlashDraftModel's parameters for a plain (no conv / selector / domino / sink) config."""
+    per = ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.qkv_proj.weight",
+           "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+           "mlp.gate_up_proj.weight", "mlp.down_proj.weight"]
+    return {"fc.weight", "hidden_norm.weight", "norm.weight"} | {f"layers.{i}.{p}" for i in range(layers) for p in per}
+
+
+def test_every_parameter_sglang_loads_comes_from_the_export(target, tmp_path: Path) -> None:
+    """DFlashDraftModel.load_weights silently skips a name it cannot resolve, leaving that
+    parameter at its init value: map the exported names the way it does and require every one of
+    its parameters (each shard of the fused qkv / gate_up) to be written, with the right shape."""
+    _, cfg, _ = target
+    stacked = _STACKED
+    src = _sglang_text("models/dflash.py")
+    if src is not None:
+        import re
+
+        body = src[src.index("def load_weights"):]
+        body = body[: body.index("params_dict = dict(")]
+        stacked = [(a, b, int(c) if c.isdigit() else c.strip("\"'"))
+                   for a, b, c in re.findall(r'\("(\w+)", "(\w+)", ("?\w+"?)\)', body)]
+        assert stacked == _STACKED, stacked
+        for needle in ('self.fc = nn.Linear(', 'self.hidden_norm = norm_cls(', 'self.norm = norm_cls(',
+                       'self.q_norm = norm_cls(', 'self.k_norm = norm_cls(', 'self.input_layernorm = norm_cls(',
+                       'self.post_attention_layernorm = norm_cls(', 'self.gate_up_proj = MergedColumnParallelLinear(',
+                       'self.down_proj = RowParallelLinear(', 'self.o_proj = RowParallelLinear('):
+            assert needle in src, needle
+    model = dflash_train.DFlashDrafter(dflash_train.shape_for(cfg, layers=2, n_features=2))
+    out = dflash_train.export(model, cfg, tmp_path / "d", {"block_size": 8, "layers": 2, "target_layer_ids": [1, 2]})
+    from safetensors.torch import load_file
+
+    sd = load_file(str(out / "model.safetensors"))
+    params = _sglang_params(2)
+    loaded: dict[str, set] = {}
+    for name in sd:
+        for param, weight, shard in stacked:
+            if f".{weight}." in name:
+                mapped = name.replace(weight, param)
+                assert mapped in params, f"{name} -> {mapped}: sglang skips it"
+                loaded.setdefault(mapped, set()).add(shard)
+                break
+        else:
+            assert name in params, f"{name}: sglang skips it"
+            loaded.setdefault(name, set()).add(None)
+    assert set(loaded) == params, params ^ set(loaded)
+    for i in range(2):
+        assert loaded[f"layers.{i}.self_attn.qkv_proj.weight"] == {"q", "k", "v"}
+        assert loaded[f"layers.{i}.mlp.gate_up_proj.weight"] == {0, 1}
+    h, hd, heads, kv = TINY["hidden_size"], TINY["head_dim"], TINY["num_attention_heads"], TINY["num_key_value_heads"]
+    assert sd["fc.weight"].shape == (h, 2 * h) and sd["layers.1.self_attn.k_norm.weight"].shape == (hd,)
+    assert sd["layers.0.self_attn.q_proj.weight"].shape == (heads * hd, h)
+    assert sd["layers.0.self_attn.v_proj.weight"].shape == (kv * hd, h)
+    dcfg = json.loads((out / "config.json").read_text())
+    # a plain DFLASH draft: no per-layer attention types (they would make sglang's draft layers
+    # causal or windowed), no extras that add parameters the export does not have
+    assert "layer_types" not in dcfg and "is_causal" not in dcfg and "use_gemma_norm" not in dcfg
+    assert not set(dcfg["dflash_config"]) & {"conv_kernel_size", "selector_rank", "projector_type",
+                                             "attention_sink_bias", "attention_value_scale"}
+
+
+def test_blocks_are_anchored_only_where_sglang_drafts_them(target, monkeypatch) -> None:
+    """After the prefill of a p-token prompt sglang's first block sits at position p (its token 0
+    is the target's first answer token) and later ones further on: no block is anchored inside
+    the prompt. Training and the offline acceptance use the same anchors."""
+    m, cfg, seqs = target
+    p, B = 20, 8
+    model = dflash_train.DFlashDrafter(dflash_train.shape_for(cfg, layers=1, n_features=2))
+    embed, head = m.get_input_embeddings(), m.get_output_embeddings()
+    feats = [dflash_train._features(m, s, [1, 2]).float() for s in seqs[:3]]
+    seen: list[torch.Tensor] = []
+    real_forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda f, e, a: (seen.append(a.clone()), real_forward(f, e, a))[1])
+    acc = dflash_train.offline_acceptance(model, feats, seqs[:3], embed, head, B, 95, prompt_lens=[p] * 3)
+    assert acc["blocks"] == sum(len(range(p, s.shape[0] - B, 3)) for s in seqs[:3])
+    assert all(int(a.min()) == p for a in seen)
+    seen.clear()
+    rng = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        dflash_train._block_loss(model, feats[0], seqs[0], embed, head, B, 95, 64, rng, lo=p)
+    assert int(seen[0].min()) >= p and int(seen[0].max()) < seqs[0].shape[0] - B
+
+    los: list[int] = []
+    real_loss = dflash_train._block_loss
+    monkeypatch.setattr(dflash_train, "_block_loss", lambda *a, lo=1: (los.append(lo), real_loss(*a, lo=lo))[1])
+    corpus = dflash_train.Corpus(seqs, [p] * len(seqs))
+    _, report = dflash_train.train(m, corpus, cfg, block=B, layers=1, steps=2, anchors_per_seq=4, seed=0,
+                                   log=lambda *_: None)
+    assert los and set(los) == {p}
+    assert report["offline"]["blocks"] == len(range(p, seqs[0].shape[0] - B, 3))  # one held-out sequence
+    assert "accept_length_all_anchors" in report["offline"]

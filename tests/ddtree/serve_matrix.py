@@ -4,7 +4,8 @@ Runs on the GPU machine after `source .carry/sglang/p2/on-device.sh` (site dir /
 the stock sglang 0.5.23). Builds three sglang variants from the repo's patch series:
 
 - patched:   the whole series (patches/sglang-0.5.23/series);
-- unpatched: only the argument patches (0010 verify width, 0015 DDTree args + worker hook), i.e.
+- unpatched: only the argument patches (0010 verify width, 0015 DDTree args + worker hook, 0016
+             the decode KV reserve), i.e.
              the tree-verify backend fixes 0011-0014 left out;
 - mutant:    the series + tests/ddtree/mutants/seeds-block-size-indexing.patch (the incident:
              the triton backend indexes the tree mask by the DFlash block size);
@@ -122,7 +123,7 @@ def series(variant: str) -> list[Path]:
     d = ROOT / "patches" / "sglang-0.5.23"
     names = [ln.strip() for ln in (d / "series").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     if variant == "unpatched":
-        names = [n for n in names if n.startswith(("0010", "0015"))]
+        names = [n for n in names if n.startswith(("0010", "0015", "0016"))]
     files = [d / n for n in names]
     if variant == "mutant":
         files.append(ROOT / "tests" / "ddtree" / "mutants" / "seeds-block-size-indexing.patch")

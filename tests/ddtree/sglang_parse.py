@@ -47,6 +47,11 @@ for argv in json.load(sys.stdin):
                                "block": view.speculative_num_draft_tokens}
         except Exception as e:
             rec["resolved"] = {"error": f"{type(e).__name__}: {e}"}
+        else:
+            from sglang.srt.arg_groups.overrides import max_speculative_num_draft_tokens
+
+            # the largest per-step draft width sglang sizes buffers and KV reservations by
+            rec["max_draft_width"] = max_speculative_num_draft_tokens(args)
     if rec["rc"] == 0 and getattr(args, "speculative_ddtree_budget", None) is not None:
         try:
             r = resolve_from_server_args(args)

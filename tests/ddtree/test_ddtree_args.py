@@ -4,6 +4,7 @@ comes from PyPI through `patches`, the series is applied as in the image)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -97,6 +98,41 @@ def test_every_rendered_command_passes_sglangs_parser(patched_sglang: Path, rend
         assert res["ddtree"] == {"budget": 16, "topk": 4, "verify_width": 17}, (host, res)
         # sglang's own resolution (patch 0015) derives the same width from the same rules
         assert res["resolved"] == {"verify_width": 17, "topk": 4, "block": 8}, (host, res)
+
+
+def _decode_reserve(root: Path):
+    """sglang's own DFLASH v2 decode reserve (patch 0016), read from the patched source: the helper
+    function, and the expression prepare_for_decode assigns to ``reserve``."""
+    src = (root / "sglang" / "srt" / "speculative" / "dflash_info_v2.py").read_text()
+    mod = ast.parse(src)
+    fn = next(n for n in mod.body if isinstance(n, ast.FunctionDef) and n.name == "dflash_decode_reserve")
+    ns: dict = {"Optional": __import__("typing").Optional}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "dflash_info_v2.py", "exec"), ns)
+    cls = next(n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == "DFlashDraftInputV2")
+    prep = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "prepare_for_decode")
+    assigned = [ast.get_source_segment(src, a.value) for a in ast.walk(prep)
+                if isinstance(a, ast.Assign) and any(getattr(t, "id", None) == "reserve" for t in a.targets)]
+    return ns["dflash_decode_reserve"], assigned
+
+
+@pytest.mark.integration
+def test_the_decode_kv_reserve_covers_every_verify_window(patched_sglang: Path) -> None:
+    """DFLASH v2 reserves KV past the committed length each step; a tree verify writes budget + 1
+    slots there. With 2 x block (8) only, budgets >= 16 wrote into req_to_token entries never
+    allocated to the request (seen on the H200: structural divergence from budget 16 up)."""
+    reserve, assigned = _decode_reserve(patched_sglang)
+    assert assigned == ["dflash_decode_reserve(block_size, max_speculative_num_draft_tokens())"], assigned
+    base = ["--model-path", "/models/m", "--attention-backend", "triton", "--speculative-algorithm", "DFLASH",
+            "--speculative-draft-model-path", "/models/d", "--speculative-num-draft-tokens", "8",
+            "--disable-overlap-schedule"]
+    budgets = (1, 3, 7, 8, 15, 16, 31, 63)
+    res = parse(patched_sglang, [[*base, "--speculative-ddtree-budget", str(b), "--speculative-ddtree-topk", "8"]
+                                 for b in budgets] + [base])
+    for b, r in zip(budgets, res, strict=False):
+        width = r["resolved"]["verify_width"]
+        assert width == b + 1 and r["max_draft_width"] == max(8, b + 1), (b, r)
+        assert reserve(8, r["max_draft_width"]) >= width + 8, (b, r)  # the window, past a block of lag
+    assert reserve(8, res[-1]["max_draft_width"]) == 16, "DFLASH's chain keeps its reserve"
 
 
 @pytest.mark.integration

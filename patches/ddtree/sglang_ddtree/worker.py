@@ -81,6 +81,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # the step's KV window covers both the draft block and the verify width (reserved per step
         # by the scheduler: patch 0015 declares max(block, budget + 1) as the draft width)
         self.window_width = max(self.verify_width, int(self.block_size))
+        _check_decode_reserve(int(self.block_size), self.window_width)
         self._depth_offsets = torch.arange(self.window_width, dtype=torch.int64, device=self.device)
         self._block_offsets = torch.arange(int(self.block_size), dtype=torch.int64, device=self.device)
         self._last_tree: tree_mod.TreeBatch | None = None  # for tests and debugging
@@ -374,6 +375,21 @@ class DDTreeWorker(DFlashWorkerV2):
     def _tree_mask(self, tree: tree_mod.TreeBatch, prefix_cpu: torch.Tensor, pad_to: int = 0) -> torch.Tensor:
         """Flattened per-request ``W x (prefix + W)`` allow-masks, request after request."""
         return torch.from_numpy(tree_mod.flat_mask(tree, prefix_cpu.numpy(), pad_to=pad_to))
+
+
+def _check_decode_reserve(block: int, window: int) -> None:
+    """Refuse to start on an sglang whose DFLASH v2 decode reserve cannot hold the verify window
+    (patch 0016): without it a window wider than 2 x block writes into KV slots the request does
+    not own, which corrupts output silently."""
+    from sglang.srt.speculative import dflash_info_v2
+
+    reserve = getattr(dflash_info_v2, "dflash_decode_reserve", None)
+    if reserve is None or reserve(block, window) < window + block:
+        raise RuntimeError(
+            f"DDTree needs sglang's DFLASH decode KV reserve to cover a verify window of {window} slots "
+            "past a block of lag (patch 0016-dflash-v2-decode-reserve-covers-verify-width of this repo's "
+            "series); this sglang build lacks it"
+        )
 
 
 def _renorm(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor) -> torch.Tensor:
