@@ -1,12 +1,9 @@
-"""Where SGLang puts per-request speculative stats (shapes from sglang 0.5.23's protocol.py)."""
+"""Where SGLang puts per-request speculative stats: the shapes a real server did not show in the
+recorded fixtures (tests/validation/test_sglang_recorded_shapes.py covers the recorded ones: one
+``sglext.spec_tokens_details`` object on the response and on a choice-less stream chunk), taken
+from sglang 0.5.23's protocol.py (a list per choice when n > 1) and /generate's meta_info."""
 
 from pipeline.client import _extract_spec
-
-
-def test_sglext_on_response() -> None:
-    obj = {"choices": [{"message": {"content": "x"}}],
-           "sglext": {"spec_tokens_details": {"spec_accept_length": 4.8, "spec_verify_ct": 25}}}
-    assert _extract_spec(obj) == (4.8, 25)
 
 
 def test_sglext_list_on_choice() -> None:
