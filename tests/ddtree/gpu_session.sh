@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The H200 session for DDTree on real SGLang, one step per device call (run from the repo root on the
+# GPU machine; the machine keeps /tmp only while warm, so issue the calls back to back).
+#
+#   step      carry                                    what
+#   install1  .carry/sglang/p1                         sglang 0.5.23 + wheels into /tmp/site
+#   install2  .carry/sglang/p2 .carry/sglang/p3        sgl-kernel 0.4.5, flashinfer, env (../shared/gpu recipe)
+#   gguf1     .carry/gguf-a                            first half of the SmolLM2 GGUF
+#   warm      .carry/gguf-b .carry/ddtree-srv          convert; train the drafter (in the background) while
+#                                                      two servers compile the JIT kernels; drafter -> $OUT
+#   matrix    .carry/ddtree-srv                        the full serve matrix (28 servers at once)
+#   incident  .carry/ddtree-srv .carry/gate-py         the incident driver with the trained drafter, gated
+#
+# Build the carries here first: bash ../shared/gpu/make-carry.sh; bash tests/ddtree/make_server_carry.sh;
+# bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
+set -uo pipefail
+step=${1:?step: install1|install2|gguf1|warm|matrix|incident}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+case $step in
+  install1)
+    S=/tmp/site; mkdir -p $S
+    tar -C $S -xzf .carry/sglang/p1/sglang-slim.tgz &&
+      python3 -m pip install -q --no-index --no-deps --no-compile --target $S .carry/sglang/p1/whl/*.whl ;;
+  install2)
+    # shellcheck disable=SC1091
+    source .carry/sglang/p2/on-device.sh && python3 -c "import sglang, sgl_kernel; print('sglang ok')" ;;
+  gguf1)
+    mkdir -p /tmp/gguf && cp .carry/gguf-a/part00 /tmp/gguf/ ;;
+  warm)
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    cat /tmp/gguf/part00 .carry/gguf-b/part01 > /tmp/gguf/smollm2.gguf || exit 1
+    PYTHONPATH=$PYTHONPATH:. python3 -m models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
+    { PYTHONPATH=$PYTHONPATH:. python3 -m models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
+        --device cuda --layers 2 --seqs 512 --max-new 256 --steps 1500 > /tmp/train.log 2>&1
+      echo "train rc=$?" >> /tmp/train.log; } &
+    train=$!
+    python3 tests/ddtree/serve_matrix.py --only warm --model smollm2 --max-new 64 --deadline 330 2>&1 | tail -4
+    wait $train
+    tail -3 /tmp/train.log; mkdir -p "$OUT/drafter"; cp /tmp/smollm2-dflash/{config.json,train.json} "$OUT/drafter/" 2>/dev/null
+    cp /tmp/train.log "$OUT/" ;;
+  matrix)
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    timeout 470 python3 tests/ddtree/serve_matrix.py --only full --no-waves --model smollm2 --max-new 64 \
+      --deadline 280 2>&1 | tail -4 ;;
+  incident)
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    timeout 420 python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline 400 2>&1 | tail -4
+    tar -C "$OUT" -czf "$OUT/gates.tgz" gates && rm -rf "$OUT/gates" "$OUT/logs" ;;
+  *) echo "unknown step: $step" >&2; exit 2 ;;
+esac
