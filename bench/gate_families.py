@@ -11,7 +11,9 @@ For one seed it builds, then scores with the gate's default config:
   tables, lists, identifiers, numbers, non-English, emoji, legitimate repetition);
 - *corrupted*: every corruption family of validation/synth.py applied to the real answers and to
   generated prose;
-- the labeled corpus tests/validation/corpus.jsonl (fixed; the same for every seed).
+- the labeled corpus tests/validation/corpus.jsonl (fixed; the same for every seed);
+- the real-output set tests/validation/real_outputs.jsonl (fixed): 50 answers of the target-only SGLang
+  server of 2026-12-01 (coherent) and the mutant server's output with variations (garbled).
 
 Every item's verdict, findings and judge scores go into the raw JSON (`items`), with rates per class,
 the command, the date, the machine load and the judge's time. Seeds used while tuning are listed in
@@ -130,6 +132,14 @@ def main() -> int:
         o = json.loads(line)
         items.append({"id": f"corpus-{o['id']}", "label": o["label"], "class": f"corpus_{o['label']}",
                       "source": "corpus", "category": "prose", "text": o["text"]})
+    # real outputs of served models (tests/validation/make_real_outputs.py): the target-only SGLang
+    # server's answers (coherent, judged after their suite prompt) and the mutant server's output (garbled)
+    prompts = {p.id: p.prompt for p in load_suite(cfg.suite).prompts}
+    for line in (REPO / "tests" / "validation" / "real_outputs.jsonl").read_text().splitlines():
+        o = json.loads(line)
+        items.append({"id": f"realset-{o['id']}", "label": o["label"], "class": f"sglang_{o['class']}",
+                      "source": o["source"], "prompt": prompts.get(o.get("prompt_id", "")),
+                      "category": o.get("prompt_class", "prose"), "text": o["text"]})
     t_judge0 = time.perf_counter()
     det_s = 0.0
     with FluencyJudge(cfg.judge) as judge:

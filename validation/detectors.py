@@ -585,6 +585,30 @@ def _similar(a: list[str], b: list[str]) -> float:
     return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
+def _refrain(members: list[list[str]], raw: list[str], lines: set[str], th: DetectorThresholds) -> bool:
+    """A refrain / anaphora of a poem or list: one line template whose 1-2 slots take different words
+    ("A wonder, that befits a land, / A wonder, that befits a sea,"; "A tale of love, a tale of devotion, /
+    A tale of salvation, a tale of redemption,"). It differs from the near-copies a broken engine writes in
+    four ways, all required (the fourth, share <= refrain_max_share, is checked by the caller):
+
+    - every copy has the same words at the same positions except in the slots (no word inserted or
+      dropped: the engine's copies gain and lose words, "the the", "fully", "carefully");
+    - a slot's words are new to the line: none repeats a word of the template (an engine's substitution
+      copies a word of the same sentence: "travels happen the Sun", "northern surprise to everyone's
+      surprise");
+    - each copy is a whole line of a line-broken text (poem or list form), not a sentence in a paragraph;
+    - the copies, with every near-copy of them, are part of the answer, not all of it.
+    """
+    if any(r not in lines for r in raw) or len({len(m) for m in members}) != 1:
+        return False
+    n = len(members[0])
+    slots = [k for k in range(n) if len({m[k] for m in members}) > 1]
+    if not 1 <= len(slots) <= th.refrain_max_slots or n - len(slots) < 4:
+        return False
+    template = {members[0][k] for k in range(n) if k not in slots}
+    return all(m[k] not in template for m in members for k in slots)
+
+
 def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
     """A sentence or phrase repeated with small variations ("1. Use a food thermometer ... 2. Use a food
     thermometer ..."), or one word stuttered in its forms ("galaxy galaxy galaxies"). Legitimate repetition
@@ -615,9 +639,27 @@ def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
     sents = [w for w, _ in pairs]
     raw = [r for _, r in pairs]
     total = sum(len(s) for s in sents)
+    # refrain lines (see _refrain) are set aside before near-copies are grouped
+    lines = {" ".join(_LIST_MARK.sub("", x).lower().split()) for x in prose.splitlines()}
+    refrain: set[int] = set()
+    for i, a in enumerate(sents):
+        if i in refrain:
+            continue
+        same = [j for j, b in enumerate(sents) if len(b) == len(a)
+                and sum(x != y for x, y in zip(a, b, strict=True)) <= th.refrain_max_slots]
+        if len(same) < th.near_repeat_min_copies or not _refrain([sents[j] for j in same], [raw[j] for j in same],
+                                                                 lines, th):
+            continue
+        # the share counts every near-copy of the refrain, those with words inserted or dropped too
+        near = set(same) | {k for k, c in enumerate(sents) if _similar(a, c) >= th.near_repeat_similarity}
+        if sum(len(sents[k]) for k in near) / max(1, total) <= th.refrain_max_share:
+            refrain.update(same)
     best: list[int] = []
     for i, a in enumerate(sents):
-        group = [i] + [j for j, b in enumerate(sents) if j != i and _similar(a, b) >= th.near_repeat_similarity]
+        if i in refrain:
+            continue
+        group = [i] + [j for j, b in enumerate(sents) if j != i and j not in refrain
+                       and _similar(a, b) >= th.near_repeat_similarity]
         if len(group) > len(best):
             best = group
     if len(best) >= th.near_repeat_min_copies:
