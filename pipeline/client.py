@@ -106,6 +106,13 @@ class OpenAIClient:
         except httpx.HTTPError as exc:
             raise TargetError(f"cannot reach {self.base_url}{path}: {type(exc).__name__}: {exc}") from None
 
+    def health(self) -> bool:
+        """True when GET /health answers 200 (SGLang and llama.cpp both serve it once loaded)."""
+        try:
+            return self._http.get(self.base_url + "/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def list_models(self) -> list[str]:
         """Model ids from /v1/models; TargetError if the answer is not an OpenAI model list."""
         resp = self._get("/v1/models")

@@ -2,9 +2,11 @@
 
     python -m validation sweep --grid validation/grids/embedded-draft.yaml [--out DIR]
     make sweep HOST=embedded GRID=validation/grids/embedded-draft.yaml
+    python -m validation sweep --grid validation/grids/sglang-smollm2.yaml     # on a GPU machine
 
 A grid is a list of server configurations. Each cell is deployed (the embedded engine started with
-the cell's settings, or an endpoint that is already serving it), then gated on everything that
+the cell's settings, an SGLang server the sweep starts with them, or an endpoint that is already
+serving it), then gated on everything that
 matters for a speculative deployment: coherence at every temperature, lossless T=0 output against
 the non-speculative baseline, quality, acceptance, and speed against the baseline at one stream.
 A cell that fails to start, names an unknown setting, or serves another model is reported as
@@ -26,7 +28,9 @@ from pipeline.config import StrictModel, format_validation_error, load_config
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer
 from pipeline.errors import PipelineError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
+from pipeline.server_proc import ServerProcess
 from validation.config import GateConfig, load_gate_config
+from validation.sweep_sglang import CELL_SETTINGS, SGLangConfig, cell_command, cell_server, server_command
 
 # Settings an SGLang DDTree / DFlash cell may carry (they become server arguments on deploy).
 SGLANG_SETTINGS = {"budget", "topk", "block_size", "algorithm", "attention_backend", "cuda_graph"}
@@ -39,7 +43,7 @@ class Cell(StrictModel):
 
 
 class SweepConfig(StrictModel):
-    kind: Literal["embedded", "endpoints"] = "embedded"
+    kind: Literal["embedded", "endpoints", "sglang"] = "embedded"
     # embedded: the cartesian product of `axes` over `base` settings, each served by the embedded engine
     axes: dict[str, list[Any]] = Field(default_factory=dict)
     base: dict[str, Any] = Field(default_factory=lambda: {"spec_type": "draft"})
@@ -50,11 +54,17 @@ class SweepConfig(StrictModel):
     gate_config: str | None = None
     gate: dict[str, Any] = Field(default_factory=dict, description="gate overrides for every cell")
     port_base: int = Field(default=18600, ge=1024, le=65000)
+    # sglang: the cartesian product of `axes` (CELL_SETTINGS), each an SGLang server the sweep starts
+    sglang: SGLangConfig | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> SweepConfig:
-        if self.kind == "embedded" and not self.axes:
-            raise ValueError("an embedded sweep needs `axes` (setting -> list of values)")
+        if self.kind in ("embedded", "sglang") and not self.axes:
+            raise ValueError(f"an {self.kind} sweep needs `axes` (setting -> list of values)")
+        if self.kind == "sglang":
+            self._sglang_shape()
+        elif self.sglang is not None:
+            raise ValueError(f"`sglang` is the section of the sglang kind, not of {self.kind}")
         if self.kind == "endpoints":
             if not self.cells:
                 raise ValueError("an endpoints sweep needs `cells` with url + settings")
@@ -65,6 +75,25 @@ class SweepConfig(StrictModel):
         if any(not v for v in self.axes.values()):
             raise ValueError("every axis needs at least one value")
         return self
+
+    def _sglang_shape(self) -> None:
+        if self.sglang is None:
+            raise ValueError("an sglang sweep needs an `sglang` section (model_path, draft_model_path, ...)")
+        if self.cells:
+            raise ValueError("an sglang sweep starts its cells from `axes`; `cells` is for the endpoints kind")
+        if "port_base" in self.model_fields_set:
+            raise ValueError("the sglang kind takes its ports from `sglang.port_base`")
+        unknown = sorted(set(self.axes) - set(CELL_SETTINGS))
+        if unknown:
+            raise ValueError(f"unknown axis {unknown} for the sglang kind; known: {list(CELL_SETTINGS)}")
+        n = 1 + len(self.expand())  # the baseline and every cell
+        s = self.sglang
+        if s.nccl_port_offset < n:
+            raise ValueError(f"sglang.nccl_port_offset {s.nccl_port_offset} must be >= {n} (the servers' count) "
+                             "so no --nccl-port is another server's --port")
+        if s.port_base + s.nccl_port_offset + n > 65535:
+            raise ValueError(f"sglang ports run past 65535: port_base {s.port_base}, {n} servers, "
+                             f"nccl_port_offset {s.nccl_port_offset}")
 
     def expand(self) -> list[Cell]:
         if self.kind == "endpoints":
@@ -106,6 +135,52 @@ def _embedded_cell_config(settings: dict[str, Any], base: dict[str, Any], port: 
         raise UsageError(format_validation_error(exc, f"invalid cell settings {settings}")) from None
 
 
+def _start_sglang(cfg: SweepConfig, cells: list[Cell], out: Path, stack: ExitStack,
+                  servers: dict[int, ServerProcess], refused: dict[int, PipelineError], extra: dict[str, Any],
+                  console: Console) -> str:
+    """Render and check every cell's command (the DDTree rules, before anything starts), start the
+    baseline (unless `baseline_url` names one) and, with `start: all`, every accepted cell at once;
+    return the baseline URL. A refused cell or one that does not come up lands in `refused`."""
+    s = cfg.sglang
+    assert s is not None
+    for i, cell in enumerate(cells):
+        port = s.port_base + 1 + i
+        try:
+            servers[i] = cell_server(cell_command(s, cell.settings, port, cell_label(cell)), s, port,
+                                     out / f"cell-{i:02d}", f"cell {cell_label(cell)}")
+        except PipelineError as exc:
+            refused[i] = exc
+            console.print(f"[bold red]cell {cell_label(cell)} refused before start: {exc}")
+    base: ServerProcess | None = None
+    if not cfg.baseline_url:
+        base = cell_server(server_command(s, s.port_base, None), s, s.port_base, out / "baseline", "baseline")
+        extra["baseline_command"] = " ".join(base.command)
+    if base is not None:
+        stack.callback(base.stop)
+        base.launch()
+    if s.start == "all":
+        for i, srv in list(servers.items()):
+            stack.callback(srv.stop)
+            try:
+                srv.launch()
+            except PipelineError as exc:  # its port is taken: that cell is an error row
+                refused[i] = exc
+    if base is not None:
+        console.rule("baseline: SGLang without speculative decoding")
+        base.wait_ready()
+    if s.start == "all":
+        console.rule(f"waiting for {len(servers)} SGLang cell servers (timeout {s.startup_timeout_s:g}s)")
+        for i, srv in list(servers.items()):
+            if i in refused:
+                continue
+            try:
+                srv.wait_ready()
+            except PipelineError as exc:
+                refused[i] = exc
+                console.print(f"[bold red]{exc}")
+    return base.url if base is not None else str(cfg.baseline_url)
+
+
 def _metric(case_list: list[Case], name: str, key: str) -> Any:
     for c in case_list:
         if c.name == name:
@@ -122,6 +197,7 @@ def run_sweep(cfg: SweepConfig, out: Path, console: Console | None = None) -> di
     base_gate = load_gate_config(cfg.gate_config, cfg.gate) if cfg.gate_config else GateConfig(**cfg.gate)
     cells = cfg.expand()
     rows: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}
     with ExitStack() as stack:
         baseline_url = cfg.baseline_url
         if cfg.kind == "embedded":
@@ -129,10 +205,16 @@ def run_sweep(cfg: SweepConfig, out: Path, console: Console | None = None) -> di
                 "spec_type": "none"}, {}, cfg.port_base)
             console.rule("baseline: embedded engine without speculative decoding")
             baseline_url = stack.enter_context(EmbeddedServer(base_cfg, out / "baseline")).url
+        servers: dict[int, ServerProcess] = {}
+        refused: dict[int, PipelineError] = {}
+        if cfg.kind == "sglang":
+            baseline_url = _start_sglang(cfg, cells, out, stack, servers, refused, extra, console)
         for i, cell in enumerate(cells):
             label = cell_label(cell)
             console.rule(f"cell {i + 1}/{len(cells)}: {label}")
             row: dict[str, Any] = {"cell": label, "settings": cell.settings, "status": "error"}
+            if i in servers:
+                row["command"] = " ".join(servers[i].command)
             t0 = time.perf_counter()
             try:
                 gate_cfg = base_gate.model_copy(update={"baseline_url": baseline_url})
@@ -140,6 +222,12 @@ def run_sweep(cfg: SweepConfig, out: Path, console: Console | None = None) -> di
                     ecfg = _embedded_cell_config(cell.settings, cfg.base, cfg.port_base + 1 + i)
                     with EmbeddedServer(ecfg, out / f"cell-{i:02d}") as srv:
                         res = run_gate(srv.url, gate_cfg, out_dir=out / f"cell-{i:02d}", console=console)
+                elif cfg.kind == "sglang":
+                    if i in refused:
+                        raise refused[i]
+                    with servers[i] as sg:  # started already (start: all) or now (one_at_a_time)
+                        row["startup_s"] = round(sg.ready_s or 0.0, 1)
+                        res = run_gate(sg.url, gate_cfg, out_dir=out / f"cell-{i:02d}", console=console)
                 else:
                     unknown = sorted(set(cell.settings) - SGLANG_SETTINGS)
                     if unknown:
@@ -166,7 +254,7 @@ def run_sweep(cfg: SweepConfig, out: Path, console: Console | None = None) -> di
     passed = [r for r in rows if r["status"] == "passed"]
     best = max(passed, key=lambda r: r.get("tok_s") or 0.0) if passed else None
     summary = {"kind": cfg.kind, "cells": len(rows), "passed": len(passed), "recommendation": best,
-               "baseline": baseline_url, "rows": rows}
+               "baseline": baseline_url, **extra, "rows": rows}
     _write(cfg, out, summary, rows)
     return summary
 
