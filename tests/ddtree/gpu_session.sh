@@ -10,11 +10,13 @@
 #                                                      two servers compile the JIT kernels; drafter -> $OUT
 #   matrix    .carry/ddtree-srv                        the full serve matrix (28 servers at once)
 #   incident  .carry/ddtree-srv .carry/gate-py         the incident driver with the trained drafter, gated
+#   sweep     .carry/gate-py                           make sweep's sglang kind: it starts the grid's servers
+#                                                      (validation/grids/sglang-smollm2.yaml) and gates each
 #
 # Build the carries here first: bash ../shared/gpu/make-carry.sh; bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
-step=${1:?step: install1|install2|gguf1|warm|matrix|incident}
+step=${1:?step: install1|install2|gguf1|warm|matrix|incident|sweep}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 case $step in
   install1)
@@ -49,5 +51,13 @@ case $step in
     source tests/ddtree/device-env.sh
     timeout 420 python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline 400 2>&1 | tail -4
     tar -C "$OUT" -czf "$OUT/gates.tgz" gates && rm -rf "$OUT/gates" "$OUT/logs" ;;
+  sweep)
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    # the servers import the patched sglang + the plugin that the matrix step built in /tmp
+    [ -d /tmp/ddtree-var/patched/sglang ] && [ -d /tmp/ddtree-plug ] || { echo "run the matrix step first" >&2; exit 2; }
+    PYTHONPATH=/tmp/ddtree-var/patched:/tmp/ddtree-plug:$PYTHONPATH:$PWD:$PWD/.carry/gate-py \
+      timeout 560 python3 -m validation sweep --grid validation/grids/sglang-smollm2.yaml --out "$OUT/sweep" 2>&1 | tail -6
+    tar -C "$OUT" -czf "$OUT/sweep.tgz" sweep && rm -rf "$OUT/sweep" ;;
   *) echo "unknown step: $step" >&2; exit 2 ;;
 esac
