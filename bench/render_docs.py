@@ -120,7 +120,26 @@ def render_incident(raw: dict[str, Any], path: str) -> str:
         "message, the recorded SGLang response shapes)\n"
 
 
+def render_ci_run(raw: dict[str, Any], path: str) -> str:
+    """One `.ci/run` from a fresh clone (bench/ci_run_summary.py)."""
+    verdict = "all stages passed" if raw.get("passed") else "FAILED: " + ", ".join(
+        f"{f['stage']} (exit {f['exit']})" for f in raw.get("failed_stages", []))
+    j = raw.get("junit") or {}
+    lines = [f"`{raw['command']}` at `{(raw.get('commit') or '?')[:7]}`, {raw['date']}, {raw['machine']}: "
+             f"**{verdict}** in {_num(raw.get('total_seconds'))} s; pytest: {raw.get('pytest_summary')}"
+             + (f" (JUnit: {j['tests']} tests, {j['skipped']} skipped, {j['ran']} ran, {j['failed']} failed)"
+                if j else ""),
+             "", f"Raw: {path}", "", "| stage | seconds |", "|---|---|"]
+    lines += [f"| {st['stage']} | {st['seconds']} |" for st in raw.get("stages", [])]
+    lines += [f"| {f['stage']} (failed) | {f['seconds']} |" for f in raw.get("failed_stages", [])]
+    prep = raw.get("test_prepare") or {}
+    if prep:
+        lines += ["", "Inside `test`: " + ", ".join(f"{k} {v} s" for k, v in prep.items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "ci-run": render_ci_run,
     "incident": render_incident,
     "ddtree-serve": render_ddtree_serve,
     "ddtree-serve-verdict": render_ddtree_verdict,
