@@ -12,11 +12,12 @@
 #   incident  .carry/ddtree-srv .carry/gate-py         the incident driver with the trained drafter, gated
 #   sweep     .carry/gate-py                           make sweep's sglang kind: it starts the grid's servers
 #                                                      (validation/grids/sglang-smollm2.yaml) and gates each
+#   loadtest  .carry/locust-py .carry/gate-py          Locust capacity (--quick) on target-only and DDTree b16/k4
 #
 # Build the carries here first: bash ../shared/gpu/make-carry.sh; bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
-step=${1:?step: install1|install2|gguf1|warm|matrix|incident|sweep}
+step=${1:?step: install1|install2|gguf1|warm|matrix|incident|sweep|loadtest}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 case $step in
   install1)
@@ -59,5 +60,13 @@ case $step in
     PYTHONPATH=/tmp/ddtree-var/patched:/tmp/ddtree-plug:$PYTHONPATH:$PWD:$PWD/.carry/gate-py \
       timeout 560 python3 -m validation sweep --grid validation/grids/sglang-smollm2.yaml --out "$OUT/sweep" 2>&1 | tail -6
     tar -C "$OUT" -czf "$OUT/sweep.tgz" sweep && rm -rf "$OUT/sweep" ;;
+  loadtest)
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    [ -d /tmp/ddtree-var/patched/sglang ] && [ -d /tmp/ddtree-plug ] || { echo "run the matrix step first" >&2; exit 2; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locust .carry/locust-py/*.whl || exit 1
+    PYTHONPATH=/tmp/ddtree-var/patched:/tmp/ddtree-plug:/tmp/locust:$PYTHONPATH:$PWD:$PWD/.carry/gate-py \
+      timeout 560 python3 tests/ddtree/loadtest_real.py --out "$OUT/loadtest" 2>&1 | tail -6
+    tar -C "$OUT" -czf "$OUT/loadtest.tgz" loadtest && rm -rf "$OUT/loadtest" ;;
   *) echo "unknown step: $step" >&2; exit 2 ;;
 esac

@@ -1,0 +1,69 @@
+"""GPU machine only: Locust capacity (`python -m loadtests capacity --quick`) against real sglang servers,
+the target alone and DDTree (budget 16, top-k 4, the trained drafter), one after the other on the one GPU.
+
+Servers are rendered and started by the sweep's sglang kind (validation/grids/sglang-smollm2.yaml:
+validation.sweep_sglang.server_command / cell_command, pipeline.server_proc.ServerProcess), so the
+commands are the ones CI checks with sglang's parser. Needs the environment of
+tests/ddtree/gpu_session.sh (`loadtest` step): the patched sglang + plugin on PYTHONPATH and Locust's
+wheels (.carry/locust-py, tests/ddtree/make_locust_carry.sh) installed.
+
+    python3 tests/ddtree/loadtest_real.py --out $OUT/loadtest
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from validation.sweep import load_sweep_config  # noqa: E402
+from validation.sweep_sglang import cell_command, cell_server, server_command  # noqa: E402
+
+GRID = ROOT / "validation" / "grids" / "sglang-smollm2.yaml"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--budget", type=int, default=16)
+    ap.add_argument("--topk", type=int, default=4)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    s = load_sweep_config(str(GRID)).sglang
+    runs = [("target-only", server_command(s, s.port_base, None)),
+            (f"ddtree-b{a.budget}-k{a.topk}",
+             cell_command(s, {"budget": a.budget, "topk": a.topk}, s.port_base + 1, "loadtest"))]
+    doc: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
+                 "grid": str(GRID.relative_to(ROOT)), "runs": []}
+    for i, (name, cmd) in enumerate(runs):
+        port = s.port_base + i
+        row: dict = {"name": name, "server_cmd": cmd}
+        t0 = time.time()
+        try:
+            with cell_server(cmd, s, port, a.out, name):
+                row["startup_s"] = time.time() - t0
+                lt = a.out / name
+                p = subprocess.run([sys.executable, "-m", "loadtests", "capacity", "--host", f"http://{s.host}:{port}",
+                                    "--quick", "--out", str(lt)], cwd=ROOT, env=dict(os.environ),
+                                   capture_output=True, text=True, timeout=240)
+                row.update(rc=p.returncode, tail=(p.stdout + p.stderr)[-3000:])
+                rep = lt / "capacity.json"
+                if rep.is_file():
+                    row["capacity"] = json.loads(rep.read_text())
+        except Exception as e:  # recorded: a server that does not come up is a result too
+            row["error"] = f"{type(e).__name__}: {e}"[:3000]
+        doc["runs"].append(row)
+        print(name, row.get("rc"), row.get("error", "")[:200], flush=True)
+    (a.out / "loadtest.json").write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
