@@ -3,16 +3,12 @@ Markdown: per server its single-stream speed against target-only (side by side i
 length per temperature, and the gate's verdict with the checks that failed; then, for the servers
 whose gate failed on corruption, what each named check quoted.
 
-    python bench/incident_table.py docs/results/incident-....json
+    python bench/render_docs.py --show incident docs/results/incident-....json
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
 CORRUPTION = ("char_run", "ngram_loop", "token_soup", "bad_chars", "script_salad", "collapse", "subword_repeat",
@@ -74,20 +70,3 @@ def render(doc: dict[str, Any], path: str | None = None) -> str:
                 msg = (c.get("message") or "").replace("|", "/").replace("\n", " ")[:160]
                 out.append(f"| {s['name']} | {c['name']} | {msg} |")
     return "\n".join(out) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("result", type=Path)
-    a = ap.parse_args(argv)
-    try:
-        doc = json.loads(a.result.read_text())
-    except (OSError, ValueError) as e:
-        print(f"error: {a.result}: {e}", file=sys.stderr)
-        return 2
-    sys.stdout.write(render(doc, str(a.result)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

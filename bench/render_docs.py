@@ -10,6 +10,7 @@ A rendered block in a Markdown file looks like
 Everything between the markers is generated: edit the raw file's source (re-run the benchmark with
 `--result`), then `python bench/render_docs.py`. `--check` exits 1 when a block is out of date, 2 when
 a block names an unknown renderer or a missing file. tests/test_docs_claims.py runs the check in CI.
+`--show RENDERER RAW` prints one renderer's output for a raw file (exit 2 on a bad name or file).
 """
 
 from __future__ import annotations
@@ -157,13 +158,22 @@ def render_text(text: str, repo: Path = REPO) -> str:
     """`text` with every render block regenerated from its raw file."""
     def sub(m: re.Match[str]) -> str:
         name, path = m.group("name"), m.group("path")
-        if name not in RENDERERS:
-            raise RenderError(f"unknown renderer '{name}' (known: {', '.join(RENDERERS)})")
-        f = repo / path
-        if not f.is_file():
-            raise RenderError(f"render block '{name}' names {path}, which does not exist")
-        return m.group(1) + RENDERERS[name](json.loads(f.read_text()), path) + m.group(5)
+        return m.group(1) + render_one(name, path, repo) + m.group(5)
     return BLOCK.sub(sub, text)
+
+
+def render_one(name: str, path: str, repo: Path = REPO) -> str:
+    """What renderer `name` makes of the raw file `path` (relative to `repo`)."""
+    if name not in RENDERERS:
+        raise RenderError(f"unknown renderer '{name}' (known: {', '.join(RENDERERS)})")
+    f = repo / path
+    if not f.is_file():
+        raise RenderError(f"render block '{name}' names {path}, which does not exist")
+    try:
+        raw = json.loads(f.read_text())
+    except ValueError as exc:
+        raise RenderError(f"{path}: not JSON ({exc})") from None
+    return RENDERERS[name](raw, path)
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
@@ -174,7 +184,15 @@ def blocks(text: str) -> list[tuple[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if a rendered block is out of date")
+    ap.add_argument("--show", nargs=2, metavar=("RENDERER", "RAW"), help="print one renderer's output for a raw file")
     args = ap.parse_args(argv)
+    if args.show:
+        try:
+            sys.stdout.write(render_one(args.show[0], args.show[1], Path.cwd()))
+        except RenderError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     stale = []
     try:
         for doc in DOCS:

@@ -155,26 +155,39 @@ http:
   headers:
     X-Content-Type-Options: [nosniff]
 EOF
-  if ! our_pid registry docker-regist >/dev/null; then
-    log "registry: starting on $REGISTRY_ADDR (log: $LOG_DIR/registry.log)"
-    setsid /usr/bin/docker-registry serve "$cfg" >>"$LOG_DIR/registry.log" 2>&1 </dev/null 9>&- &
-    echo $! >"$STATE_DIR/registry.pid"
+  serve_registry registry "$cfg" "http://$REGISTRY_ADDR/v2/" registry_ready
+}
+
+# serve_registry NAME CONFIG URL READY_FN: start docker-registry with CONFIG unless our NAME instance
+# runs, then wait until READY_FN answers (log tail and exit otherwise).
+serve_registry() {
+  local name=$1 cfg=$2 url=$3 ready=$4
+  if ! our_pid "$name" docker-regist >/dev/null; then
+    log "$name: starting on $url (log: $LOG_DIR/$name.log)"
+    setsid /usr/bin/docker-registry serve "$cfg" >>"$LOG_DIR/$name.log" 2>&1 </dev/null 9>&- &
+    echo $! >"$STATE_DIR/$name.pid"
   fi
-  if ! wait_for "registry: http://$REGISTRY_ADDR/v2/" registry_ready; then
-    tail -n 20 "$LOG_DIR/registry.log" >&2 || true
-    die "registry: not ready after ${WAIT_S}s (see $LOG_DIR/registry.log)"
+  if ! wait_for "$name: $url" "$ready"; then
+    tail -n 20 "$LOG_DIR/$name.log" >&2 || true
+    die "$name: not ready after ${WAIT_S}s (see $LOG_DIR/$name.log)"
   fi
 }
 
+# stop_registry NAME: TERM our NAME instance, KILL it after 15 s; 1 when this script did not start one.
+stop_registry() {
+  local name=$1 pid
+  pid=$(our_pid "$name" docker-regist) || return 1
+  log "$name: stopping (pid $pid)"
+  kill -TERM "$pid"
+  local deadline=$((SECONDS + 15))
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" || true
+  rm -f "$STATE_DIR/$name.pid"
+}
+
 registry_stop() {
-  local pid
-  if pid=$(our_pid registry docker-regist); then
-    log "registry: stopping (pid $pid)"
-    kill -TERM "$pid"
-    local deadline=$((SECONDS + 15))
-    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" || true
-    rm -f "$STATE_DIR/registry.pid"
+  if stop_registry registry; then
+    :
   elif registry_ready 2>/dev/null; then
     log "registry: running on $REGISTRY_ADDR but not started by this script; leaving it alone"
   else
@@ -251,26 +264,11 @@ http:
   headers:
     X-Content-Type-Options: [nosniff]
 CFG
-  if ! our_pid tlsregistry docker-regist >/dev/null; then
-    log "tlsregistry: starting on https://$TLS_REGISTRY_ADDR (log: $LOG_DIR/tlsregistry.log)"
-    setsid /usr/bin/docker-registry serve "$TLS_DIR/registry.yml" >>"$LOG_DIR/tlsregistry.log" 2>&1 </dev/null 9>&- &
-    echo $! >"$STATE_DIR/tlsregistry.pid"
-  fi
-  if ! wait_for "tlsregistry: https://$TLS_REGISTRY_ADDR/v2/ (login required)" tlsregistry_ready; then
-    tail -n 20 "$LOG_DIR/tlsregistry.log" >&2 || true
-    die "tlsregistry: not ready after ${WAIT_S}s (see $LOG_DIR/tlsregistry.log)"
-  fi
+  serve_registry tlsregistry "$TLS_DIR/registry.yml" "https://$TLS_REGISTRY_ADDR/v2/ (login required)" tlsregistry_ready
 }
 
 tlsregistry_stop() {
-  local pid
-  if pid=$(our_pid tlsregistry docker-regist); then
-    log "tlsregistry: stopping (pid $pid)"
-    kill -TERM "$pid"
-    rm -f "$STATE_DIR/tlsregistry.pid"
-  else
-    log "tlsregistry: not running (or not started by this script)"
-  fi
+  stop_registry tlsregistry || log "tlsregistry: not running (or not started by this script)"
 }
 
 tlsregistry_status() {

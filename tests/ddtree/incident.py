@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_matrix as sm
 
 ROOT = sm.ROOT
+sys.path.insert(0, str(ROOT))  # validation, rollout, models
 OUT = sm.OUT
 PROFILE = ROOT / "validation" / "profiles" / "sglang-smollm2.yaml"
 SPEED_PROMPTS = (
@@ -52,28 +53,22 @@ SPEED_TOKENS = 192
 SWEEP = [(b, k) for b in (7, 15, 31) for k in (2, 4, 8)]
 
 
-class GateServer(sm.Server):
-    """A server with its tokenizer on (the gate speaks OpenAI's API) and its own top-k."""
+GRID = ROOT / "validation" / "grids" / "sglang-smollm2.yaml"
 
-    def __init__(self, name: str, variant: str | None, budget: int | None, topk: int, port: int,
+
+class GateServer(sm.Server):
+    """A server rendered by the sweep's sglang kind (validation.sweep_sglang, the commands CI checks
+    with sglang's parser): tokenizer on, OpenAI endpoints, CUDA graphs."""
+
+    def __init__(self, name: str, variant: str | None, budget: int | None, topk: int, port: int, argv: list[str],
                  chain: bool = False):
         super().__init__(name, variant, budget, True, port)
-        self.topk, self.chain = topk, chain
+        self.topk, self.chain, self.argv = topk, chain, argv
         self.speed: list[dict] = []
         self.gate: dict = {}
 
     def cmd(self) -> list[str]:
-        c = [sys.executable, "-m", "sglang.launch_server", "--model-path", sm.MODEL["path"],
-             "--attention-backend", "triton", "--sampling-backend", "pytorch", "--disable-radix-cache",
-             "--mem-fraction-static", "0.5", "--max-total-tokens", "30000", "--enable-metrics",
-             "--port", str(self.port), "--host", "127.0.0.1", "--nccl-port", str(self.port + 2000),
-             "--served-model-name", "smollm2-135m", *sm.GRAPH]
-        if self.chain or self.budget is not None:
-            c += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", sm.MODEL["draft"],
-                  "--speculative-num-draft-tokens", str(sm.BLOCK), "--disable-overlap-schedule"]
-        if self.budget is not None:
-            c += ["--speculative-ddtree-budget", str(self.budget), "--speculative-ddtree-topk", str(self.topk)]
-        return c
+        return self.argv
 
     @property
     def url(self) -> str:
@@ -81,12 +76,23 @@ class GateServer(sm.Server):
 
 
 def plan() -> list[GateServer]:
+    from validation.sweep import load_sweep_config
+    from validation.sweep_sglang import cell_command, server_command
+
+    cfg = load_sweep_config(str(GRID)).sglang.model_copy(
+        update={"model_path": sm.MODEL["path"], "draft_model_path": sm.MODEL["draft"], "python": sys.executable})
     port = iter(range(31300, 31400))
-    s = [GateServer("base", None, None, 0, next(port)), GateServer("chain", "patched", None, 0, next(port), chain=True),
-         GateServer("patched-b16-k4", "patched", 16, 4, next(port)),
-         GateServer("mutant-b16-k4", "mutant", 16, 4, next(port)),
-         GateServer("unpatched-b16-k4", "unpatched", 16, 4, next(port))]
-    s += [GateServer(f"patched-b{b}-k{k}", "patched", b, k, next(port)) for b, k in SWEEP]
+
+    def tree(name: str, variant: str, b: int, k: int) -> GateServer:
+        p = next(port)
+        return GateServer(name, variant, b, k, p, cell_command(cfg, {"budget": b, "topk": k}, p, name))
+
+    p0, p1 = next(port), next(port)
+    s = [GateServer("base", None, None, 0, p0, server_command(cfg, p0, None)),
+         GateServer("chain", "patched", None, 0, p1, server_command(cfg, p1, {}), chain=True),
+         tree("patched-b16-k4", "patched", 16, 4), tree("mutant-b16-k4", "mutant", 16, 4),
+         tree("unpatched-b16-k4", "unpatched", 16, 4)]
+    s += [tree(f"patched-b{b}-k{k}", "patched", b, k) for b, k in SWEEP]
     return s
 
 
@@ -176,13 +182,14 @@ def main() -> int:
     t0 = time.time()
     (OUT / "logs").mkdir(parents=True, exist_ok=True)
     sm.setup_model("smollm2", a.drafter)
+    plug = sm.install_plugins()
+    sys.path.insert(0, str(plug))  # sglang_ddtree: the cells' commands are checked with its rules
     servers = plan()
     if a.only:
         keep = set(a.only.split(",")) | {"base"}
         servers = [s for s in servers if s.name in keep]
     for v in sorted({s.variant for s in servers if s.variant}):
         sm.build_variant(v)
-    plug = sm.install_plugins()
     for s in servers:
         s.start(plug)
         time.sleep(0.5)

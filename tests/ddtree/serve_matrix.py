@@ -238,14 +238,6 @@ class Server:
         with cf.ThreadPoolExecutor(len(ps)) as ex:
             self.results += list(ex.map(one, ps))
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
     def summary(self) -> dict:
         return {"name": self.name, "variant": self.variant, "budget": self.budget, "graph": self.graph,
                 "up_s": self.up_s, "error": self.error, "results": self.results, "info": self.info,
