@@ -29,6 +29,13 @@ from validation.sweep_sglang import cell_command, cell_server, server_command  #
 GRID = ROOT / "validation" / "grids" / "sglang-smollm2.yaml"
 
 
+# A GPU-sized capacity search (the CI `--quick` one tops out at 8 users of 8 tokens): 64-token answers,
+# users doubled from 2 to 64 then bisected, SLOs that a 135M model on an H200 can miss.
+CAPACITY_ARGS = ["--quick", "--start", "2", "--max-load", "64", "--max-tokens", "64", "--output-tokens", "64",
+                 "--input-tokens", "128", "--step-duration", "6", "--min-samples", "8",
+                 "--slo-ttft-ms", "500", "--slo-itl-ms", "10"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -41,27 +48,32 @@ def main() -> int:
             (f"ddtree-b{a.budget}-k{a.topk}",
              cell_command(s, {"budget": a.budget, "topk": a.topk}, s.port_base + 1, "loadtest"))]
     doc: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": " ".join(sys.argv),
-                 "grid": str(GRID.relative_to(ROOT)), "runs": []}
-    for i, (name, cmd) in enumerate(runs):
-        port = s.port_base + i
+                 "grid": str(GRID.relative_to(ROOT)), "capacity_args": CAPACITY_ARGS, "runs": []}
+    t0 = time.time()
+    servers = [cell_server(cmd, s, s.port_base + i, a.out, name) for i, (name, cmd) in enumerate(runs)]
+    for srv in servers:  # both load side by side; each is then measured alone (the other one idle)
+        srv.launch()
+    for srv, (name, cmd) in zip(servers, runs, strict=True):
         row: dict = {"name": name, "server_cmd": cmd}
-        t0 = time.time()
         try:
-            with cell_server(cmd, s, port, a.out, name):
-                row["startup_s"] = time.time() - t0
-                lt = a.out / name
-                p = subprocess.run([sys.executable, "-m", "loadtests", "capacity", "--host", f"http://{s.host}:{port}",
-                                    "--quick", "--out", str(lt)], cwd=ROOT, env=dict(os.environ),
-                                   capture_output=True, text=True, timeout=240)
-                row.update(rc=p.returncode, tail=(p.stdout + p.stderr)[-3000:])
-                rep = lt / "capacity.json"
-                if rep.is_file():
-                    row["capacity"] = json.loads(rep.read_text())
+            srv.wait_ready()
+            row["ready_s"] = srv.ready_s
+            lt = a.out / name
+            p = subprocess.run([sys.executable, "-m", "loadtests", "capacity", "--host", srv.url, *CAPACITY_ARGS,
+                                "--out", str(lt)], cwd=ROOT, env=dict(os.environ),
+                               capture_output=True, text=True, timeout=240)
+            row.update(rc=p.returncode, tail=(p.stdout + p.stderr)[-3000:])
+            rep = lt / "capacity.json"
+            if rep.is_file():
+                row["capacity"] = json.loads(rep.read_text())
         except Exception as e:  # recorded: a server that does not come up is a result too
             row["error"] = f"{type(e).__name__}: {e}"[:3000]
         doc["runs"].append(row)
-        print(name, row.get("rc"), row.get("error", "")[:200], flush=True)
+        print(name, row.get("rc"), f"{time.time() - t0:.0f}s", row.get("error", "")[:200], flush=True)
+    doc["wall_s"] = time.time() - t0
     (a.out / "loadtest.json").write_text(json.dumps(doc, indent=1))
+    for srv in servers:
+        srv.stop(timeout_s=10)
     return 0
 
 
