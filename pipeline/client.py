@@ -34,6 +34,8 @@ class ChatResult:
     raw: dict[str, Any] = field(default_factory=dict)
     spec_accept_length: float | None = None
     spec_verify_ct: int | None = None
+    # per output token, when asked for (`top_logprobs=`): (token, logprob, [(alternative, logprob), ...])
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -43,6 +45,34 @@ class ChatResult:
         if self.ttft_s is not None and self.completion_tokens > 1:
             return metrics.decode_tokens_per_s(self.latency_s, self.ttft_s, self.completion_tokens)
         return metrics.request_tokens_per_s(self.latency_s, self.completion_tokens)
+
+
+# One output token: its bytes, its log-prob, and the most likely alternatives (bytes, log-prob). Bytes,
+# not the display text: a token that is part of a multi-byte character has no text of its own.
+TokenLogprob = tuple[bytes, float, list[tuple[bytes, float]]]
+
+
+def _token_bytes(item: dict[str, Any]) -> bytes:
+    raw = item.get("bytes")
+    if isinstance(raw, list):
+        return bytes(raw)
+    return str(item["token"]).encode()
+
+
+def _extract_logprobs(choice: dict[str, Any]) -> list[TokenLogprob] | None:
+    """OpenAI `choices[].logprobs.content` (a chunk's or the whole answer's) as TokenLogprob rows;
+    None when the choice carries none."""
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        return None
+    rows: list[TokenLogprob] = []
+    for item in content:
+        try:
+            top = [(_token_bytes(a), float(a["logprob"])) for a in item.get("top_logprobs") or []]
+            rows.append((_token_bytes(item), float(item["logprob"]), top))
+        except (KeyError, TypeError, ValueError):
+            raise TargetError(f"malformed logprobs entry in a chat completion: {str(item)[:120]}") from None
+    return rows
 
 
 def _extract_spec(obj: dict[str, Any]) -> tuple[float | None, int | None]:
@@ -181,8 +211,10 @@ class OpenAIClient:
         seed: int | None = None,
         stream: bool = True,
         extra: dict[str, Any] | None = None,
+        top_logprobs: int | None = None,
     ) -> ChatResult:
-        """One chat completion. Streams by default so TTFT is measured."""
+        """One chat completion. Streams by default so TTFT is measured. `top_logprobs=n` asks for each
+        output token's log-prob and its n most likely alternatives (ChatResult.logprobs)."""
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
         body: dict[str, Any] = {
@@ -200,6 +232,9 @@ class OpenAIClient:
             body["seed"] = seed
         if stream:
             body["stream_options"] = {"include_usage": True}
+        if top_logprobs is not None:
+            body["logprobs"] = True
+            body["top_logprobs"] = top_logprobs
         if extra:
             body.update(extra)
         url = self.base_url + "/v1/chat/completions"
@@ -231,6 +266,7 @@ class OpenAIClient:
             raw=data,
             spec_accept_length=acc,
             spec_verify_ct=ct,
+            logprobs=_extract_logprobs(choice) if top_logprobs is not None else None,
         )
 
     def _chat_stream(self, url: str, body: dict[str, Any], t0: float) -> ChatResult:
@@ -242,6 +278,7 @@ class OpenAIClient:
         done = False
         last: dict[str, Any] = {}
         acc = ct = None
+        lps: list[TokenLogprob] | None = [] if body.get("logprobs") else None
         with self._http.stream("POST", url, json=body, headers={"Connection": "close"}) as resp:
             if resp.status_code != 200:
                 resp.read()
@@ -270,6 +307,8 @@ class OpenAIClient:
                             ttft = time.perf_counter() - t0
                         parts.append(delta)
                         chunks += 1
+                    if lps is not None:
+                        lps.extend(_extract_logprobs(choice) or [])
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
         latency = time.perf_counter() - t0
@@ -287,4 +326,5 @@ class OpenAIClient:
             raw={"last_chunk": last, "usage": usage},
             spec_accept_length=acc,
             spec_verify_ct=ct,
+            logprobs=lps,
         )

@@ -166,6 +166,7 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
                                  "lossless": cfg.lossless.model_copy(update={"enabled": False, "baseline": None}),
                                  "baseline_url": None})
     gate = Gate(args.target, cfg, Console(stderr=True))
+    gate.t0_logprobs = cfg.lossless.top_logprobs  # the lossless check's near-ties (validation/lossless.py)
     result = gate.run()
     errors = [s for s in result.samples if s.error]
     if errors:
@@ -176,8 +177,11 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
     answers = {s.prompt_id: s.text for s in result.samples if s.purpose == "suite"}
     write_json(args.out, {"model": result.model, "target": result.target, "server_kind": result.server_kind,
                           "suite": Path(cfg.suite).name, "max_tokens": cfg.max_tokens, "recorded": utc_now(),
-                          "answers": answers})
-    print(json.dumps({"baseline": args.out, "model": result.model, "answers": len(answers)}))
+                          "answers": answers,
+                          "logprobs": {s.prompt_id: s.logprobs for s in result.samples
+                                       if s.purpose == "suite" and s.logprobs}})
+    print(json.dumps({"baseline": args.out, "model": result.model, "answers": len(answers),
+                      "with_logprobs": sum(1 for s in result.samples if s.purpose == "suite" and s.logprobs)}))
     return EXIT_OK
 
 

@@ -30,6 +30,7 @@ from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import DETECTORS, Finding, score_text
 from validation.judge import FluencyJudge, judge_model_path, threshold_for
+from validation.lossless import EncodedLogprobs, compare_answer, decode_logprobs, encode_logprobs
 from validation.spec import SpecReading, read_spec_metrics
 from validation.suite import Prompt, Suite, load_suite
 
@@ -57,6 +58,7 @@ class Sample:
     draft_accepted: int | None = None
     category: str | None = None
     fluency: dict[str, Any] | None = None
+    logprobs: EncodedLogprobs | None = None  # T=0 answers of a baseline being recorded (validation/lossless.py)
 
     @property
     def label(self) -> str:
@@ -96,6 +98,8 @@ class Gate:
         if cfg.judge.enabled:
             judge_model_path(cfg.judge.model_path)  # one clear error naming what to install, before any request
         self.judge_s: float | None = None
+        # record-baseline (and a live baseline) ask for T=0 log-probs: the lossless check's near-ties
+        self.t0_logprobs: int | None = None
         for pid in [*cfg.determinism.prompt_ids, *cfg.variation.prompt_ids]:
             try:
                 self.suite.get(pid)
@@ -116,6 +120,7 @@ class Gate:
                 top_p=cfg.sampling.top_p if temperature > 0 else None,
                 top_k=cfg.sampling.top_k if temperature > 0 else None,
                 seed=seed, stream=True, extra=extra or None,
+                top_logprobs=self.t0_logprobs if temperature == 0 and purpose in ("suite", "baseline") else None,
             )
         except TargetError as exc:
             s.error = str(exc)
@@ -128,6 +133,8 @@ class Gate:
         if "draft_n" in timings:
             s.draft_n, s.draft_accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
         s.findings = score_text(s.text, cfg.thresholds)
+        if r.logprobs is not None:
+            s.logprobs = encode_logprobs(r.logprobs)
         return s
 
     def _run_all(self, jobs: list[tuple[Prompt, float, int | None, str]], progress: Progress, label: str,
@@ -181,7 +188,8 @@ class Gate:
             self.judge_s = judge_samples(samples, cfg, {p.id: p.prompt for p in self.suite.prompts}, self.console)
         cases = self._judge(samples, spec_before, spec_after)
         if baseline_answers is not None:
-            cases.append(lossless_case(samples, baseline_answers, model, cfg, source=cfg.baseline_url or ""))
+            cases.append(lossless_case(samples, baseline_answers, model, cfg, source=cfg.baseline_url or "",
+                                       ref_logprobs=getattr(self, "baseline_logprobs", None)))
         elif not any(c.name == "lossless_t0" for c in cases):
             spec = next(c for c in cases if c.name == "spec_accept_length")
             cases.append(lossless_missing_case(cfg, speculative=cfg.spec.enabled == "on" or not spec.skipped))
@@ -309,7 +317,8 @@ class Gate:
         cases.append(self._spec_case(good, spec_before, spec_after))
         if cfg.lossless.enabled and cfg.lossless.baseline:
             cases.append(lossless_case(good, load_baseline(cfg.lossless.baseline, self.client.model, cfg), model=None,
-                                       cfg=cfg, source=cfg.lossless.baseline))
+                                       cfg=cfg, source=cfg.lossless.baseline,
+                                       ref_logprobs=load_baseline_logprobs(cfg.lossless.baseline)))
         tps = [s.tokens_per_s for s in good if s.tokens_per_s]
         ttft = [s.ttft_s for s in good if s.ttft_s is not None]
         cases.append(Case("throughput", "performance", True,
@@ -330,14 +339,16 @@ class Gate:
         """T=0 suite answers of the live baseline deployment."""
         base = self._baseline_client()
         saved, self.client = self.client, base
+        saved_lp, self.t0_logprobs = self.t0_logprobs, self.cfg.lossless.top_logprobs
         try:
             got = self._run_all([(p, 0.0, self.cfg.seed, "baseline") for p in self.suite.prompts], progress,
                                 "baseline T=0")
         finally:
-            self.client = saved
+            self.client, self.t0_logprobs = saved, saved_lp
         errs = [s for s in got if s.error]
         if errs:
             raise TargetError(f"baseline {self.cfg.baseline_url} failed: {errs[0].error}")
+        self.baseline_logprobs = {s.prompt_id: decode_logprobs(s.logprobs) for s in got if s.logprobs}
         return {s.prompt_id: s.text for s in got}
 
     def _depth_cases(self) -> list[Case]:
@@ -412,6 +423,15 @@ def load_baseline(path: str, model: str, cfg: GateConfig) -> dict[str, str]:
     return dict(answers)
 
 
+def load_baseline_logprobs(path: str) -> dict[str, list[Any]]:
+    """The T=0 answers' token log-probs `record-baseline` kept ({} for a file recorded without them)."""
+    try:
+        raw = json.loads(Path(path).read_text()).get("logprobs") or {}
+        return {pid: decode_logprobs(rows) for pid, rows in raw.items()}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise UsageError(f"cannot read the log-probs of baseline {path}: {exc}") from None
+
+
 def seeds_ignored_reason(kind: str | None, server_info: dict[str, Any] | None) -> str | None:
     """Why a server cannot honour a request's seed, or None. SGLang 0.5.23 builds per-request
     sampling seeds only with --enable-deterministic-inference (sampling_batch_info.py: the seed
@@ -446,24 +466,28 @@ def lossless_missing_case(cfg: GateConfig, speculative: bool) -> Case:
 
 
 def lossless_case(samples: list[Sample], ref: dict[str, str], model: str | None, cfg: GateConfig,
-                  source: str) -> Case:
-    """T=0 answers must equal those of the non-speculative deployment (file or live)."""
+                  source: str, ref_logprobs: dict[str, list[Any]] | None = None) -> Case:
+    """T=0 answers must equal those of the non-speculative deployment (file or live), up to near-ties
+    of the baseline where its token log-probs were recorded (validation/lossless.py)."""
     good = [s for s in samples if not s.error]
     mine = {s.prompt_id: s.text for s in good if s.purpose == "suite" and s.temperature == 0}
-    diffs = []
-    for pid, text in ref.items():
-        got = mine.get(pid)
-        if got is None:
-            diffs.append(f"{pid}: no T=0 answer")
-        elif got != text:
-            i = next((k for k, (a, b) in enumerate(zip(got, text, strict=False)) if a != b), min(len(got), len(text)))
-            diffs.append(f"{pid}: diverges at char {i}: got {quote(got[max(0, i - 20):i + 60], 90)} "
-                         f"baseline {quote(text[max(0, i - 20):i + 60], 90)}")
+    lps = ref_logprobs or {}
+    tol = cfg.lossless.near_tie_nats
+    comps = {pid: compare_answer(mine.get(pid), text, lps.get(pid), tol) for pid, text in ref.items()}
+    diffs = [f"{pid}: {c.detail}" for pid, c in comps.items() if not c.ok]
+    ties = [f"{pid}: {c.detail}" for pid, c in comps.items() if c.verdict == "near_tie"]
+    identical = sum(1 for c in comps.values() if c.verdict == "identical")
     same = 1 - len(diffs) / max(1, len(ref))
     ok = not diffs if cfg.lossless.require_identical else same >= cfg.lossless.min_identical_fraction
-    return Case("lossless_t0", "speculative", ok,
-                "; ".join(diffs[:5]) or f"{len(ref)} T=0 answers identical to baseline ({source})",
-                {"identical_fraction": same, "diffs": diffs, "baseline": source})
+    basis = (f"near-ties up to {tol:g} nats from the baseline's log-probs ({len(lps)} of {len(ref)} answers "
+             "recorded with them)" if lps and tol > 0 else "exact comparison (no recorded log-probs)")
+    msg = "; ".join(diffs[:5]) if diffs else (f"{identical} of {len(ref)} T=0 answers identical to the baseline, "
+                                              f"{len(ties)} differ from a near-tie on ({source}; {basis})")
+    return Case("lossless_t0", "speculative", ok, msg,
+                {"identical_fraction": same, "identical": identical, "near_ties": ties, "diffs": diffs,
+                 "baseline": source, "basis": basis,
+                 "per_prompt": {pid: {"verdict": c.verdict, "char": c.char, "token": c.token, "gap_nats": c.gap_nats}
+                                for pid, c in comps.items()}})
 
 
 def judge_samples(samples: list[Sample], cfg: GateConfig, prompts: dict[str, str], console: Console) -> float:

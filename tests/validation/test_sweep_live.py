@@ -63,7 +63,7 @@ def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
     a baseline serving another model is a clear usage error."""
     from pipeline.errors import UsageError
     from validation.config import load_gate_config
-    from validation.gate import run_gate
+    from validation.gate import load_baseline_logprobs, run_gate
 
     cfg = load_gate_config(REPO / "validation" / "profiles" / "embedded-sweep.yaml", {
         "suite": MINI, "max_tokens": None, "temperatures": [0.0], "variation": {"enabled": False},
@@ -88,6 +88,12 @@ def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
                            cwd=REPO, capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, p.stderr[-2000:]
         data = json.loads(rec.read_text())
+        # the real server's token log-probs spell each recorded answer (the near-tie check's input)
+        lps = load_baseline_logprobs(str(rec))
+        assert set(lps) == set(data["answers"])
+        for pid, text in data["answers"].items():
+            assert b"".join(t for t, _, _ in lps[pid]).decode() == text
+        original = json.loads(json.dumps(data))
         data["answers"]["poem"] = data["answers"]["poem"][:10] + " tampered"
         rec.write_text(json.dumps(data))
         recorded = cfg.model_copy(update={"lossless": cfg.lossless.model_copy(update={"baseline": str(rec)}),
@@ -95,6 +101,26 @@ def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
         res = run_gate(cand.url, recorded, out_dir=tmp_path / "rec")
         case = next(c for c in res.cases if c.name == "lossless_t0")
         assert not case.ok and "poem: diverges at char" in case.message
+
+        # a baseline that chose another token at a near-tie: the candidate's real answer differs from
+        # there on and passes; the same difference where the baseline was sure fails
+        def swapped(gap: float) -> dict:
+            d = json.loads(json.dumps(original))
+            rows = d["logprobs"]["poem"]
+            k = next(i for i, r in enumerate(rows) if i > 0 and len(bytes.fromhex(r[0]).strip()) > 2)
+            tok_hex, lp = rows[k][0], rows[k][1]
+            alt = b" zebra".hex()
+            rows[k] = [alt, lp, [[alt, lp], [tok_hex, lp - gap]]]
+            d["logprobs"]["poem"] = rows[:k + 1]
+            d["answers"]["poem"] = b"".join(bytes.fromhex(r[0]) for r in rows[:k + 1]).decode()
+            return d
+
+        for gap, ok in ((0.1, True), (2.0, False)):
+            rec.write_text(json.dumps(swapped(gap)))
+            res = run_gate(cand.url, recorded, out_dir=tmp_path / f"tie-{gap}")
+            case = next(c for c in res.cases if c.name == "lossless_t0")
+            assert case.ok is ok, case.message
+            assert case.details["per_prompt"]["poem"]["verdict"] == ("near_tie" if ok else "diverged")
 
     with EmbeddedServer(EmbeddedConfig(port=18792, alias="other-model"), tmp_path / "c") as other, \
          EmbeddedServer(EmbeddedConfig(port=18793), tmp_path / "d") as cand2, \
