@@ -30,7 +30,14 @@ from pipeline.errors import PipelineError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
 from pipeline.server_proc import ServerProcess
 from validation.config import GateConfig, load_gate_config
-from validation.sweep_sglang import CELL_SETTINGS, SGLangConfig, cell_command, cell_server, server_command
+from validation.sweep_sglang import (
+    CELL_SETTINGS,
+    EPHEMERAL_LOW,
+    SGLangConfig,
+    cell_command,
+    cell_server,
+    server_command,
+)
 
 # Settings an SGLang DDTree / DFlash cell may carry (they become server arguments on deploy).
 SGLANG_SETTINGS = {"budget", "topk", "block_size", "algorithm", "attention_backend", "cuda_graph"}
@@ -94,6 +101,11 @@ class SweepConfig(StrictModel):
         if s.port_base + s.nccl_port_offset + n > 65535:
             raise ValueError(f"sglang ports run past 65535: port_base {s.port_base}, {n} servers, "
                              f"nccl_port_offset {s.nccl_port_offset}")
+        if s.port_base + s.nccl_port_offset + n > EPHEMERAL_LOW:
+            raise ValueError(f"sglang NCCL ports reach {s.port_base + s.nccl_port_offset + n - 1} (port_base + "
+                             f"nccl_port_offset + {n} servers): keep them below {EPHEMERAL_LOW}, where Linux "
+                             "hands ports to outgoing connections and a server can lose its port between sglang's "
+                             "check and its bind (EADDRINUSE)")
 
     def expand(self) -> list[Cell]:
         if self.kind == "endpoints":

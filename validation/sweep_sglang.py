@@ -35,6 +35,8 @@ RENDERED_FLAGS = (
     "--speculative-ddtree-budget", "--speculative-ddtree-topk", "--disable-overlap-schedule", "--attention-backend",
     "--host", "--port", "--nccl-port", "--mem-fraction-static", "--max-total-tokens",
 )
+# Linux's default ip_local_port_range starts here; NCCL ports that sglang binds late must stay below it.
+EPHEMERAL_LOW = 32768
 EAGER_FLAGS = ["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]  # sglang 0.5.23 spelling
 
 

@@ -176,7 +176,9 @@ class Server:
              "--skip-tokenizer-init", "--attention-backend", "triton", "--sampling-backend", "pytorch",
              "--disable-radix-cache", "--mem-fraction-static", "0.5", "--max-total-tokens", "40000",
              "--enable-metrics", "--port", str(self.port), "--host", "127.0.0.1",
-             "--nccl-port", str(self.port + 2000)]
+             # below Linux's ephemeral range (32768+): there, any outgoing connection can take the port
+             # between sglang's check and its bind (2 of 28 servers lost to EADDRINUSE on 33108 / 33116)
+             "--nccl-port", str(self.port - 8000)]
         c += GRAPH if self.graph else EAGER
         if self.budget is not None:
             c += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", MODEL["draft"],
