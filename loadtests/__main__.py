@@ -69,10 +69,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return ov
 
 
-def _config(args: argparse.Namespace, extra: dict[str, Any]) -> LoadTestConfig:
+def _config(args: argparse.Namespace, extra: dict[str, Any], preset: dict[str, Any] | None = None) -> LoadTestConfig:
+    """Defaults <- --config file <- `preset` (--quick) <- the command line's own flags (`extra` and the
+    common ones): a flag given explicitly always wins over the preset."""
     from pipeline.config import deep_merge
 
-    cfg = load_loadtest_config(args.config, deep_merge(_overrides(args), extra))
+    cfg = load_loadtest_config(args.config, deep_merge(preset or {}, deep_merge(_overrides(args), extra)))
     if not cfg.host:
         raise UsageError("no target: pass --host URL (or HOST=... to make); there is no default target")
     return cfg
@@ -103,18 +105,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_capacity(args: argparse.Namespace) -> int:
-    from loadtests.capacity import QUICK, run_capacity
+def capacity_config(args: argparse.Namespace) -> LoadTestConfig:
+    """The capacity search's config: `--quick` is a preset under the explicit flags."""
+    from loadtests.capacity import QUICK
 
-    cap: dict[str, Any] = dict(QUICK["capacity"]) if args.quick else {}
-    cap.update({k: v for k, v in {"mode": args.mode, "start": args.start, "max_load": args.max_load,
-                                  "step_duration_s": args.step_duration, "warmup_s": args.warmup,
-                                  "min_samples": args.min_samples, "max_step_s": args.max_step_s}.items()
-                if v is not None})
-    extra: dict[str, Any] = {k: v for k, v in QUICK.items() if k != "capacity"} if args.quick else {}
-    if cap:
-        extra["capacity"] = cap
-    cfg = _config(args, extra)
+    cap = {k: v for k, v in {"mode": args.mode, "start": args.start, "max_load": args.max_load,
+                             "step_duration_s": args.step_duration, "warmup_s": args.warmup,
+                             "min_samples": args.min_samples, "max_step_s": args.max_step_s}.items()
+           if v is not None}
+    return _config(args, {"capacity": cap} if cap else {}, preset=QUICK if args.quick else None)
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from loadtests.capacity import run_capacity
+
+    cfg = capacity_config(args)
     out = Path(args.out) if args.out else new_run_dir("runs", "capacity")
     out.mkdir(parents=True, exist_ok=True)
     result = run_capacity(cfg, out, log=lambda m: print(m, flush=True))
@@ -142,8 +147,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return subprocess.call(cmd, env=child_env(settings, out, cfg.api_key))
 
 
-@cli_main
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m loadtests", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="one bounded headless load test")
@@ -172,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     ui.add_argument("--duration", type=float)
     ui.add_argument("--web-host", default="127.0.0.1")
     ui.add_argument("--web-port", type=int, default=8089)
-    args = ap.parse_args(argv)
+    return ap
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return {"run": cmd_run, "capacity": cmd_capacity, "ui": cmd_ui}[args.cmd](args)
 
 

@@ -199,3 +199,21 @@ def test_metric_definitions_are_shared() -> None:
     assert ChatResult("x", "stop", 1, 11, latency_s=1.1, ttft_s=0.1).tokens_per_s == pytest.approx(10.0)
     assert metrics.inter_token_gaps([0.0, 0.5, 0.75]) == [0.5, 0.25]
     assert metrics.decode_tokens_per_s(1.0, 1.0, 5) is None and metrics.tpot(1.0, None, 5) is None
+
+
+def test_explicit_flags_win_over_the_quick_preset() -> None:
+    """`capacity --quick --max-tokens 64` asks for 64 tokens: the H200 run of 2026-12-01 asked for 64 and
+    got the preset's 8 (docs/results/loadtest-sglang-h200-2026-12-01.json, output_asked_mean 8.0)."""
+    from loadtests.__main__ import build_parser, capacity_config
+    from loadtests.capacity import QUICK
+
+    args = build_parser().parse_args(["capacity", "--host", "http://127.0.0.1:9", "--quick", "--max-tokens", "64",
+                                      "--output-tokens", "64", "--max-load", "64", "--slo-itl-ms", "40"])
+    cfg = capacity_config(args)
+    assert (cfg.workload.max_tokens, cfg.workload.output_tokens) == (64, 64)
+    assert cfg.capacity.max_load == 64 and cfg.slo.itl_p95_ms == 40
+    # what the flags leave alone comes from the preset
+    assert cfg.workload.input_tokens == QUICK["workload"]["input_tokens"]
+    assert cfg.capacity.step_duration_s == QUICK["capacity"]["step_duration_s"]
+    plain = capacity_config(build_parser().parse_args(["capacity", "--host", "http://127.0.0.1:9", "--quick"]))
+    assert plain.workload.max_tokens == QUICK["workload"]["max_tokens"]
