@@ -139,6 +139,41 @@ def render_ci_run(raw: dict[str, Any], path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_sglang_capacity(raw: dict[str, Any], path: str) -> str:
+    """Locust capacity against real sglang servers on the H200 (tests/ddtree/loadtest_real.py)."""
+    lines = ["| server | ready (s) | capacity (users) | first failing | step: users -> verdict, TTFT p95 / ITL p95 "
+             "(ms), req/s, output tok/s, answer tokens |", "|---|---|---|---|---|"]
+    for r in raw.get("runs", []):
+        c = r.get("capacity") or {}
+        steps = []
+        for s in c.get("steps", []):
+            m = s.get("summary") or {}
+            thr, lens = m.get("throughput") or {}, m.get("lengths") or {}
+            steps.append(f"{_num(s.get('load'))} -> {'pass' if s.get('passed') else 'FAIL'}, "
+                         f"{_num((m.get('ttft_ms') or {}).get('p95'))} / {_num((m.get('itl_ms') or {}).get('p95'), 1)}"
+                         f", {_num(thr.get('requests_per_s'))}, {_num(thr.get('output_tok_per_s'))}, "
+                         f"{_num(lens.get('output_received_mean'))}")
+        lines.append(f"| {r['name']} | {_num(r.get('ready_s'))} | {_num(c.get('capacity'))} | "
+                     f"{_num(c.get('first_failing'))} | {'; '.join(steps) or r.get('error', '—')[:200]} |")
+    slo = (raw.get("runs") or [{}])[0].get("capacity", {}).get("slo") or {}
+    head = (f"SLOs: TTFT p95 <= {_num(slo.get('ttft_p95_ms'))} ms, ITL p95 <= {_num(slo.get('itl_p95_ms'))} ms, "
+            f"errors <= {slo.get('max_error_rate', '?')}; capacity arguments `{' '.join(raw.get('capacity_args', []))}`"
+            f"; grid `{raw.get('grid', '?')}`.")
+    return head + "\n\n" + "\n".join(lines) + f"\n\nRaw: {path} — measured {raw.get('date', '?')}; command: " \
+        f"`{raw.get('command', '?')}` (each server's command and every step's summary inside)\n"
+
+
+def render_sglang_sweep(raw: dict[str, Any], path: str) -> str:
+    """`python -m validation sweep` (kind sglang) starting its own servers on the H200."""
+    lines = ["| cell | status | accept length | tok/s | baseline tok/s | speedup | quality | lossless | "
+             "failed checks |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in raw.get("rows", []):
+        lines.append(f"| {r['cell']} | {r['status']} | {_num(r.get('accept_length'), 2)} | {_num(r.get('tok_s'))} | "
+                     f"{_num(r.get('baseline_tok_s'))} | {_num(r.get('speedup'), 2)}x | {_num(r.get('quality'), 2)} | "
+                     f"{r.get('lossless')} | {', '.join(r.get('failed_checks') or []) or 'none'} |")
+    return "\n".join(lines) + f"\n\nRaw: {path} (every cell's server command, the baseline's, per-cell timings)\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "ci-run": render_ci_run,
     "incident": render_incident,
@@ -147,6 +182,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "loadtest-ceiling": render_ceiling,
     "loadtest-timing": render_timing,
     "loadtest-scaling": render_scaling,
+    "sglang-capacity": render_sglang_capacity,
+    "sglang-sweep": render_sglang_sweep,
 }
 
 
