@@ -41,11 +41,12 @@ def relative(**coh: object) -> GateConfig:
 
 
 # ---------------------------------------------------------------- config
-def test_default_is_zero_tolerance() -> None:
+def test_default_is_zero_tolerance_and_only_the_135m_profile_opts_in() -> None:
     c = GateConfig().coherence
     assert c.reference == "none" and c.seeds == [1234, 2345, 3456] and c.alpha == 0.01 and c.max_rate == 0.34
     assert suite_seeds(GateConfig(), 0.8) == [1234]
-    for other in ("embedded.yaml", "embedded-sweep.yaml", "sglang-ddtree.yaml", "sglang-smollm2.yaml"):
+    assert load_gate_config(PROFILE).coherence.reference == "baseline"
+    for other in ("embedded.yaml", "embedded-sweep.yaml", "sglang-ddtree.yaml"):
         assert load_gate_config(REPO / "validation" / "profiles" / other).coherence.reference == "none"
 
 
