@@ -73,3 +73,15 @@ def test_record_baseline_and_relative_gate(embedded_target: EmbeddedServer, tmp_
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads(rec.read_text())
     assert set(doc["answers"]) == {"poem", "factual", "code"} and "samples" not in doc
+
+
+def test_relative_gate_samples_a_live_baseline(embedded_target: EmbeddedServer, tmp_path: Path) -> None:
+    """No baseline file but `baseline_url`: the baseline's T>0 answers are sampled live with the same seeds
+    (the sweep gates its cells this way). The same engine on both sides gives the same answers."""
+    cfg = load_gate_config(_profile(tmp_path, "baseline"), {
+        "baseline_url": embedded_target.url, "speed": {"rounds": 1, "concurrency": [1], "max_tokens": 16}})
+    res = run_gate(embedded_target.url, cfg, out_dir=tmp_path / "gate")
+    v = next(c for c in res.cases if c.name == "coherence_vs_baseline@T0.8")
+    assert v.details["candidate_n"] == 6 and v.details["baseline_n"] == 6, v.message
+    assert v.details["candidate_flagged"] == v.details["baseline_flagged"], v.message
+    assert v.ok == (v.details["rate"] <= cfg.coherence.max_rate), v.message
