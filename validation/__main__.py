@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--config")
     c.add_argument("--no-judge", action="store_true", help="text detectors only (no fluency judge)")
     c.add_argument("--scores", action="store_true", help="add the judge's scores to every row")
-    b = sub.add_parser("record-baseline", help="record T=0 answers of a non-speculative deployment")
+    b = sub.add_parser("record-baseline", help="record T=0 answers of a non-speculative deployment (and its T>0 "
+                       "samples when the profile sets coherence.reference: baseline)")
     b.add_argument("--target", required=True)
     b.add_argument("--out", required=True)
     b.add_argument("--config")
