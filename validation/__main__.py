@@ -154,10 +154,16 @@ def _finding(check: str, reason: str) -> Any:
 
 
 def cmd_record_baseline(args: argparse.Namespace) -> int:
-    """Record T=0 answers of a non-speculative deployment for the lossless check."""
+    """Record T=0 answers of a non-speculative deployment for the lossless check, and with
+    `coherence.reference: baseline` its T>0 suite answers (one per prompt, temperature and
+    `coherence.seeds` entry) for the relative coherence check."""
+    from validation.coherence import baseline_samples_record, hot_temperatures, uses_baseline
     from validation.gate import Gate
 
-    cfg = load_gate_config(args.config, {**_overrides(args), "temperatures": [0.0]})
+    profile = load_gate_config(args.config, _overrides(args))
+    relative = uses_baseline(profile)
+    temps = [0.0, *hot_temperatures(profile)] if relative else [0.0]
+    cfg = load_gate_config(args.config, {**_overrides(args), "temperatures": temps})
     # the baseline is the non-speculative deployment: the profile it shares with the speculative one
     # may say `spec.enabled: on` and ask for a lossless baseline; neither applies to the baseline itself
     cfg = cfg.model_copy(update={"determinism": cfg.determinism.model_copy(update={"enabled": False}),
@@ -165,24 +171,37 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
                                  "spec": cfg.spec.model_copy(update={"enabled": "off"}),
                                  "lossless": cfg.lossless.model_copy(update={"enabled": False, "baseline": None}),
                                  "baseline_url": None})
-    gate = Gate(args.target, cfg, Console(stderr=True))
+    gate = Gate(args.target, cfg, Console(stderr=True), recording_baseline=True)
     gate.t0_logprobs = cfg.lossless.top_logprobs  # the lossless check's near-ties (validation/lossless.py)
     result = gate.run()
     errors = [s for s in result.samples if s.error]
     if errors:
         raise UsageError(f"baseline target failed {len(errors)} requests: {errors[0].error}")
-    if not result.passed:
-        failed = ", ".join(c.name for c in result.failed_cases)
+    # the baseline's own T>0 detector hits are what the relative check compares against: recorded, not refused
+    failed_cases = [c for c in result.failed_cases if not _hot_case(c.name)]
+    if failed_cases:
+        failed = ", ".join(c.name for c in failed_cases)
         raise UsageError(f"baseline answers fail the gate's own checks ({failed}): refusing to record them")
-    answers = {s.prompt_id: s.text for s in result.samples if s.purpose == "suite"}
-    write_json(args.out, {"model": result.model, "target": result.target, "server_kind": result.server_kind,
-                          "suite": Path(cfg.suite).name, "max_tokens": cfg.max_tokens, "recorded": utc_now(),
-                          "answers": answers,
-                          "logprobs": {s.prompt_id: s.logprobs for s in result.samples
-                                       if s.purpose == "suite" and s.logprobs}})
+    t0 = [s for s in result.samples if s.purpose == "suite" and s.temperature == 0]
+    answers = {s.prompt_id: s.text for s in t0}
+    doc: dict[str, Any] = {"model": result.model, "target": result.target, "server_kind": result.server_kind,
+                           "suite": Path(cfg.suite).name, "max_tokens": cfg.max_tokens, "recorded": utc_now(),
+                           "answers": answers, "logprobs": {s.prompt_id: s.logprobs for s in t0 if s.logprobs}}
+    if relative:
+        doc["samples"] = baseline_samples_record(result.samples)
+    write_json(args.out, doc)
     print(json.dumps({"baseline": args.out, "model": result.model, "answers": len(answers),
-                      "with_logprobs": sum(1 for s in result.samples if s.purpose == "suite" and s.logprobs)}))
+                      "with_logprobs": len(doc["logprobs"]), **({"samples": len(doc["samples"])} if relative else {})}))
     return EXIT_OK
+
+
+def _hot_case(name: str) -> bool:
+    """Whether a case judges answers at a temperature above 0 (`<check>@T<t>`, t > 0)."""
+    _, sep, t = name.rpartition("@T")
+    try:
+        return bool(sep) and float(t) > 0
+    except ValueError:
+        return False
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -216,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--config")
     c.add_argument("--no-judge", action="store_true", help="text detectors only (no fluency judge)")
     c.add_argument("--scores", action="store_true", help="add the judge's scores to every row")
-    b = sub.add_parser("record-baseline", help="record T=0 answers of a non-speculative deployment")
+    b = sub.add_parser("record-baseline", help="record T=0 answers of a non-speculative deployment (and its T>0 "
+                       "samples when the profile sets coherence.reference: baseline)")
     b.add_argument("--target", required=True)
     b.add_argument("--out", required=True)
     b.add_argument("--config")

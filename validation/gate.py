@@ -6,7 +6,8 @@
 Checks (each its own JUnit case, grouped by temperature where that applies):
   request_errors, finish_usage, <detector>@T<t> for every garbage detector, determinism_sequential,
   determinism_concurrent, variation_distinct, seed_reproducible, spec_accept_length, lossless_t0,
-  throughput (recorded, informational).
+  throughput (recorded, informational); with `coherence.reference: baseline` also
+  coherence_vs_baseline@T<t> for every T>0 (validation/coherence.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pipeline.client import ChatResult, OpenAIClient
 from pipeline.errors import TargetError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
+from validation.coherence import (
+    BaselineSample,
+    hot_temperatures,
+    load_baseline_samples,
+    relative_coherence_cases,
+    suite_seeds,
+    uses_baseline,
+)
 from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import DETECTORS, Finding, score_text
@@ -88,10 +97,22 @@ def quote(text: str, limit: int = 160) -> str:
 
 
 class Gate:
-    """Runs the suite against one target with one config."""
+    """Runs the suite against one target with one config.
 
-    def __init__(self, target: str, cfg: GateConfig, console: Console | None = None) -> None:
+    `recording_baseline`: this target IS the baseline (`record-baseline`): with `coherence.reference:
+    baseline` its T>0 answers are sampled with `coherence.seeds` and judged with zero tolerance (they are
+    what is recorded), not compared against a baseline.
+    """
+
+    def __init__(self, target: str, cfg: GateConfig, console: Console | None = None,
+                 recording_baseline: bool = False) -> None:
         self.cfg = cfg
+        self.relative = uses_baseline(cfg) and not recording_baseline
+        if self.relative and not cfg.lossless.baseline and not cfg.baseline_url:
+            raise UsageError("coherence.reference is 'baseline' but there is no baseline to compare T>0 answers "
+                             "against: record one from the non-speculative deployment with this profile (python -m "
+                             "validation record-baseline --config PROFILE) and pass --baseline, or set baseline_url")
+        self.baseline_samples: list[BaselineSample] | None = None
         self.client = OpenAIClient(target, model=cfg.model, timeout_s=cfg.request_timeout_s)
         self.console = console or Console(stderr=True)
         self.suite: Suite = load_suite(cfg.suite)
@@ -160,11 +181,14 @@ class Gate:
         t_start = time.perf_counter()
         model = self.client.model  # raises TargetError when unreachable / not OpenAI / no model
         self.kind = self.client.server_kind()
+        if self.relative and cfg.lossless.baseline:  # a baseline file without T>0 samples fails before any request
+            self.baseline_samples = load_baseline_samples(cfg.lossless.baseline, model, cfg)
         spec_before = read_spec_metrics(self.client, self.kind)
         samples: list[Sample] = []
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=self.console, transient=False) as progress:
-            jobs = [(p, t, cfg.seed, "suite") for t in cfg.temperatures for p in self.suite.prompts]
+            jobs = [(p, t, seed, "suite") for t in cfg.temperatures for seed in suite_seeds(cfg, t)
+                    for p in self.suite.prompts]
             samples += self._run_all(jobs, progress, "suite")
             if cfg.determinism.enabled:
                 for pid in cfg.determinism.prompt_ids:
@@ -183,6 +207,8 @@ class Gate:
             baseline_answers = None
             if cfg.baseline_url and cfg.lossless.enabled and not cfg.lossless.baseline:
                 baseline_answers = self._baseline_answers(progress)
+            if self.relative and self.baseline_samples is None:
+                self.baseline_samples = self._baseline_hot_samples(progress)
         spec_after = read_spec_metrics(self.client, self.kind)
         if cfg.judge.enabled:
             self.judge_s = judge_samples(samples, cfg, {p.id: p.prompt for p in self.suite.prompts}, self.console)
@@ -249,8 +275,18 @@ class Gate:
                           {"problems": bad_fu}))
         # Garbage detectors, one case per detector and temperature over every sample at that temperature.
         temps = sorted({s.temperature for s in good})
+        relative: list[Case] = []
+        hot = hot_temperatures(cfg)
+        if self.relative:
+            assert self.baseline_samples is not None
+            relative = relative_coherence_cases(good, self.baseline_samples, cfg)
+            temps = sorted({*temps, *hot})
         for t in temps:
             at_t = [s for s in good if s.temperature == t]
+            if self.relative and t in hot:  # counted against the baseline (validation/coherence.py)
+                cases += [c for c in relative if c.name.endswith(f"@T{t:g}")]
+                cases.append(fluency_case(at_t, t, cfg))
+                continue
             for det in DETECTORS:
                 if det in cfg.thresholds.disabled:
                     cases.append(Case(f"{det}@T{t:g}", "coherence", True, "disabled by config", skipped=True))
@@ -350,6 +386,21 @@ class Gate:
             raise TargetError(f"baseline {self.cfg.baseline_url} failed: {errs[0].error}")
         self.baseline_logprobs = {s.prompt_id: decode_logprobs(s.logprobs) for s in got if s.logprobs}
         return {s.prompt_id: s.text for s in got}
+
+    def _baseline_hot_samples(self, progress: Progress) -> list[BaselineSample]:
+        """T>0 suite answers of the live baseline deployment, with the seeds the candidate used."""
+        base = self._baseline_client()
+        cfg = self.cfg
+        saved, self.client = self.client, base
+        try:
+            got = self._run_all([(p, t, seed, "suite") for t in hot_temperatures(cfg) for seed in suite_seeds(cfg, t)
+                                 for p in self.suite.prompts], progress, "baseline T>0")
+        finally:
+            self.client = saved
+        errs = [s for s in got if s.error]
+        if errs:
+            raise TargetError(f"baseline {cfg.baseline_url} failed: {errs[0].error}")
+        return [BaselineSample(s.prompt_id, s.temperature, s.seed, s.text) for s in got]
 
     def _depth_cases(self) -> list[Case]:
         cfg = self.cfg
