@@ -197,7 +197,15 @@ def render_relative_coherence(raw: dict[str, Any], path: str) -> str:
             f"{raw['profile']}; command: `{raw.get('command', '?')}`\n")
 
 
+def render_gpu_proof(raw: dict[str, Any], path: str) -> str:
+    """The kernel-level tree-verify proof on the H200 (tests/ddtree/gpu_proof.sh)."""
+    from bench.gpu_proof_table import render_doc
+
+    return render_doc(raw, path)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "ddtree-gpu-proof": render_gpu_proof,
     "relative-coherence": render_relative_coherence,
     "ci-run": render_ci_run,
     "incident": render_incident,

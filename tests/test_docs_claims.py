@@ -22,10 +22,7 @@ UNIT_WORDS = {"ms", "s", "tok/s", "req/s", "tok", "tokens", "mb", "gb", "kb", "p
               "cores", "core"}
 # Docs whose measurement tables do not name their raw files yet. Each entry must still be needed (the
 # test below fails once the doc passes, so the exception is removed), and says whose it is and why.
-PENDING: dict[str, str] = {
-    "docs/ddtree-gpu-proof.md": "kernel-level proof of 2026-11-29/30; its per-cell results were printed, not kept "
-    "(the doc says so); re-running tests/ddtree/gpu_proof.sh restores them",
-}
+PENDING: dict[str, str] = {}
 
 
 def _numeric(cell: str) -> bool:
