@@ -212,7 +212,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     summary = run_sweep(cfg, out, Console(stderr=True))
     best = summary["recommendation"]
     print(json.dumps({"recommendation": best["cell"] if best else None, "settings": best["settings"] if best else None,
-                      "passed": summary["passed"], "cells": summary["cells"], "out": str(out)}))
+                      "passed": summary["passed"], "cells": summary["cells"], "advice": summary["advice"],
+                      "out": str(out)}))
     return EXIT_OK if best else EXIT_FAIL
 
 

@@ -266,9 +266,28 @@ def run_sweep(cfg: SweepConfig, out: Path, console: Console | None = None) -> di
     passed = [r for r in rows if r["status"] == "passed"]
     best = max(passed, key=lambda r: r.get("tok_s") or 0.0) if passed else None
     summary = {"kind": cfg.kind, "cells": len(rows), "passed": len(passed), "recommendation": best,
-               "baseline": baseline_url, **extra, "rows": rows}
+               "advice": advise(rows, best), "baseline": baseline_url, **extra, "rows": rows}
     _write(cfg, out, summary, rows)
     return summary
+
+
+def _only_speed(r: dict[str, Any]) -> bool:
+    failed = r.get("failed_checks") or []
+    return r["status"] == "failed" and bool(failed) and all(c.startswith("speed_vs_baseline") for c in failed)
+
+
+def advise(rows: list[dict[str, Any]], best: dict[str, Any] | None) -> str:
+    """One sentence an operator can act on: the recommended cell; or, when every cell that is correct
+    lost only on speed, to serve without speculative decoding; or that nothing is safe to serve."""
+    if best is not None:
+        return (f"serve {best['cell']}: the fastest cell that passed every check ({_f(best.get('tok_s'))} tok/s, "
+                f"{_f(best.get('speedup'))}x the baseline)")
+    slow = [r for r in rows if _only_speed(r)]
+    if slow:
+        top = max(slow, key=lambda r: r.get("tok_s") or 0.0)
+        return (f"serve without speculative decoding: {len(slow)} cell(s) passed every check but speed, the "
+                f"fastest of them ({top['cell']}) at {_f(top.get('speedup'))}x the baseline")
+    return "no cell is safe to serve: every cell failed a correctness check (see failed checks)"
 
 
 def _write(cfg: SweepConfig, out: Path, summary: dict[str, Any], rows: list[dict[str, Any]]) -> None:
@@ -280,7 +299,7 @@ def _write(cfg: SweepConfig, out: Path, summary: dict[str, Any], rows: list[dict
     write_junit(out / "junit.xml", "sweep", cases)
     best = summary["recommendation"]
     verdict = (f"RECOMMEND {best['cell']} ({_f(best.get('tok_s'))} tok/s, {_f(best.get('speedup'))}x baseline, "
-               f"accept {_f(best.get('accept_length'))})" if best else "NO CELL PASSED")
+               f"accept {_f(best.get('accept_length'))})" if best else "NO CELL PASSED: " + summary["advice"])
     header = ["cell", "status", "accept length", "tok/s", "baseline tok/s", "speedup", "quality", "lossless",
               "failed checks"]
     table = [[r["cell"], r["status"], _f(r.get("accept_length")), _f(r.get("tok_s")), _f(r.get("baseline_tok_s")),

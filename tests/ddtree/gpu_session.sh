@@ -50,7 +50,12 @@ case $step in
   incident)
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
-    timeout 420 python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline 400 2>&1 | tail -4
+    # 8 of the 14 servers: with the 135M profile's baseline-relative T>0 check every gate samples each
+    # prompt at 3 seeds per temperature (80 suite answers, not 32) and the baseline records them too;
+    # 14 gates at once took 110 s with 32 (2026-12-01), so this set keeps the call under 600 s
+    timeout 560 python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline 540 \
+      --only chain,patched-b16-k4,mutant-b16-k4,unpatched-b16-k4,patched-b7-k4,patched-b15-k8,patched-b31-k4 \
+      2>&1 | tail -4
     tar -C "$OUT" -czf "$OUT/gates.tgz" gates && rm -rf "$OUT/gates" "$OUT/logs" ;;
   sweep)
     # shellcheck disable=SC1091

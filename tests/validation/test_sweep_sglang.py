@@ -188,3 +188,23 @@ def test_a_baseline_that_does_not_come_up_stops_the_sweep_with_its_log(tmp_path:
         run_sweep(cfg, tmp_path / "sweep")
     assert str(e.value).startswith("baseline: exited with 1 before it was ready; log ")
     assert "No module named 'sglang'" in str(e.value)
+
+
+def test_advice_names_what_to_serve() -> None:
+    """The sweep's one-line advice: the passing cell; without one, no speculation when the correct cells
+    lost only on speed (the H200 sweep of 2026-12-01: DDTree at 0.36-0.38x of a 135M target); else nothing."""
+    from validation.sweep import advise
+
+    def row(cell: str, status: str, failed: list[str], tok_s: float, speedup: float) -> dict[str, Any]:
+        return {"cell": cell, "status": status, "failed_checks": failed, "tok_s": tok_s, "speedup": speedup}
+
+    fast = row("budget=16,topk=4", "passed", [], 300.0, 1.4)
+    assert advise([fast], fast).startswith("serve budget=16,topk=4")
+    slow = [row("budget=7,topk=4", "failed", ["speed_vs_baseline@c1"], 203.4, 0.38),
+            row("budget=16,topk=4", "failed", ["speed_vs_baseline@c1"], 210.2, 0.36),
+            row("budget=31,topk=4", "failed", ["lossless_t0", "speed_vs_baseline@c1"], 250.0, 0.45)]
+    got = advise(slow, None)
+    assert got.startswith("serve without speculative decoding: 2 cell(s)") and "budget=16,topk=4" in got
+    broken = [row("budget=16,topk=4", "failed", ["token_soup@T0", "speed_vs_baseline@c1"], 210.0, 0.36),
+              {"cell": "budget=0", "status": "error", "failed_checks": ["cell-error"]}]
+    assert advise(broken, None).startswith("no cell is safe to serve")
