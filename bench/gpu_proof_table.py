@@ -83,4 +83,5 @@ def render_doc(raw: dict[str, Any], path: str) -> str:
     cmds = "; ".join(f"`{c}`" for c in raw.get("commands", []))
     runs = ", ".join(f"{k} {v}" for k, v in (raw.get("pytest") or {}).items())
     return (f"Run {raw.get('date', '?')} on {raw.get('machine', '?')}. {raw.get('setup', '')}. Commands: {cmds}. "
-            f"pytest: {runs}.\n\n" + render_rows(raw.get("rows", []), f"Raw: {path}") + f"\nRaw: {path} (one row per cell)\n")
+            f"pytest: {runs}.\n\n" + render_rows(raw.get("rows", []), f"Raw: {path}")
+            + f"\nRaw: {path} (one row per cell)\n")
