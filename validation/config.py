@@ -73,6 +73,7 @@ class DetectorThresholds(StrictModel):
     mojibake_window_odd: int = Field(default=4, ge=2)
     # word_order: determiner-before-function-word pairs and glued words
     word_order_min_events: int = Field(default=2, ge=1)
+    word_order_short_words: int = Field(default=12, ge=0, description="up to this many words one anomaly fails")
     word_order_min_rate: float = Field(default=0.02, ge=0, le=1)
     # near_repeat: one stem dominating a window; sentences that are near-copies of each other
     stutter_window: int = Field(default=16, ge=4)

@@ -508,7 +508,8 @@ _DETERMINERS = {"the", "a", "an"}
 _FUNCTION_AFTER_DET = {"the", "a", "an", "of", "to", "and", "in", "is", "was", "for", "with", "on", "at", "by", "from",
                        "or", "but", "as", "it", "that", "are", "were", "be", "this", "then", "into", "its"}
 _A_OK_AFTER = {"and", "or", "is", "was", "are", "were", "be", "it", "that", "as", "but", "then", "this", "its"}
-_PUNCT_GLUE = re.compile(r"(?<![\w.])([a-z]{2,})[,.;:!?]([A-Z][a-z]+)\b")
+# a word (lower-case or Capitalised, not an all-caps abbreviation) glued at punctuation to a Capitalised word
+_PUNCT_GLUE = re.compile(r"(?<![\w.])([A-Z]?[a-z]{2,})[,.;:!?]([A-Z][a-z]+)\b")
 _STOP_CAPS = {"The", "And", "Into", "Then", "Of", "For", "With", "From", "That", "This", "But", "Or", "A", "An", "In",
               "On", "At", "To", "Is", "Was", "It", "As", "By"}
 
@@ -543,7 +544,9 @@ def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
             if caps and all(in_lexicon(p, st_lang, th.lexicon_size) for p in pieces):
                 events.append(core)
     words = max(1, len(prose.split()))
-    if len(events) >= th.word_order_min_events and len(events) / words >= th.word_order_min_rate:
+    # a short answer ("of Paris. The is capital France") has room for one anomaly only: there one is enough
+    need = 1 if words <= th.word_order_short_words else th.word_order_min_events
+    if len(events) >= need and len(events) / words >= th.word_order_min_rate:
         return [Finding("word_order", f"{len(events)} word-order / glue anomalies in {words} words",
                         "; ".join(events[:6]))]
     return []
@@ -553,6 +556,8 @@ def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
 
 _SENT_SPLIT = re.compile(r"(?<=[.!?])\s+|\n+")
 _LIST_MARK = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#+)\s*")
+# where an enumeration starts again at 1, on its own line or inline ("... 5. Oranges. 1. Banana 2. ...")
+_ENUM_RESTART = re.compile(r"(?:^|(?<=\s))(?=1[.)]\s)")
 
 
 def _norm_words(sentence: str) -> list[str]:
@@ -672,6 +677,17 @@ def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
             return [Finding("near_repeat", f"{len(best)} sentences are {'near-' if varied else ''}copies of one "
                             f"({len(variants)} variants, {covered:.0%} of the words)",
                             " | ".join(" ".join(sents[j]) for j in best[:3])[:160])]
+    # 3) a whole enumeration repeated with small variations: its items are too short to be sentences
+    runs = [u for u in (_norm_words(r) for r in _ENUM_RESTART.split(prose)) if len(u) >= th.near_repeat_min_words]
+    run_words = sum(len(u) for u in runs)
+    for a in runs if len(runs) >= th.near_repeat_min_copies else []:
+        group = [b for b in runs if _similar(a, b) >= th.near_repeat_similarity]
+        variants = {tuple(b) for b in group}
+        share = sum(len(b) for b in group) / max(1, run_words)
+        if len(group) >= th.near_repeat_min_copies and len(variants) >= 2 and share >= th.near_repeat_min_share:
+            return [Finding("near_repeat", f"an enumeration restarts {len(group)} times as near-copies of itself "
+                            f"({len(variants)} variants, {share:.0%} of its words)",
+                            " | ".join(" ".join(b) for b in group[:3])[:160])]
     return []
 
 

@@ -7,6 +7,7 @@ detectors alone are not required to catch them (test_judge.py covers the combina
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -75,3 +76,51 @@ def test_legitimate_repetition_passes() -> None:
     log = " ".join(f"Test {i} passed." for i in range(1, 30))
     steps = "\n".join(f"{i}. Stir the sauce for one minute and taste it." for i in range(1, 3))
     assert score_text(log) == [] and score_text(steps) == []
+
+
+_DET = {"the", "an"}  # "a" has legitimate followers ("a is None", "plan A.")
+_AFTER = {"the", "a", "an", "of", "to", "and", "in", "is", "was", "for", "with", "on", "at", "by", "from"}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_short_answers_with_one_word_order_anomaly_fail(seed: int) -> None:
+    """A one-sentence answer shuffled so a determiner lands before a function word ("of Paris. The is
+    capital France", held-out seed 20261203) has room for one anomaly only: one is enough there."""
+    from validation.synth import _sentence
+
+    rng = random.Random(seed)
+    checked = 0
+    for _ in range(400):
+        words = _sentence(rng).rstrip(".").split()
+        rng.shuffle(words)
+        pairs = list(itertools.pairwise(words))
+        if len(words) > 12 or not any(a.lower() in _DET and b.lower() in _AFTER for a, b in pairs):
+            continue
+        checked += 1
+        text = " ".join(words) + "."
+        assert any(f.check == "word_order" for f in score_text(text)), text
+    assert checked >= 10
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_repeated_enumeration_fails_and_one_list_passes(seed: int) -> None:
+    """A numbered list written again and again with small changes, inline or one item per line (the
+    held-out near_repeat that passed: "1. Banana 2. Orange ... 1. carefully Banana Orange ..."); a single
+    list, or two different lists, pass."""
+    rng = random.Random(seed)
+    fruit = ["Apple", "Banana", "Cherry", "Grape", "Kiwi", "Lemon", "Mango", "Orange", "Pear", "Plum"]
+    for _ in range(20):
+        items = rng.sample(fruit, rng.randint(4, 6))
+        sep = rng.choice([" ", "\n"])
+        copies = []
+        for _ in range(rng.randint(3, 5)):
+            v = items[:]
+            j = rng.randrange(len(v))
+            v[j] = rng.choice(["really " + v[j], rng.choice(items), v[j] + " " + v[j]])
+            copies.append(sep.join(f"{k + 1}. {w}" for k, w in enumerate(v)) + ".")
+        bad = sep.join(copies)
+        assert any(f.check == "near_repeat" for f in score_text(bad)), bad
+        one = "\n".join(f"{k + 1}. {w}" for k, w in enumerate(items))
+        two = one + "\n\nAnd the vegetables:\n" + "\n".join(
+            f"{k + 1}. {w}" for k, w in enumerate(["Carrot", "Leek", "Onion", "Potato", "Spinach"]))
+        assert score_text(one) == [] and score_text(two) == [], two
