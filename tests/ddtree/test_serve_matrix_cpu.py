@@ -1,6 +1,6 @@
 """The CPU half of the GPU serve matrix (tests/ddtree/serve_matrix.py): the three sglang variants
-it builds from the series, the prompts it sends to the real SmolLM2 target, the server commands
-(parsed by nothing here: test_ddtree_args.py runs sglang's parser on the rollout's commands)."""
+it builds from the series, the prompts it sends to the real SmolLM2 target, and its server commands
+through sglang's own parser."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_ddtree_args import patched_sglang  # noqa: F401 - the module-scoped fixture
 
 HERE = Path(__file__).resolve().parent
 
@@ -60,3 +61,23 @@ def test_real_prompts_are_token_lists_of_the_chat_template(sm, tmp_path: Path) -
     assert len(ps) == 4 and all(isinstance(t, int) for p in ps for t in p)
     lens = [len(p) for p in ps]
     assert lens == sorted(lens) and lens[0] > 20 and lens[-1] > 300
+
+
+@pytest.mark.integration
+def test_every_matrix_command_passes_sglangs_parser(sm, patched_sglang: Path) -> None:  # noqa: F811
+    """The serve matrix builds its own server commands: every one goes through sglang 0.5.23's parser
+    and DFLASH/DDTree resolution with the series (the harness of test_ddtree_args.py), so a flag
+    sglang would reject at startup fails here, not on the GPU machine."""
+    from test_ddtree_args import parse
+
+    servers = sm.plan("full")
+    argvs = [s.cmd() for s in servers]
+    results = parse(patched_sglang, [a[a.index("sglang.launch_server") + 1:] for a in argvs])
+    for s, argv, res in zip(servers, argvs, results, strict=True):
+        assert res["rc"] == 0, f"sglang rejects {s.name}: {' '.join(argv)}\n{res['stderr']}"
+        if s.budget is None:
+            assert res["ddtree"] is None, s.name
+        else:
+            assert res["ddtree"] == {"budget": s.budget, "topk": sm.SERVER_TOPK, "verify_width": s.budget + 1}
+    nccl = [int(a[a.index("--nccl-port") + 1]) for a in argvs]
+    assert max(nccl) < 32768 and len(set(nccl)) == len(nccl)
