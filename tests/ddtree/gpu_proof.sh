@@ -22,10 +22,14 @@ set -u
 C=${CARRY:-.carry/ddtree}; W=${WORK:-/tmp/ddtree}; O=${OUT:-/tmp/ddtree-out}
 WHL=${WHL:-$C/whl}; SGLANG_TGZ=${SGLANG_TGZ:-$C/sglang-0.5.23-cp312.tgz}; PATCHED_TGZ=${PATCHED_TGZ:-$C/patched-files.tgz}
 mkdir -p $W/unpatched $W/patched $W/site $W/logs $O; rm -f $W/failed
+# PREPARED=1: the site dir and the unpatched / patched / mutant trees are already in $W (an earlier call
+# on the same warm machine unpacked them: tests/ddtree/gpu_session.sh proof-setup); only the tests run
+if [ -z "${PREPARED:-}" ]; then
 python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site $WHL/*.whl 2>&1 | tail -2
 tar -C $W/unpatched -xzf $SGLANG_TGZ
 tar -C $W/patched -xzf $SGLANG_TGZ && tar -C $W/patched -xzf $PATCHED_TGZ
-if [[ " ${VARIANTS:-} ${JOBS:-} " == *mutant* ]]; then
+fi
+if [ -z "${PREPARED:-}" ] && [[ " ${VARIANTS:-} ${JOBS:-} " == *mutant* ]]; then
   cp -a $W/patched $W/mutant
   if [ -n "${MUTANT_TGZ:-}" ]; then tar -C $W/mutant -xzf $MUTANT_TGZ
   else patch -d $W/mutant -p1 --fuzz=0 --batch -i "$PWD/tests/ddtree/mutants/seeds-block-size-indexing.patch"; fi

@@ -13,11 +13,17 @@
 #   sweep     .carry/gate-py                           make sweep's sglang kind: it starts the grid's servers
 #                                                      (validation/grids/sglang-smollm2.yaml) and gates each
 #   loadtest  .carry/locust-py .carry/gate-py          Locust capacity (--quick) on target-only and DDTree b16/k4
+#   kernel-level tree-verify proof (tests/ddtree/gpu_proof.sh; .carry/proof from tests/ddtree/make_proof_carry.sh),
+#   on a machine of its own or after the steps above:
+#   proof-setup  .carry/sglang/p1 .carry/proof          sglang unpacked as unpatched / patched / mutant + p1's wheels
+#   proof-deps   .carry/sglang/p2                       p2's wheels (pydantic and the rest the test's conftest imports)
+#   proof        .carry/proof                           Triton: patched, unpatched, mutant at once
+#   proof-fi     .carry/sglang/p3 .carry/proof          FlashInfer (p3's fislim.tgz, JIT about 45 s): patched, unpatched
 #
 # Build the carries here first: bash ../shared/gpu/make-carry.sh; bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
-step=${1:?step: install1|install2|gguf1|warm|matrix|incident|sweep|loadtest}
+step=${1:?step: install1|install2|gguf1|warm|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 case $step in
   install1)
@@ -73,5 +79,21 @@ case $step in
     PYTHONPATH=/tmp/ddtree-var/patched:/tmp/ddtree-plug:/tmp/locust:$PYTHONPATH:$PWD:$PWD/.carry/gate-py \
       timeout 560 python3 tests/ddtree/loadtest_real.py --out "$OUT/loadtest" 2>&1 | tail -6
     tar -C "$OUT" -czf "$OUT/loadtest.tgz" loadtest && rm -rf "$OUT/loadtest" ;;
+  proof-setup)
+    W=/tmp/ddtree; mkdir -p $W/unpatched $W/patched $W/site
+    python3 -m pip install -q --no-index --no-deps --no-compile --target $W/site .carry/sglang/p1/whl/*.whl || exit 1
+    tar -C $W/unpatched -xzf .carry/sglang/p1/sglang-slim.tgz && tar -C $W/patched -xzf .carry/sglang/p1/sglang-slim.tgz \
+      && tar -C $W/patched -xzf .carry/proof/patched-files.tgz && rm -rf $W/mutant && cp -a $W/patched $W/mutant \
+      && tar -C $W/mutant -xzf .carry/proof/mutant-files.tgz || exit 1
+    grep -c "MUTANT seeds" $W/mutant/sglang/srt/layers/attention/triton_backend.py | sed 's/^/mutant markers: /' ;;
+  proof-deps)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ddtree/site .carry/sglang/p2/whl/*.whl ;;
+  proof)
+    WORK=/tmp/ddtree PREPARED=1 JOBS="triton:patched triton:unpatched triton:mutant" TEST_TIMEOUT=170 BENCH=0 \
+      timeout 230 bash tests/ddtree/gpu_proof.sh 2>&1 | tail -8 ;;
+  proof-fi)
+    tar -C /tmp/ddtree/site -xzf .carry/sglang/p3/fi-cutlass-inc.tgz
+    WORK=/tmp/ddtree PREPARED=1 FLASHINFER_TGZ=.carry/sglang/p3/fislim.tgz JOBS="flashinfer:patched flashinfer:unpatched" \
+      JIT_TIMEOUT=120 TEST_TIMEOUT=100 BENCH=0 timeout 260 bash tests/ddtree/gpu_proof.sh 2>&1 | tail -8 ;;
   *) echo "unknown step: $step" >&2; exit 2 ;;
 esac
