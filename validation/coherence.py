@@ -19,10 +19,8 @@ T=0 is untouched (one sample per prompt, zero tolerance), and so is the fluency 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import UsageError
@@ -81,19 +79,14 @@ def baseline_samples_record(samples: list[Sample]) -> list[dict[str, Any]]:
 def load_baseline_samples(path: str, model: str | None, cfg: GateConfig) -> list[BaselineSample]:
     """T>0 baseline answers recorded by `record-baseline`, checked against the target's model, the suite
     and every (prompt, temperature, seed) this config samples."""
+    from validation.lossless import read_baseline
+
+    rows = read_baseline(path, model, cfg.suite, cfg.max_tokens).get("samples")
     try:
-        doc = json.loads(Path(path).read_text())
-        rows = doc.get("samples")
         samples = None if rows is None else [
             BaselineSample(str(r["prompt_id"]), float(r["temperature"]), r.get("seed"), str(r["text"])) for r in rows]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"cannot read baseline samples from {path}: {type(exc).__name__}") from None
-    if model is not None and doc.get("model") != model:
-        raise UsageError(f"baseline {path} was recorded for model {doc.get('model')!r}, target serves {model!r}")
-    if Path(doc.get("suite", "")).name != Path(cfg.suite).name:
-        raise UsageError(f"baseline suite {doc.get('suite')} differs from gate suite {Path(cfg.suite).name}")
-    if doc.get("max_tokens") != cfg.max_tokens:
-        raise UsageError(f"baseline recorded with max_tokens={doc.get('max_tokens')}, gate uses {cfg.max_tokens}")
     if not samples:
         raise UsageError(f"baseline {path} has no T>0 samples, which coherence.reference 'baseline' compares "
                          f"against: {RERECORD}")

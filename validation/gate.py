@@ -39,7 +39,7 @@ from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import DETECTORS, Finding, score_text
 from validation.judge import FluencyJudge, judge_model_path, threshold_for
-from validation.lossless import EncodedLogprobs, compare_answer, decode_logprobs, encode_logprobs
+from validation.lossless import EncodedLogprobs, compare_answer, decode_logprobs, encode_logprobs, read_baseline
 from validation.spec import SpecReading, read_spec_metrics
 from validation.suite import Prompt, Suite, load_suite
 
@@ -121,6 +121,7 @@ class Gate:
         self.judge_s: float | None = None
         # record-baseline (and a live baseline) ask for T=0 log-probs: the lossless check's near-ties
         self.t0_logprobs: int | None = None
+        self.baseline_logprobs: dict[str, list[Any]] = {}  # a live baseline's, filled by _baseline_answers
         for pid in [*cfg.determinism.prompt_ids, *cfg.variation.prompt_ids]:
             try:
                 self.suite.get(pid)
@@ -215,7 +216,7 @@ class Gate:
         cases = self._judge(samples, spec_before, spec_after)
         if baseline_answers is not None:
             cases.append(lossless_case(samples, baseline_answers, model, cfg, source=cfg.baseline_url or "",
-                                       ref_logprobs=getattr(self, "baseline_logprobs", None)))
+                                       ref_logprobs=self.baseline_logprobs))
         elif not any(c.name == "lossless_t0" for c in cases):
             spec = next(c for c in cases if c.name == "spec_accept_length")
             cases.append(lossless_missing_case(cfg, speculative=cfg.spec.enabled == "on" or not spec.skipped))
@@ -354,7 +355,7 @@ class Gate:
         if cfg.lossless.enabled and cfg.lossless.baseline:
             cases.append(lossless_case(good, load_baseline(cfg.lossless.baseline, self.client.model, cfg), model=None,
                                        cfg=cfg, source=cfg.lossless.baseline,
-                                       ref_logprobs=load_baseline_logprobs(cfg.lossless.baseline)))
+                                       ref_logprobs=load_baseline_logprobs(cfg.lossless.baseline, cfg)))
         tps = [s.tokens_per_s for s in good if s.tokens_per_s]
         ttft = [s.ttft_s for s in good if s.ttft_s is not None]
         cases.append(Case("throughput", "performance", True,
@@ -460,26 +461,18 @@ class Gate:
 
 def load_baseline(path: str, model: str, cfg: GateConfig) -> dict[str, str]:
     """Answers recorded by `record-baseline`, checked against the target's model and the suite."""
-    try:
-        base = json.loads(Path(path).read_text())
-        answers = base["answers"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"cannot read baseline {path}: {type(exc).__name__}") from None
-    if base.get("model") != model:
-        raise UsageError(f"baseline {path} was recorded for model {base.get('model')!r}, target serves {model!r}")
-    if Path(base.get("suite", "")).name != Path(cfg.suite).name:
-        raise UsageError(f"baseline suite {base.get('suite')} differs from gate suite {Path(cfg.suite).name}")
-    if base.get("max_tokens") != cfg.max_tokens:
-        raise UsageError(f"baseline recorded with max_tokens={base.get('max_tokens')}, gate uses {cfg.max_tokens}")
+    answers = read_baseline(path, model, cfg.suite, cfg.max_tokens).get("answers")
+    if not isinstance(answers, dict):
+        raise UsageError(f"cannot read baseline {path}: no answers")
     return dict(answers)
 
 
-def load_baseline_logprobs(path: str) -> dict[str, list[Any]]:
+def load_baseline_logprobs(path: str, cfg: GateConfig) -> dict[str, list[Any]]:
     """The T=0 answers' token log-probs `record-baseline` kept ({} for a file recorded without them)."""
+    raw = read_baseline(path, None, cfg.suite, cfg.max_tokens).get("logprobs") or {}
     try:
-        raw = json.loads(Path(path).read_text()).get("logprobs") or {}
         return {pid: decode_logprobs(rows) for pid, rows in raw.items()}
-    except (OSError, ValueError, AttributeError) as exc:
+    except (ValueError, AttributeError) as exc:
         raise UsageError(f"cannot read the log-probs of baseline {path}: {exc}") from None
 
 

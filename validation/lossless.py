@@ -18,13 +18,34 @@ exact, and the report says so.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pipeline.client import TokenLogprob
+from pipeline.errors import UsageError
 
 # A baseline file's form of TokenLogprob: [token bytes as hex, logprob, [[alt hex, logprob], ...]]
 EncodedLogprobs = list[list[Any]]
+
+
+def read_baseline(path: str, model: str | None, suite: str, max_tokens: int | None) -> dict[str, Any]:
+    """A `record-baseline` file, checked once against the target's model (None: not checked), the gate's
+    suite and max_tokens; every reader of the file (answers, log-probs, T>0 samples) starts here."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        if not isinstance(doc, dict):
+            raise TypeError("not a JSON object")
+    except (OSError, ValueError, TypeError) as exc:
+        raise UsageError(f"cannot read baseline {path}: {type(exc).__name__}") from None
+    if model is not None and doc.get("model") != model:
+        raise UsageError(f"baseline {path} was recorded for model {doc.get('model')!r}, target serves {model!r}")
+    if Path(doc.get("suite", "")).name != Path(suite).name:
+        raise UsageError(f"baseline suite {doc.get('suite')} differs from gate suite {Path(suite).name}")
+    if doc.get("max_tokens") != max_tokens:
+        raise UsageError(f"baseline recorded with max_tokens={doc.get('max_tokens')}, gate uses {max_tokens}")
+    return doc
 
 
 def encode_logprobs(rows: list[TokenLogprob]) -> EncodedLogprobs:
@@ -98,4 +119,4 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
                       gap_nats=gap)
 
 
-__all__ = ["Comparison", "EncodedLogprobs", "compare_answer", "decode_logprobs", "encode_logprobs"]
+__all__ = ["Comparison", "EncodedLogprobs", "compare_answer", "decode_logprobs", "encode_logprobs", "read_baseline"]

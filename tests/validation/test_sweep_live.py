@@ -89,7 +89,7 @@ def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
         assert p.returncode == 0, p.stderr[-2000:]
         data = json.loads(rec.read_text())
         # the real server's token log-probs spell each recorded answer (the near-tie check's input)
-        lps = load_baseline_logprobs(str(rec))
+        lps = load_baseline_logprobs(str(rec), cfg)
         assert set(lps) == set(data["answers"])
         for pid, text in data["answers"].items():
             assert b"".join(t for t, _, _ in lps[pid]).decode() == text
