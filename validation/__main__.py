@@ -41,6 +41,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--temperatures must be comma-separated numbers, got {args.temperatures!r}") from None
     if getattr(args, "baseline", None):
         o["lossless"] = {"baseline": args.baseline}
+    if getattr(args, "reanchor_url", None):
+        o.setdefault("lossless", {})["reanchor_url"] = args.reanchor_url
     if getattr(args, "speculative", False):
         o["spec"] = {"enabled": "on"}
     if getattr(args, "no_judge", False):
@@ -228,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", help="model name (default: the first from /v1/models)")
     r.add_argument("--temperatures", help="comma-separated, overrides the config")
     r.add_argument("--baseline", help="baseline JSON for the lossless T=0 check")
+    r.add_argument("--reanchor-url", help="target-only server (sglang) to continue from the candidate's text at each "
+                   "near-tie, so the lossless check covers the whole answer (lossless.reanchor_url)")
     r.add_argument("--no-judge", action="store_true", help="skip the fluency judge (reported as skipped)")
     r.add_argument("--speculative", action="store_true",
                    help="the deployment uses speculative decoding (spec.enabled: on): lossless baseline required")

@@ -39,7 +39,18 @@ from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import DETECTORS, Finding, score_text
 from validation.judge import FluencyJudge, judge_model_path, threshold_for
-from validation.lossless import EncodedLogprobs, compare_answer, decode_logprobs, encode_logprobs, read_baseline
+from validation.lossless import (
+    Comparison,
+    Continuation,
+    Continue,
+    EncodedLogprobs,
+    compare_answer,
+    compare_path,
+    control_reanchor,
+    decode_logprobs,
+    encode_logprobs,
+    read_baseline,
+)
 from validation.spec import SpecReading, read_spec_metrics
 from validation.suite import Prompt, Suite, load_suite
 
@@ -122,6 +133,9 @@ class Gate:
         # record-baseline (and a live baseline) ask for T=0 log-probs: the lossless check's near-ties
         self.t0_logprobs: int | None = None
         self.baseline_logprobs: dict[str, list[Any]] = {}  # a live baseline's, filled by _baseline_answers
+        self.t0_paths: dict[str, Comparison] = {}  # lossless verdict per prompt, before the detectors judge T=0
+        self._t0_suite: list[Sample] = []
+        self.baseline_t0: dict[str, str] = {}
         for pid in [*cfg.determinism.prompt_ids, *cfg.variation.prompt_ids]:
             try:
                 self.suite.get(pid)
@@ -205,19 +219,28 @@ class Gate:
                 if v.check_seed_reproducible:
                     jobs += [(self.suite.get(pid), v.temperature, v.seeds[0], "reproduce") for pid in v.prompt_ids]
                 samples += self._run_all(jobs, progress, "variation")
-            baseline_answers = None
-            if cfg.baseline_url and cfg.lossless.enabled and not cfg.lossless.baseline:
-                baseline_answers = self._baseline_answers(progress)
+            baseline_answers, source = None, ""
+            if cfg.lossless.enabled and cfg.lossless.baseline:
+                baseline_answers, source = load_baseline(cfg.lossless.baseline, model, cfg), cfg.lossless.baseline
+                self.baseline_logprobs = load_baseline_logprobs(cfg.lossless.baseline, cfg)
+            elif cfg.baseline_url and cfg.lossless.enabled:
+                baseline_answers, source = self._baseline_answers(progress), cfg.baseline_url
             if self.relative and self.baseline_samples is None:
                 self.baseline_samples = self._baseline_hot_samples(progress)
         spec_after = read_spec_metrics(self.client, self.kind)
+        lossless = None
+        if baseline_answers is not None:  # before the detectors: T=0 hits on a proven target path are the model's
+            self.baseline_t0 = baseline_answers
+            comps, reanchor = self._lossless_paths(samples, baseline_answers)
+            self.t0_paths = comps
+            lossless = lossless_case(samples, baseline_answers, model, cfg, source=source,
+                                     ref_logprobs=self.baseline_logprobs, comps=comps, reanchor=reanchor)
         if cfg.judge.enabled:
             self.judge_s = judge_samples(samples, cfg, {p.id: p.prompt for p in self.suite.prompts}, self.console)
         cases = self._judge(samples, spec_before, spec_after)
-        if baseline_answers is not None:
-            cases.append(lossless_case(samples, baseline_answers, model, cfg, source=cfg.baseline_url or "",
-                                       ref_logprobs=self.baseline_logprobs))
-        elif not any(c.name == "lossless_t0" for c in cases):
+        if lossless is not None:
+            cases.insert(next(i for i, c in enumerate(cases) if c.name == "throughput"), lossless)
+        else:
             spec = next(c for c in cases if c.name == "spec_accept_length")
             cases.append(lossless_missing_case(cfg, speculative=cfg.spec.enabled == "on" or not spec.skipped))
         cases += self._depth_cases()
@@ -293,11 +316,20 @@ class Gate:
                     cases.append(Case(f"{det}@T{t:g}", "coherence", True, "disabled by config", skipped=True))
                     continue
                 hits = [(s, f) for s in at_t for f in s.findings if f.check == det]
+                own = [(s, f) for s, f in hits if t == 0 and self._models_own(s)]
+                hits = [h for h in hits if h not in own]
                 msg = "; ".join(f"{s.label}: {f.reason} — {f.excerpt or quote(s.text)}" for s, f in hits[:6])
+                if own:
+                    msg = "; ".join(filter(None, [msg, f"{len(own)} hit(s) on answers proven to be the target's own "
+                                                       "greedy text (lossless_t0 re-anchored them to their end), "
+                                                       "the model's, not the build's: " + "; ".join(
+                                                           f"{s.label}: {f.reason}" for s, f in own[:3])]))
                 cases.append(Case(f"{det}@T{t:g}", "coherence", not hits,
                                   msg or f"{len(at_t)} answers clean",
                                   {"offending": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt,
-                                                  "text": s.text[:2000]} for s, f in hits]}))
+                                                  "text": s.text[:2000]} for s, f in hits],
+                                   "models_own": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt,
+                                                   "text": s.text[:2000]} for s, f in own]}))
             cases.append(fluency_case(at_t, t, cfg))
         if not cfg.determinism.enabled:
             for name in ("determinism_sequential", "determinism_concurrent"):
@@ -352,10 +384,6 @@ class Gate:
                                     + " vs ".join(quote(t, 80) for t in first[:1] + again[:1]))
                 cases.append(Case("seed_reproducible", "variation", ok, "; ".join(msgs) or "same seed, same answer"))
         cases.append(self._spec_case(good, spec_before, spec_after))
-        if cfg.lossless.enabled and cfg.lossless.baseline:
-            cases.append(lossless_case(good, load_baseline(cfg.lossless.baseline, self.client.model, cfg), model=None,
-                                       cfg=cfg, source=cfg.lossless.baseline,
-                                       ref_logprobs=load_baseline_logprobs(cfg.lossless.baseline, cfg)))
         tps = [s.tokens_per_s for s in good if s.tokens_per_s]
         ttft = [s.ttft_s for s in good if s.ttft_s is not None]
         cases.append(Case("throughput", "performance", True,
@@ -363,6 +391,73 @@ class Gate:
                           f"{len(good)} requests (recorded, not gated)",
                           {"ttft_s": ttft, "tokens_per_s": tps}))
         return cases
+
+    def _models_own(self, s: Sample) -> bool:
+        """A T=0 answer whose whole text lossless_t0 re-anchored on the target-only server (the target writes
+        exactly this after a near-tie) for a prompt where the baseline's own answer is clean."""
+        c = self.t0_paths.get(s.prompt_id)
+        ref = self.baseline_t0.get(s.prompt_id)
+        mine = next((x.text for x in self._t0_suite if x.prompt_id == s.prompt_id), None)
+        return (c is not None and c.verdict == "reanchored" and s.text == mine and ref is not None
+                and not score_text(ref, self.cfg.thresholds))
+
+    def _reanchor_fn(self) -> tuple[Continue | None, str]:
+        """The target-only continuation the lossless check re-anchors near-ties on, or why there is none."""
+        cfg = self.cfg
+        url = cfg.lossless.reanchor_url or cfg.baseline_url
+        if not url:
+            return None, "no lossless.reanchor_url or baseline_url to re-anchor on"
+        try:
+            base = OpenAIClient(url, model=cfg.model, timeout_s=cfg.request_timeout_s)
+            served = base.model
+        except TargetError as exc:
+            return None, f"re-anchor server {url} unreachable: {exc}"
+        if served != self.client.model:
+            return None, f"re-anchor server {url} serves {served!r}, the target {self.client.model!r}"
+        prompts = {p.id: p for p in self.suite.prompts}
+
+        def cont(pid: str, prefix: str) -> Continuation:
+            p = prompts[pid]
+            r = base.chat([*p.messages(), {"role": "assistant", "content": prefix}],
+                          max_tokens=cfg.max_tokens or p.max_tokens, temperature=0.0, seed=cfg.seed, stream=True,
+                          extra={"continue_final_message": True},
+                          top_logprobs=cfg.lossless.top_logprobs)
+            return Continuation(r.text, r.logprobs, r.finish_reason)
+
+        return cont, url
+
+    def _lossless_paths(self, samples: list[Sample], ref: dict[str, str]) -> tuple[dict[str, Comparison], dict]:
+        """Every T=0 suite answer compared with the baseline's, re-anchored at near-ties where a target-only
+        server can continue (validation/lossless.py); the control runs once, on the first near-tie's prompt."""
+        cfg = self.cfg
+        self._t0_suite = [s for s in samples if not s.error and s.purpose == "suite" and s.temperature == 0]
+        mine = {s.prompt_id: s for s in self._t0_suite}
+        lps = self.baseline_logprobs
+        tol = cfg.lossless.near_tie_nats
+        first = {pid: compare_answer(mine[pid].text if pid in mine else None, text, lps.get(pid), tol)
+                 for pid, text in ref.items()}
+        tied = [pid for pid, c in first.items() if c.verdict == "near_tie"]
+        info: dict[str, Any] = {"url": None, "control": None, "off": None}
+        cont: Continue | None = None
+        if tied and cfg.lossless.max_reanchors > 0:
+            cont, where = self._reanchor_fn()
+            if cont is None:
+                info["off"] = where
+            else:
+                info["url"] = where
+                pid = tied[0]
+                self.console.print(f"[lossless] {len(tied)} near-tie(s): re-anchoring on {where} (control: {pid})",
+                                   highlight=False)
+                bad = control_reanchor(pid, ref[pid], lps[pid], cont, tol)
+                info["control"] = bad or f"{pid}: the baseline's answer continued from its middle gives its own rest"
+                if bad:
+                    cont, info["off"] = None, bad
+        elif tied:
+            info["off"] = "lossless.max_reanchors is 0"
+        comps = {pid: (compare_path(pid, mine[pid].text, mine[pid].finish_reason, ref[pid], lps.get(pid), tol, cont,
+                                    cfg.lossless.max_reanchors, info["off"] or "")
+                       if c.verdict == "near_tie" else c) for pid, c in first.items()}
+        return comps, info
 
     def _baseline_client(self) -> OpenAIClient:
         assert self.cfg.baseline_url
@@ -510,28 +605,39 @@ def lossless_missing_case(cfg: GateConfig, speculative: bool) -> Case:
 
 
 def lossless_case(samples: list[Sample], ref: dict[str, str], model: str | None, cfg: GateConfig,
-                  source: str, ref_logprobs: dict[str, list[Any]] | None = None) -> Case:
+                  source: str, ref_logprobs: dict[str, list[Any]] | None = None,
+                  comps: dict[str, Comparison] | None = None, reanchor: dict[str, Any] | None = None) -> Case:
     """T=0 answers must equal those of the non-speculative deployment (file or live), up to near-ties
-    of the baseline where its token log-probs were recorded (validation/lossless.py)."""
+    of the baseline where its token log-probs were recorded, each re-anchored on a target-only server
+    where one can continue (`comps` from Gate._lossless_paths; validation/lossless.py)."""
     good = [s for s in samples if not s.error]
     mine = {s.prompt_id: s.text for s in good if s.purpose == "suite" and s.temperature == 0}
     lps = ref_logprobs or {}
     tol = cfg.lossless.near_tie_nats
-    comps = {pid: compare_answer(mine.get(pid), text, lps.get(pid), tol) for pid, text in ref.items()}
+    if comps is None:
+        comps = {pid: compare_answer(mine.get(pid), text, lps.get(pid), tol) for pid, text in ref.items()}
     diffs = [f"{pid}: {c.detail}" for pid, c in comps.items() if not c.ok]
-    ties = [f"{pid}: {c.detail}" for pid, c in comps.items() if c.verdict == "near_tie"]
+    ties = [f"{pid}: {c.detail}" for pid, c in comps.items() if c.verdict in ("near_tie", "reanchored")]
     identical = sum(1 for c in comps.values() if c.verdict == "identical")
+    whole = sum(1 for c in comps.values() if c.verdict == "reanchored")
     same = 1 - len(diffs) / max(1, len(ref))
     ok = not diffs if cfg.lossless.require_identical else same >= cfg.lossless.min_identical_fraction
     basis = (f"near-ties up to {tol:g} nats from the baseline's log-probs ({len(lps)} of {len(ref)} answers "
              "recorded with them)" if lps and tol > 0 else "exact comparison (no recorded log-probs)")
-    msg = "; ".join(diffs[:5]) if diffs else (f"{identical} of {len(ref)} T=0 answers identical to the baseline, "
-                                              f"{len(ties)} differ from a near-tie on ({source}; {basis})")
+    ra = reanchor or {}
+    if ties and ra.get("url") and not ra.get("off"):
+        basis += f"; re-anchored on {ra['url']}"
+    elif ties and ra.get("off"):
+        basis += f"; not re-anchored: {ra['off']}"
+    msg = "; ".join(diffs[:5]) if diffs else (
+        f"{identical} of {len(ref)} T=0 answers identical to the baseline, {len(ties)} differ from a near-tie on"
+        + (f" ({whole} of them re-anchored to their end: the target's own greedy text)" if ties else "")
+        + f" ({source}; {basis})")
     return Case("lossless_t0", "speculative", ok, msg,
                 {"identical_fraction": same, "identical": identical, "near_ties": ties, "diffs": diffs,
-                 "baseline": source, "basis": basis,
-                 "per_prompt": {pid: {"verdict": c.verdict, "char": c.char, "token": c.token, "gap_nats": c.gap_nats}
-                                for pid, c in comps.items()}})
+                 "baseline": source, "basis": basis, "reanchored": whole, "reanchor": ra,
+                 "per_prompt": {pid: {"verdict": c.verdict, "char": c.char, "token": c.token, "gap_nats": c.gap_nats,
+                                      "reanchors": c.reanchors} for pid, c in comps.items()}})
 
 
 def judge_samples(samples: list[Sample], cfg: GateConfig, prompts: dict[str, str], console: Console) -> float:

@@ -11,23 +11,47 @@ So the baseline records each T=0 answer's tokens with their log-prob and top alt
 (`record-baseline`, OpenAI `logprobs` / `top_logprobs`), and an answer that differs is accepted only
 when, at its first difference, (a) the baseline's top-2 gap is within `lossless.near_tie_nats` and
 (b) the candidate continues with one of the baseline's listed alternatives there. Everything after
-that point is another greedy path and is not compared (the rest of the gate still judges it).
-Without recorded log-probs (an older baseline file, a server that returns none) the comparison is
-exact, and the report says so.
+that point is another greedy path. Without recorded log-probs (an older baseline file, a server that
+returns none) the comparison is exact, and the report says so.
+
+Re-anchoring (`lossless.reanchor_url`, a live target-only server that continues a final assistant
+message: sglang's `continue_final_message`) compares that other path too. The target-only server is
+asked to continue, greedily, from the candidate's own text up to and including its token at the
+near-tie; the candidate's rest must equal that continuation, again up to near-ties of the
+continuation's own log-probs, re-anchoring at each (at most `lossless.max_reanchors`). An answer that
+survives is proven to be the target's own greedy text from start to end (`reanchored`), so a loop or
+a slip in it is the model's, not the build's (the gate attributes its T=0 detector hits to the model).
+Before any of it, a control checks the mechanism on this server: the baseline's own answer, cut at a
+token boundary and continued, must give the baseline's own rest; when it does not (a server that
+ignores `continue_final_message`, another tokenizer), nothing is re-anchored and the report says why.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.client import TokenLogprob
-from pipeline.errors import UsageError
+from pipeline.errors import TargetError, UsageError
 
 # A baseline file's form of TokenLogprob: [token bytes as hex, logprob, [[alt hex, logprob], ...]]
 EncodedLogprobs = list[list[Any]]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """The target-only server's greedy continuation of a prompt + an assistant prefix."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None
+
+
+# (prompt id, assistant prefix) -> the continuation; raises TargetError when the request fails
+Continue = Callable[[str, str], Continuation]
 
 
 def read_baseline(path: str, model: str | None, suite: str, max_tokens: int | None) -> dict[str, Any]:
@@ -64,15 +88,22 @@ def decode_logprobs(rows: EncodedLogprobs) -> list[TokenLogprob]:
 class Comparison:
     """How one T=0 answer compares with the baseline's."""
 
-    verdict: str  # identical | near_tie | diverged | missing
+    verdict: str  # identical | near_tie | reanchored | diverged | missing
     detail: str = ""
     char: int | None = None  # first differing character
     token: int | None = None  # the baseline token holding it
     gap_nats: float | None = None  # the baseline's top-2 gap there
+    cut_byte: int | None = None  # near_tie: the candidate's bytes up to and including its token there
+    reanchors: int = 0  # near-ties the candidate's text was re-anchored at
 
     @property
     def ok(self) -> bool:
-        return self.verdict in ("identical", "near_tie")
+        return self.verdict in ("identical", "near_tie", "reanchored")
+
+    @property
+    def whole_path(self) -> bool:
+        """The whole answer is proven the target's own greedy text (identical, or re-anchored to its end)."""
+        return self.verdict in ("identical", "reanchored")
 
 
 def _quote(text: str, limit: int = 90) -> str:
@@ -114,9 +145,106 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
     tie = (f"baseline token {j} {shown!r} vs the candidate's {took[0].decode(errors='replace')!r}: "
            f"{gap:.3f} nats apart")
     if gap <= near_tie_nats:
-        return Comparison("near_tie", f"{where}: a near-tie ({tie})", char=i, token=j, gap_nats=gap)
+        return Comparison("near_tie", f"{where}: a near-tie ({tie})", char=i, token=j, gap_nats=gap,
+                          cut_byte=start + len(took[0]))
     return Comparison("diverged", f"{where} ({tie}, above the near-tie limit {near_tie_nats:g})", char=i, token=j,
                       gap_nats=gap)
 
 
-__all__ = ["Comparison", "EncodedLogprobs", "compare_answer", "decode_logprobs", "encode_logprobs", "read_baseline"]
+def _char_cut(data: bytes, cut: int) -> str | None:
+    """data[:cut] as text, moved forward to the next character boundary (None past the end)."""
+    for end in range(cut, min(len(data), cut + 3) + 1):
+        try:
+            return data[:end].decode()
+        except UnicodeDecodeError:
+            continue
+    return None
+
+
+def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
+                 near_tie_nats: float, cont: Continue | None = None, max_reanchors: int = 8,
+                 no_reanchor: str = "no lossless.reanchor_url") -> Comparison:
+    """compare_answer, then, at each near-tie, re-anchor on the target-only server (module docstring).
+
+    `cont` None: the first near-tie ends the comparison (`near_tie`, the reason `no_reanchor` in the detail)."""
+    first = compare_answer(got, ref, ref_logprobs, near_tie_nats)
+    if first.verdict != "near_tie" or got is None:
+        return first
+    cmp, done, steps, ties = first, 0, 0, [first.gap_nats]
+    got_b = got.encode()
+    while True:
+        assert cmp.cut_byte is not None
+        if cont is None:
+            return _replace(first, detail=f"{first.detail}; the rest is not compared ({no_reanchor})")
+        if steps >= max_reanchors:
+            return _replace(first, detail=f"{first.detail}; re-anchored {steps} times, the rest not compared "
+                            f"(lossless.max_reanchors {max_reanchors})", reanchors=steps)
+        prefix = _char_cut(got_b, done + cmp.cut_byte)
+        if prefix is None:
+            return _replace(first, detail=f"{first.detail}; the rest is not compared (the answer ends inside a "
+                            "character at the near-tie)", reanchors=steps)
+        try:
+            c = cont(pid, prefix)
+        except TargetError as exc:  # a failed re-anchor request is reported, not raised
+            return _replace(first, detail=f"{first.detail}; re-anchor request {steps + 1} failed "
+                            f"({type(exc).__name__}: {str(exc)[:160]}): the rest is not compared", reanchors=steps)
+        steps += 1
+        done = len(prefix.encode())
+        rest = got[len(prefix):]
+        at = f"after {steps} re-anchor{'s' if steps > 1 else ''} (at char {len(prefix)})"
+        if rest == c.text or (got_finish == "length" and c.text.startswith(rest)):
+            gaps = ", ".join(f"{g:.3f}" for g in ties if g is not None)
+            return Comparison("reanchored", f"the whole answer is the target's own greedy text: {steps} near-tie"
+                              f"{'s' if steps > 1 else ''} ({gaps} nats), each continued on the target-only server "
+                              "to the candidate's end", char=first.char, token=first.token, gap_nats=first.gap_nats,
+                              reanchors=steps)
+        if rest.startswith(c.text):
+            return Comparison("diverged", f"{at}: the target-only server ends here (finish_reason "
+                              f"{c.finish_reason!r}), the candidate goes on: {_quote(rest[len(c.text):])}",
+                              char=len(prefix) + len(c.text), reanchors=steps)
+        cmp = compare_answer(rest, c.text, c.logprobs, near_tie_nats)
+        if cmp.verdict == "near_tie":
+            ties.append(cmp.gap_nats)
+            continue
+        return Comparison("diverged", f"{at}: {cmp.detail}", char=len(prefix) + (cmp.char or 0), token=cmp.token,
+                          gap_nats=cmp.gap_nats, reanchors=steps)
+
+
+def _replace(c: Comparison, **kw: Any) -> Comparison:
+    return Comparison(**{**c.__dict__, **kw})
+
+
+def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont: Continue,
+                     near_tie_nats: float) -> str | None:
+    """Check re-anchoring itself on this server: the baseline's answer `ref`, cut after about half of its
+    tokens and continued, must give its own rest (up to near-ties). None when it does; else the reason."""
+    toks = [t for t, _, _ in ref_logprobs]
+    joined = b"".join(toks)
+    if joined != ref.encode() or len(toks) < 4:
+        return f"control {pid}: the baseline's recorded tokens do not spell its answer (or it is too short)"
+    cut = sum(len(t) for t in toks[:len(toks) // 2])
+    prefix = _char_cut(joined, cut)
+    if prefix is None:
+        return f"control {pid}: no character boundary near the cut"
+    try:
+        c = cont(pid, prefix)
+    except TargetError as exc:  # reported as the reason re-anchoring is off
+        return f"control {pid}: the continuation request failed ({type(exc).__name__}: {str(exc)[:160]})"
+    rest = ref[len(prefix):]
+    if c.text == rest:
+        return None
+    k, acc, n = len(prefix.encode()), 0, None
+    for idx, t in enumerate(toks):  # n: the first token after the prefix (None: the cut moved inside one)
+        if acc == k:
+            n = idx
+            break
+        acc += len(t)
+    cmp = compare_answer(c.text, rest, ref_logprobs[n:] if n is not None else None, near_tie_nats)
+    if cmp.ok:
+        return None
+    return (f"control {pid}: continuing the baseline's own answer from char {len(prefix)} does not give its rest "
+            f"({cmp.detail}): this server does not continue a final assistant message faithfully")
+
+
+__all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "compare_answer", "compare_path",
+           "control_reanchor", "decode_logprobs", "encode_logprobs", "read_baseline"]

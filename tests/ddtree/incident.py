@@ -141,6 +141,10 @@ def fixtures(s: GateServer, tok) -> dict:
                                     if ln.strip()]
         out["server_info"] = json.loads(s.get("/server_info"))
         out["metrics_spec_lines"] = [ln for ln in s.get("/metrics").splitlines() if "spec" in ln]
+        # what the lossless check's re-anchoring sends (validation/gate.py Gate._reanchor_fn)
+        out["chat_continue"] = s.post("/v1/chat/completions", {
+            "model": "smollm2-135m", "messages": [*msg, {"role": "assistant", "content": "Red, green"}],
+            "max_tokens": 16, "temperature": 0, "continue_final_message": True, "logprobs": True, "top_logprobs": 5})
     except Exception as e:
         out["error"] = repr(e)[:500]
     return out
@@ -152,7 +156,7 @@ def validation_env() -> dict:
     return env
 
 
-def run_gate(s: GateServer, baseline: Path | None, timeout: float) -> None:
+def run_gate(s: GateServer, baseline: Path | None, timeout: float, reanchor: str | None = None) -> None:
     out = OUT / "gates" / s.name
     cmd = [sys.executable, "-m", "validation", "run", "--target", s.url, "--config", str(PROFILE),
            "--out", str(out), "--no-judge"]
@@ -160,6 +164,8 @@ def run_gate(s: GateServer, baseline: Path | None, timeout: float) -> None:
         cmd += ["--speculative"]
     if baseline is not None:
         cmd += ["--baseline", str(baseline)]
+    if reanchor:  # the target-only server: near-ties are continued there (validation/lossless.py)
+        cmd += ["--reanchor-url", reanchor]
     t = time.time()
     r = subprocess.run(cmd, cwd=ROOT, env=validation_env(), capture_output=True, text=True, timeout=max(30.0, timeout))
     s.gate = {"cmd": " ".join(cmd), "rc": r.returncode, "wall_s": time.time() - t,
@@ -226,7 +232,7 @@ def main() -> int:
         with cf.ThreadPoolExecutor(max(1, len(up))) as ex:  # 3) every gate at once
             left = t0 + a.deadline - time.time() - 25
             gated = [s for s in up if s is not base]  # the baseline's own check is record-baseline's
-            list(ex.map(lambda s: run_gate(s, baseline if baseline.is_file() else None, left), gated))
+            list(ex.map(lambda s: run_gate(s, baseline if baseline.is_file() else None, left, base.url), gated))
         print(f"gates done at {time.time() - t0:.0f}s", flush=True)
     for s in servers:
         if s.proc is not None and s.up_s is None and s.error is None:

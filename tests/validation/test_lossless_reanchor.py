@@ -1,0 +1,188 @@
+"""validation.lossless.compare_path: after a near-tie the candidate's other greedy path is checked by
+continuing from its own text on the target-only server; the whole answer passes only when every later
+difference is again a near-tie of that continuation, and the control refuses a server that does not
+continue a final assistant message faithfully.
+
+The target here is a tiny greedy language model written out as a table (prefix -> its greedy rest with
+per-token log-probs), so every path is known exactly; the real server's continue_final_message is
+exercised on the H200 (docs/incident.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import TargetError
+from validation.lossless import Continuation, compare_path, control_reanchor
+
+
+def rows(*toks: tuple[str, float, list[tuple[str, float]]]) -> list:
+    return [(t.encode(), lp, [(a.encode(), alp) for a, alp in top]) for t, lp, top in toks]
+
+
+def tie(tok: str, other: str, gap: float = 0.1) -> tuple[str, float, list[tuple[str, float]]]:
+    return (tok, -0.6, [(tok, -0.6), (other, -0.6 - gap)])
+
+
+def sure(tok: str) -> tuple[str, float, list[tuple[str, float]]]:
+    return (tok, -0.01, [(tok, -0.01), (" zzz", -6.0)])
+
+
+# The target's greedy answer, and what it writes after each near-tie flip.
+BASE = rows(sure("The"), tie(" sea", " ocean"), sure(" is"), sure(" deep"), sure("."))
+REF = "The sea is deep."
+TARGET = {
+    "The ocean": rows(sure(" was"), tie(" calm", " wide"), sure(" today"), sure(".")),
+    "The ocean was wide": rows(sure(" and"), sure(" still"), sure(".")),
+    "The sea": rows(sure(" is"), sure(" deep"), sure(".")),  # the control: the baseline's own middle
+    "The sea is deep.": rows(sure("")),
+}
+
+
+class Target:
+    """The continuation the gate asks the target-only server for, with a request log."""
+
+    def __init__(self, table: dict[str, list], fail: bool = False) -> None:
+        self.table, self.fail, self.asked = table, fail, []
+
+    def __call__(self, pid: str, prefix: str) -> Continuation:
+        self.asked.append(prefix)
+        if self.fail:
+            raise TargetError("http://base: request timed out")
+        lps = self.table.get(prefix)
+        if lps is None:  # a server that ignores the prefix answers afresh
+            return Continuation(REF, BASE, "stop")
+        return Continuation(b"".join(t for t, _, _ in lps).decode(), lps, "stop")
+
+
+def test_a_near_tie_then_the_targets_own_text_is_reanchored_to_the_end() -> None:
+    t = Target(TARGET)
+    c = compare_path("p", "The ocean was calm today.", "stop", REF, BASE, 0.25, t)
+    assert c.ok and c.whole_path and c.verdict == "reanchored" and c.reanchors == 1
+    assert t.asked == ["The ocean"]  # continued from the candidate's text up to and including its token
+
+
+def test_two_near_ties_are_both_reanchored() -> None:
+    t = Target(TARGET)
+    c = compare_path("p", "The ocean was wide and still.", "stop", REF, BASE, 0.25, t)
+    assert c.verdict == "reanchored" and c.reanchors == 2
+    assert t.asked == ["The ocean", "The ocean was wide"]
+
+
+def test_a_sure_difference_after_the_near_tie_fails_and_says_where() -> None:
+    c = compare_path("p", "The ocean was!!!!!!", "stop", REF, BASE, 0.25, Target(TARGET))
+    assert not c.ok and c.verdict == "diverged" and c.reanchors == 1
+    assert "after 1 re-anchor" in c.detail and c.char == len("The ocean was")
+
+
+def test_the_target_stopping_where_the_candidate_goes_on_fails() -> None:
+    c = compare_path("p", "The ocean was wide and still. And more", "stop", REF, BASE, 0.25, Target(TARGET))
+    assert not c.ok and "ends here" in c.detail
+
+
+def test_a_candidate_cut_by_its_token_budget_is_a_prefix_of_the_continuation() -> None:
+    assert compare_path("p", "The ocean was calm to", "length", REF, BASE, 0.25, Target(TARGET)).whole_path
+    # the same text ending by itself (finish 'stop') stopped where the target goes on: not the target's path
+    assert not compare_path("p", "The ocean was calm to", "stop", REF, BASE, 0.25, Target(TARGET)).ok
+
+
+def test_without_a_reanchor_server_the_first_near_tie_passes_and_says_the_rest_is_not_compared() -> None:
+    c = compare_path("p", "The ocean was!!!!!!", "stop", REF, BASE, 0.25, None, no_reanchor="no server")
+    assert c.ok and c.verdict == "near_tie" and not c.whole_path and "not compared (no server)" in c.detail
+
+
+def test_the_reanchor_limit_and_a_failing_server_are_reported_not_raised() -> None:
+    c = compare_path("p", "The ocean was wide and still.", "stop", REF, BASE, 0.25, Target(TARGET), max_reanchors=1)
+    assert c.verdict == "near_tie" and "lossless.max_reanchors 1" in c.detail
+    c = compare_path("p", "The ocean was calm today.", "stop", REF, BASE, 0.25, Target(TARGET, fail=True))
+    assert c.verdict == "near_tie" and "request 1 failed" in c.detail and "timed out" in c.detail
+
+
+def test_identical_and_sure_divergences_never_ask_the_server() -> None:
+    t = Target(TARGET)
+    assert compare_path("p", REF, "stop", REF, BASE, 0.25, t).verdict == "identical"
+    assert compare_path("p", "The sea was deep.", "stop", REF, BASE, 0.25, t).verdict == "diverged"
+    assert t.asked == []
+
+
+def test_a_near_tie_inside_a_multibyte_character_moves_the_cut_to_its_end() -> None:
+    wave = "🌊".encode()
+    star = "★".encode()  # 3 bytes; the near-tie token is its first 2
+    base = [(b"Sea ", -0.1, [(b"Sea ", -0.1)]), (wave[:2], -0.6, [(wave[:2], -0.6), (star[:2], -0.62)]),
+            (wave[2:], -0.01, [(wave[2:], -0.01)]), (b" calm", -0.01, [(b" calm", -0.01)])]
+    t = Target({"Sea ★": rows(sure(" swirl"))})
+    c = compare_path("p", "Sea ★ swirl", "stop", "Sea 🌊 calm", base, 0.25, t)
+    assert c.verdict == "reanchored" and t.asked == ["Sea ★"]
+
+
+def test_control_accepts_a_faithful_server_and_refuses_one_that_answers_afresh() -> None:
+    assert control_reanchor("p", REF, BASE, Target(TARGET), 0.25) is None
+    # a server that ignores continue_final_message writes its whole answer again after the prefix
+    bad = control_reanchor("p", REF, BASE, Target({}), 0.25)
+    assert bad is not None and "does not continue a final assistant message faithfully" in bad
+    assert "failed" in (control_reanchor("p", REF, BASE, Target(TARGET, fail=True), 0.25) or "")
+
+
+@pytest.mark.parametrize("got", ["The ocean was calm today.", "The ocean was wide and still."])
+def test_reanchored_answers_are_ok_and_whole(got: str) -> None:
+    c = compare_path("p", got, "stop", REF, BASE, 0.25, Target(TARGET))
+    assert c.ok and c.whole_path
+
+
+# ---------------------------------------------------------------- in the gate
+LOOPING = "The ocean" + " is blue. The sea" * 30  # the candidate's T=0 answer: a near-tie, then a loop
+CLEAN_REF = "The sea is deep."
+
+
+def gate_with(table: dict[str, list], ref_text: str = CLEAN_REF) -> tuple[dict, dict, dict]:
+    from validation.config import GateConfig
+    from validation.detectors import score_text
+    from validation.gate import Gate, Sample
+
+    cfg = GateConfig(judge={"enabled": False}, determinism={"enabled": False}, variation={"enabled": False},
+                     temperatures=[0.0], lossless={"reanchor_url": "http://127.0.0.1:9"})
+    gate = Gate("http://127.0.0.1:9", cfg)
+    gate.baseline_logprobs = {"poem": BASE}
+    gate._reanchor_fn = lambda: (Target(table), "http://127.0.0.1:9")  # the continuation, as above
+    s = Sample("poem", 0.0, cfg.seed, "suite", 64, text=LOOPING, finish_reason="length", prompt_tokens=5,
+               completion_tokens=64, findings=score_text(LOOPING))
+    comps, info = gate._lossless_paths([s], {"poem": ref_text})
+    gate.t0_paths, gate.baseline_t0 = comps, {"poem": ref_text}
+    return comps, info, {c.name: c for c in gate._judge([s], None, None)}
+
+
+LOOP_TOKENS = [sure(" is"), sure(" blue."), sure(" The"), sure(" sea")]
+
+
+def test_a_loop_the_target_itself_writes_after_the_near_tie_is_the_models_not_the_builds() -> None:
+    comps, info, cases = gate_with({**TARGET, "The ocean": rows(*LOOP_TOKENS * 31)})
+    assert comps["poem"].verdict == "reanchored" and info["control"].startswith("poem: the baseline's answer")
+    hit = [c for n, c in cases.items() if n.endswith("@T0") and c.details.get("models_own")]
+    assert hit and all(c.ok for c in hit) and "the model's, not the build's" in hit[0].message
+
+
+def test_a_loop_the_target_does_not_write_still_fails_the_t0_detectors() -> None:
+    comps, _, cases = gate_with({**TARGET, "The ocean": rows(sure(" is"), sure(" blue."), sure(" And"), sure(" x."))})
+    assert comps["poem"].verdict == "diverged"
+    failed = [n for n, c in cases.items() if n.endswith("@T0") and not c.ok]
+    assert failed and all(not cases[n].details.get("models_own") for n in failed)
+
+
+def test_no_attribution_when_the_baselines_own_answer_is_not_clean() -> None:
+    from validation.detectors import score_text
+
+    comps, _, _ = gate_with({**TARGET, "The ocean": rows(*LOOP_TOKENS * 31)})
+    assert comps["poem"].verdict == "reanchored"
+    dirty = "The sea" + " is blue. The sea" * 30
+    assert score_text(dirty)
+    from validation.config import GateConfig
+    from validation.gate import Gate, Sample
+
+    gate = Gate("http://127.0.0.1:9", GateConfig(judge={"enabled": False}))
+    s = Sample("poem", 0.0, 1, "suite", 64, text=LOOPING, finish_reason="length")
+    gate._t0_suite, gate.t0_paths, gate.baseline_t0 = [s], comps, {"poem": CLEAN_REF}
+    assert gate._models_own(s)
+    gate.baseline_t0 = {"poem": dirty}  # the target's own answer loops too: nothing shows the loop is a flip's
+    assert not gate._models_own(s)
+    other = Sample("poem", 0.0, 1, "determinism-seq", 64, text=LOOPING + " again", finish_reason="length")
+    gate.baseline_t0 = {"poem": CLEAN_REF}
+    assert not gate._models_own(other)  # another text than the one re-anchored
