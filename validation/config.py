@@ -156,7 +156,7 @@ class LosslessConfig(StrictModel):
     # after a near-tie the candidate's other greedy path is checked against it too (validation/lossless.py).
     # Defaults to baseline_url; without either, the comparison ends at the first near-tie.
     reanchor_url: str | None = Field(default=None, description="target-only server to re-anchor near-ties on")
-    max_reanchors: int = Field(default=8, ge=0, le=64, description="near-ties re-anchored per answer")
+    max_reanchors: int = Field(default=16, ge=0, le=64, description="near-ties re-anchored per answer")
     waiver: str | None = Field(default=None, min_length=8, description="explicit, written reason to promote a "
                                "speculative deployment without the lossless check; shown in every report")
 

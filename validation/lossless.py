@@ -129,14 +129,29 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
     if len(joined) <= byte_i or joined[:byte_i + 1] != ref_b[:byte_i + 1]:
         return Comparison("diverged", where + " (the baseline's recorded tokens do not spell its answer up to "
                           "there: exact comparison)", char=i)
-    start = 0
-    for j, (tok, lp, top) in enumerate(ref_logprobs):  # noqa: B007 - j, tok, lp, top name the token found
-        if start + len(tok) > byte_i:
+    starts, start = [], 0
+    for tok, _, _ in ref_logprobs:
+        if start > byte_i:
             break
+        starts.append(start)
         start += len(tok)
-    rest = got_b[start:]
-    took = next(((a, alp) for a, alp in sorted(top, key=lambda x: -x[1]) if a and a != tok and rest.startswith(a)),
-                None)
+    j = len(starts) - 1  # the baseline token holding the first differing byte
+    # The candidate's own token can start before that one: where it picked a longer token (' mixture' where
+    # the baseline wrote ' mix' + ' of'), the texts agree past the baseline's token and differ only in the next.
+    # The decision is at the latest baseline token, from j back over a few, where one of its listed
+    # alternatives is what the candidate wrote from that token's start.
+    took, k = None, j
+    for k in range(j, max(-1, j - 4), -1):
+        tok_k, _, top_k = ref_logprobs[k]
+        rest = got_b[starts[k]:]
+        took = next(((a, alp) for a, alp in sorted(top_k, key=lambda x: -x[1]) if a and a != tok_k
+                     and rest.startswith(a) and (k == j or starts[k] + len(a) > byte_i)), None)
+        if took is not None:
+            break
+    if took is None:
+        k = j
+    tok, lp, top = ref_logprobs[k]
+    j, start = k, starts[k]
     shown = tok.decode(errors="replace")
     if took is None:
         return Comparison("diverged", f"{where} (baseline token {j} {shown!r}: the candidate's token there is "
@@ -162,7 +177,7 @@ def _char_cut(data: bytes, cut: int) -> str | None:
 
 
 def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
-                 near_tie_nats: float, cont: Continue | None = None, max_reanchors: int = 8,
+                 near_tie_nats: float, cont: Continue | None = None, max_reanchors: int = 16,
                  no_reanchor: str = "no lossless.reanchor_url") -> Comparison:
     """compare_answer, then, at each near-tie, re-anchor on the target-only server (module docstring).
 
@@ -231,7 +246,7 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
     except TargetError as exc:  # reported as the reason re-anchoring is off
         return f"control {pid}: the continuation request failed ({type(exc).__name__}: {str(exc)[:160]})"
     rest = ref[len(prefix):]
-    if c.text == rest:
+    if c.text.startswith(rest):  # equal, or longer: the baseline's answer ended at its token budget
         return None
     k, acc, n = len(prefix.encode()), 0, None
     for idx, t in enumerate(toks):  # n: the first token after the prefix (None: the cut moved inside one)

@@ -4,7 +4,8 @@
 #
 #   step      carry                                    what
 #   install1  .carry/sglang/p1                         sglang 0.5.23 + wheels into /tmp/site
-#   install2  .carry/sglang/p2 .carry/sglang/p3        sgl-kernel 0.4.5, flashinfer, env (../shared/gpu recipe)
+#   install2  .carry/sglang/p2                         p2's wheels, sitecustomize (../shared/gpu recipe)
+#   install3  .carry/sglang/p3                         sgl-kernel 0.4.5, flashinfer (p2+p3 exceed one call's carry)
 #   gguf1     .carry/gguf-a                            first half of the SmolLM2 GGUF
 #   warm      .carry/gguf-b .carry/ddtree-srv          convert; train the drafter (in the background) while
 #                                                      two servers compile the JIT kernels; drafter -> $OUT
@@ -23,7 +24,7 @@
 # Build the carries here first: bash ../shared/gpu/make-carry.sh; bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
-step=${1:?step: install1|install2|gguf1|warm|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
+step=${1:?step: install1|install2|install3|gguf1|warm|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 case $step in
   install1)
@@ -31,8 +32,20 @@ case $step in
     tar -C $S -xzf .carry/sglang/p1/sglang-slim.tgz &&
       python3 -m pip install -q --no-index --no-deps --no-compile --target $S .carry/sglang/p1/whl/*.whl ;;
   install2)
+    # p2 + p3 (61 MB) and the working tree no longer fit one call's 64 MiB carry: p2 here, p3 in install3
+    S=/tmp/site
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S \
+      .carry/sglang/p2/whl/*.whl 2>&1 | grep -v "already exists" | tail -2
+    cp .carry/sglang/p2/sitecustomize.py $S/ ;;
+  install3)
+    # the p3 half of .carry/sglang/p2/on-device.sh (sgl-kernel 0.4.5 as 0.4.9, flashinfer)
+    S=/tmp/site; C=.carry/sglang
+    rm -rf "$S"/sgl_kernel "$S"/sglang_kernel-*.dist-info
+    tar -C "$S" -xzf "$C/p3/sgk45-slim.tgz" &&
+      sed -i 's/^Version: 0.4.5$/Version: 0.4.9/' "$S"/sglang_kernel-0.4.5.dist-info/METADATA &&
+      tar -C "$S" -xzf "$C/p3/fislim.tgz" && tar -C "$S" -xzf "$C/p3/fi-cutlass-inc.tgz" && touch "$S/.sgk45" || exit 1
     # shellcheck disable=SC1091
-    source .carry/sglang/p2/on-device.sh && python3 -c "import sglang, sgl_kernel; print('sglang ok')" ;;
+    source tests/ddtree/device-env.sh && python3 -c "import sglang, sgl_kernel; print('sglang ok')" ;;
   gguf1)
     mkdir -p /tmp/gguf && cp .carry/gguf-a/part00 /tmp/gguf/ ;;
   warm)
@@ -60,7 +73,7 @@ case $step in
     # prompt at 3 seeds per temperature (80 suite answers, not 32) and the baseline records them too;
     # 14 gates at once took 110 s with 32 (2026-12-01), so this set keeps the call under 600 s
     timeout 560 python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline 540 \
-      --only chain,patched-b16-k4,mutant-b16-k4,unpatched-b16-k4,patched-b7-k4,patched-b15-k8,patched-b31-k4 \
+      --only chain,patched-b16-k4,mutant-b16-k4,unpatched-b16-k4,unpatched-b7-k4,patched-b7-k4,patched-b15-k8,patched-b31-k4 \
       2>&1 | tail -4
     tar -C "$OUT" -czf "$OUT/gates.tgz" gates && rm -rf "$OUT/gates" "$OUT/logs" ;;
   sweep)

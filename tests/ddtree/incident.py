@@ -10,16 +10,19 @@ series) and a drafter trained by `python -m models train-drafter`:
 Starts at once (CUDA graphs, tokenizer on, OpenAI endpoints): the target alone (`base`), DFLASH's
 chain with the same drafter (`chain`), DDTree patched at budget 16 / top-k 4 and the sweep cells,
 the seeds' bug put back (`mutant`) and the tree-verify patches left out (`unpatched`), both at
-budget 16 / top-k 4. Then, in order:
+budget 16 / top-k 4 (and the unpatched one at budget 7, where budget + 1 is the block). Then, in order:
 
-1. speed at one stream, every server in turn while the others idle (so the ratios are side by
+1. `validation record-baseline` on `base`, then `validation run` (profile
+   validation/profiles/sglang-smollm2.yaml, `--speculative --baseline`, `--reanchor-url` the base
+   server, fluency judge off on this machine: it runs on the recorded texts afterwards) against
+   every other server at once;
+2. speed at one stream, every server in turn while the others idle (so the ratios are side by
    side in one run): the same prompts, `ignore_eos`, decode tokens/s from the server's own
    meta_info (completion tokens over the request's wall time), accept length per temperature;
-2. raw SGLang shapes kept as fixtures: one /generate meta_info, one streamed and one plain
-   /v1/chat/completions with `return_spec_tokens_details`, /server_info, /metrics spec lines;
-3. `validation record-baseline` on `base`, then `validation run` (profile
-   validation/profiles/sglang-smollm2.yaml, `--speculative --baseline`, fluency judge off on this
-   machine: it runs on the recorded texts afterwards) against every server at once.
+   after the gates, so that a build that crashes its server under sampling is gated first;
+3. raw SGLang shapes kept as fixtures: one /generate meta_info, one streamed and one plain
+   /v1/chat/completions with `return_spec_tokens_details`, /server_info, /metrics spec lines, and
+   one `continue_final_message` completion (what the lossless check's re-anchoring sends).
 
 Writes $OUT/incident.json (commands, per-server start, speed rows, gate exit codes and cases) and
 $OUT/gates/<server>/ (the gate's report.json, junit.xml, samples.jsonl).
@@ -91,7 +94,10 @@ def plan() -> list[GateServer]:
     s = [GateServer("base", None, None, 0, p0, server_command(cfg, p0, None)),
          GateServer("chain", "patched", None, 0, p1, server_command(cfg, p1, {}), chain=True),
          tree("patched-b16-k4", "patched", 16, 4), tree("mutant-b16-k4", "mutant", 16, 4),
-         tree("unpatched-b16-k4", "unpatched", 16, 4)]
+         tree("unpatched-b16-k4", "unpatched", 16, 4),
+         # budget + 1 = the block of 8: the unpatched build replays the chain's CUDA graph with the wrong mask
+         # there (docs/ddtree-serve.md Run 4); at 16 its verify width has no graph and runs eagerly (correct, slow)
+         tree("unpatched-b7-k4", "unpatched", 7, 4)]
     s += [tree(f"patched-b{b}-k{k}", "patched", b, k) for b, k in SWEEP]
     return s
 
@@ -219,10 +225,6 @@ def main() -> int:
     if base is None or not base.up_s:
         print("baseline server not up:", base.error[-1500:] if base and base.error else "", flush=True)
     else:
-        for s in up:  # 1) speed, one server busy at a time
-            speed(s, tok)
-        print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-        doc["fixtures"] = [fixtures(s, tok) for s in up if s.name in ("base", "patched-b16-k4", "chain")]
         baseline = OUT / "baseline.json"
         r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
                             str(baseline), "--config", str(PROFILE), "--no-judge"], cwd=ROOT, env=validation_env(),
@@ -234,9 +236,19 @@ def main() -> int:
             gated = [s for s in up if s is not base]  # the baseline's own check is record-baseline's
             list(ex.map(lambda s: run_gate(s, baseline if baseline.is_file() else None, left, base.url), gated))
         print(f"gates done at {time.time() - t0:.0f}s", flush=True)
+        # 2) speed after the gates (the mutant's device-side assert at T=0.8 killed it in the speed phase before
+        # its gate could run, 2026-12-01): one server busy at a time, so the ratios are side by side
+        for s in up:
+            speed(s, tok)
+        print(f"speed done at {time.time() - t0:.0f}s", flush=True)
+        doc["fixtures"] = [fixtures(s, tok) for s in up if s.name in ("base", "patched-b16-k4", "chain")]
     for s in servers:
         if s.proc is not None and s.up_s is None and s.error is None:
             s.error = "not up before the deadline: " + s.log.read_text(errors="replace")[-1500:]
+        elif s.proc is not None and s.up_s is not None and s.proc.poll() is not None:  # died while serving
+            lines = [ln for ln in s.log.read_text(errors="replace").splitlines()
+                     if "Error" in ln and "Ignore import error" not in ln]
+            s.error = f"exited rc={s.proc.returncode} while serving: " + " | ".join(lines[:4])[:1500]
     doc["wall_s"] = time.time() - t0
     doc["servers"] = [{**s.summary(), "topk": s.topk, "chain": s.chain, "speed": s.speed, "gate": s.gate}
                       for s in servers]

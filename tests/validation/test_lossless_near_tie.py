@@ -94,3 +94,21 @@ def test_client_reads_token_bytes_not_display_text() -> None:
     assert _extract_logprobs({"delta": {"content": "x"}}) is None
     with pytest.raises(TargetError, match="malformed logprobs"):
         _extract_logprobs({"logprobs": {"content": [{"token": "x"}]}})
+
+
+def test_a_longer_candidate_token_is_found_at_its_own_start() -> None:
+    """The baseline wrote ' mix' + ' of', the candidate ' mixture' (a near-tie alternative at ' mix'): the
+    texts differ first inside the baseline's next token, but the decision was at ' mix'."""
+    base = rows(("Use", -0.1, [("Use", -0.1)]), (" a", -0.1, [(" a", -0.1)]),
+                (" mix", -0.70, [(" mix", -0.70), (" mixture", -0.78), (" blend", -2.0)]),
+                (" of", -0.05, [(" of", -0.05), (" with", -3.0)]))
+    c = compare_answer("Use a mixture of", "Use a mix of", base, 0.25)
+    assert c.ok and c.verdict == "near_tie" and c.token == 2 and c.gap_nats == pytest.approx(0.08)
+    assert c.cut_byte == len("Use a mixture")
+    # a shorter candidate token where the baseline wrote the long one is still decided at that token
+    base2 = rows(("Use", -0.1, [("Use", -0.1)]), (" a", -0.1, [(" a", -0.1)]),
+                 (" mixture", -0.70, [(" mixture", -0.70), (" mix", -0.8)]), (" of", -0.05, [(" of", -0.05)]))
+    c = compare_answer("Use a mix of", "Use a mixture of", base2, 0.25)
+    assert c.ok and c.token == 2 and c.cut_byte == len("Use a mix")
+    # and a longer token the baseline did not list is a divergence at the token holding the difference
+    assert not compare_answer("Use a mixing bowl", "Use a mix of", base, 0.25).ok
