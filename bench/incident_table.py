@@ -8,6 +8,7 @@ whose gate failed on corruption, what each named check quoted.
 
 from __future__ import annotations
 
+import re
 import statistics
 from typing import Any
 
@@ -31,6 +32,30 @@ def _failed(s: dict[str, Any]) -> list[dict[str, Any]]:
     return [by_name.get(n, {"name": n, "message": ""}) for n in names]
 
 
+def _lossless(s: dict[str, Any]) -> str:
+    """lossless_t0 in a few words: identical / near-tie / re-anchored counts, or FAIL."""
+    c = next((c for c in s.get("gate", {}).get("cases", []) if c["name"] == "lossless_t0"), None)
+    if c is None:
+        return "—"
+    if not c.get("ok"):
+        return "FAIL"
+    m = re.match(r"(\d+) of (\d+) T=0 answers identical to the baseline, (\d+) differ from a near-tie on"
+                 r"(?: \((\d+) of them re-anchored)?", c.get("message") or "")
+    if not m:
+        return "pass"
+    same, n, ties, whole = m.groups()
+    return f"{same}/{n} identical, {ties} near-tie" + (f" ({whole} re-anchored to the end)" if whole else "")
+
+
+def _unreachable(s: dict[str, Any]) -> str | None:
+    """The gate's one-line error when it could not judge the server at all (exit 2)."""
+    g = s.get("gate") or {}
+    if g.get("rc") != 2:
+        return None
+    line = next((ln for ln in (g.get("tail") or "").splitlines() if ln.startswith("error:")), "error")
+    return line[:140]
+
+
 def render(doc: dict[str, Any], path: str | None = None) -> str:
     servers = doc["servers"]
     base = next(s for s in servers if s["name"] == "base")
@@ -48,10 +73,10 @@ def render(doc: dict[str, Any], path: str | None = None) -> str:
     if path:
         out += [f"Raw: {path}", ""]
     out += ["| server | budget / top-k | T=0 tok/s (1 stream) | vs target-only | accept length T=0 | T=0.8 | "
-            "gate exit | checks failed |", "|---|---|---|---|---|---|---|---|"]
+            "gate exit | lossless_t0 | checks failed |", "|---|---|---|---|---|---|---|---|---|"]
     for s in servers:
         if not s.get("up_s"):
-            out.append(f"| {s['name']} | | did not serve | | | | | |")
+            out.append(f"| {s['name']} | | did not serve | | | | | | |")
             continue
         tps = s.get("median_tokens_per_s_t0")
         ratio = f"{tps / base_tps:.2f}x" if tps and base_tps else "—"
@@ -59,14 +84,24 @@ def render(doc: dict[str, Any], path: str | None = None) -> str:
                for t in (0.0, 0.8)}
         cfg = "target only" if s["budget"] is None and not s.get("chain") else (
             "DFLASH chain" if s["budget"] is None else f"{s['budget']} / {s['topk']}")
-        names = ", ".join(c["name"] for c in _failed(s)) or "none"
+        names = ", ".join(c["name"] for c in _failed(s)) or _unreachable(s) or "none"
+        if s["name"] == "base":
+            names = "— (the baseline: record-baseline judged its answers)"
         out.append(f"| {s['name']} | {cfg} | {_f(tps)} | {ratio} | {_f(acc[0.0], 2)} | {_f(acc[0.8], 2)} | "
-                   f"{s.get('gate', {}).get('rc', '—')} | {names} |")
-    out += ["", "What the gate quoted where corruption detectors fired at T=0 (first 160 characters of each check):",
-            "", "| server | check | message |", "|---|---|---|"]
+                   f"{s.get('gate', {}).get('rc', '—')} | {_lossless(s) if s['name'] != 'base' else '—'} | "
+                   f"{names.replace('|', '/')} |")
+    rows = []
     for s in servers:
         for c in _failed(s):
             if c["name"].split("@")[0] in CORRUPTION and c["name"].endswith("@T0"):
                 msg = (c.get("message") or "").replace("|", "/").replace("\n", " ")[:160]
-                out.append(f"| {s['name']} | {c['name']} | {msg} |")
+                rows.append(f"| {s['name']} | {c['name']} | {msg} |")
+    if rows:
+        out += ["", "What the gate quoted where corruption detectors fired at T=0 (first 160 characters of each "
+                "check):", "", "| server | check | message |", "|---|---|---|", *rows]
+    else:
+        out += ["", "No corruption detector failed at T=0 on any server the gate could reach."]
+    died = [s for s in servers if s.get("up_s") and s.get("error")]
+    for s in died:
+        out += ["", f"{s['name']} stopped serving: {s['error'][:300]}"]
     return "\n".join(out) + "\n"
