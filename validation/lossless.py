@@ -229,14 +229,27 @@ def _replace(c: Comparison, **kw: Any) -> Comparison:
     return Comparison(**{**c.__dict__, **kw})
 
 
+def spelled(rows: list[TokenLogprob], text: str) -> list[TokenLogprob] | None:
+    """The recorded tokens that spell `text`: all of them, or all but a last one past its end (SGLang lists
+    the end-of-turn token, '<|im_end|>', with its log-prob after an answer that stopped). None otherwise."""
+    joined, want = b"".join(t for t, _, _ in rows), text.encode()
+    if joined == want:
+        return rows
+    if rows and joined.startswith(want) and len(joined) - len(want) == len(rows[-1][0]):
+        return rows[:-1]
+    return None
+
+
 def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont: Continue,
                      near_tie_nats: float) -> str | None:
     """Check re-anchoring itself on this server: the baseline's answer `ref`, cut after about half of its
     tokens and continued, must give its own rest (up to near-ties). None when it does; else the reason."""
-    toks = [t for t, _, _ in ref_logprobs]
-    joined = b"".join(toks)
-    if joined != ref.encode() or len(toks) < 4:
+    rows = spelled(ref_logprobs, ref)
+    if rows is None or len(rows) < 4:
         return f"control {pid}: the baseline's recorded tokens do not spell its answer (or it is too short)"
+    ref_logprobs = rows
+    toks = [t for t, _, _ in rows]
+    joined = b"".join(toks)
     cut = sum(len(t) for t in toks[:len(toks) // 2])
     prefix = _char_cut(joined, cut)
     if prefix is None:
@@ -262,4 +275,4 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
 
 
 __all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "compare_answer", "compare_path",
-           "control_reanchor", "decode_logprobs", "encode_logprobs", "read_baseline"]
+           "control_reanchor", "decode_logprobs", "encode_logprobs", "read_baseline", "spelled"]

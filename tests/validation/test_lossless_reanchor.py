@@ -186,3 +186,10 @@ def test_no_attribution_when_the_baselines_own_answer_is_not_clean() -> None:
     other = Sample("poem", 0.0, 1, "determinism-seq", 64, text=LOOPING + " again", finish_reason="length")
     gate.baseline_t0 = {"poem": CLEAN_REF}
     assert not gate._models_own(other)  # another text than the one re-anchored
+
+
+def test_the_control_accepts_a_baseline_whose_tokens_end_with_the_end_of_turn_token() -> None:
+    """SGLang lists '<|im_end|>' after an answer that stopped (tests/fixtures/sglang-0.5.23/base.json)."""
+    with_eos = [*BASE, (b"<|im_end|>", -0.01, [(b"<|im_end|>", -0.01)])]
+    assert control_reanchor("p", REF, with_eos, Target(TARGET), 0.25) is None
+    assert "do not spell" in (control_reanchor("p", REF + "!", with_eos, Target(TARGET), 0.25) or "")

@@ -69,3 +69,25 @@ def test_seed_check_is_not_applicable_where_sglang_ignores_seeds() -> None:
     assert seeds_ignored_reason("sglang", on) is None
     assert seeds_ignored_reason("llama.cpp", info) is None
     assert seeds_ignored_reason("sglang", None) is None
+
+
+@pytest.mark.parametrize("name", ["base", *SPEC])
+def test_continue_final_message_continues_the_prefix_with_byte_exact_logprobs(name: str) -> None:
+    """What the lossless check's re-anchoring sends and reads (validation/gate.py Gate._reanchor_fn):
+    sglang returns only the continuation of the assistant prefix 'Red, green', and the log-prob tokens'
+    bytes spell exactly that content, so the continuation can be compared byte for byte."""
+    from pipeline.client import _extract_logprobs
+    from validation.lossless import spelled
+
+    resp = load(name)["chat_continue"]
+    choice = resp["choices"][0]
+    content = choice["message"]["content"]
+    assert not content.startswith("Red") and content.startswith(",")  # the prefix is not repeated
+    rows = _extract_logprobs(choice)
+    assert rows and all(len(top) == 5 and top[0][1] >= top[-1][1] for _, _, top in rows)
+    mine = spelled(rows, content)
+    assert mine is not None
+    if choice["finish_reason"] == "stop":  # the end-of-turn token is listed after the content
+        assert len(mine) == len(rows) - 1 and rows[-1][0] == b"<|im_end|>"
+    else:
+        assert mine == rows
