@@ -185,9 +185,9 @@ class Gate:
                 if not self.console.is_terminal:  # CI logs: one line per answer instead of a live bar
                     flags = ",".join(f.check for f in s.findings) or ("error" if s.error else "ok")
                     self.console.print(f"[{label}] {len(out)}/{len(jobs)} {s.label}: {s.completion_tokens} tokens "
-                                       f"in {s.latency_s:.1f}s ({flags})", highlight=False)
+                                       f"in {s.latency_s:.1f}s ({flags})", highlight=False, markup=False)
         if not self.console.is_terminal:
-            self.console.print(f"[{label}] done in {time.perf_counter() - t0:.1f}s", highlight=False)
+            self.console.print(f"[{label}] done in {time.perf_counter() - t0:.1f}s", highlight=False, markup=False)
         return out
 
     # ------------------------------------------------------------------ main
@@ -447,7 +447,7 @@ class Gate:
                 info["url"] = where
                 pid = tied[0]
                 self.console.print(f"[lossless] {len(tied)} near-tie(s): re-anchoring on {where} (control: {pid})",
-                                   highlight=False)
+                                   highlight=False, markup=False)
                 bad = control_reanchor(pid, ref[pid], lps[pid], cont, tol)
                 info["control"] = bad or f"{pid}: the baseline's answer continued from its middle gives its own rest"
                 if bad:
@@ -502,19 +502,20 @@ class Gate:
         cfg = self.cfg
         cases: list[Case] = []
         if cfg.quality.enabled:
-            self.console.print("[depth] quality smoke set", highlight=False)
+            self.console.print("[depth] quality smoke set", highlight=False, markup=False)
             cases.append(quality_case(self.client, cfg.quality, cfg.concurrency))
         else:
             cases.append(Case("quality_accuracy", "quality", True, "disabled by config (quality.enabled: false)",
                               skipped=True))
         if cfg.long_copy.enabled:
-            self.console.print(f"[depth] long-context copy ({cfg.long_copy.passage_words} words)", highlight=False)
+            self.console.print(f"[depth] long-context copy ({cfg.long_copy.passage_words} words)", highlight=False,
+                               markup=False)
             cases.append(long_copy_case(self.client, cfg.long_copy))
         else:
             cases.append(Case("long_copy", "long_context", True, "disabled by config (long_copy.enabled: false)",
                               skipped=True))
         if cfg.baseline_url:
-            self.console.print(f"[depth] speed against baseline {cfg.baseline_url}", highlight=False)
+            self.console.print(f"[depth] speed against baseline {cfg.baseline_url}", highlight=False, markup=False)
             cases += speed_cases(self.client, self._baseline_client(), cfg.speed)
         else:
             cases.append(Case("speed_vs_baseline", "speed", True, "no baseline_url configured: nothing to compare "
@@ -665,7 +666,7 @@ def judge_samples(samples: list[Sample], cfg: GateConfig, prompts: dict[str, str
                                               sc.worst_window_text))
         busy = judge.busy_s
     console.print(f"[judge] {len(todo)} distinct answers judged in {time.perf_counter() - t0:.1f}s "
-                  f"(busy {busy:.1f}s)", highlight=False)
+                  f"(busy {busy:.1f}s)", highlight=False, markup=False)
     return time.perf_counter() - t0
 
 

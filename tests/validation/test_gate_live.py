@@ -61,3 +61,37 @@ def test_gate_rejects_forced_single_token(embedded_target: EmbeddedServer, tmp_p
     assert "char_run@T1" in failed, failed
     msg = next(c for c in result.cases if c.name == "char_run@T1").message
     assert "'!'" in msg and "!!!!" in msg
+
+
+def test_a_target_that_dies_mid_gate_fails_with_named_checks_not_an_exception(tmp_path: Path) -> None:
+    """The mutant's server died under sampling on the H200 (docs/incident.md run 3). A real llama.cpp target
+    killed (SIGKILL) right after its first answer: the gate still writes its reports, fails, and names the
+    dead target in request_errors instead of raising."""
+    import io
+    import signal
+
+    from rich.console import Console
+
+    from pipeline.embedded import EmbeddedConfig
+    from tests.conftest import free_port
+
+    srv = EmbeddedServer(EmbeddedConfig(port=free_port()), tmp_path / "srv").start()
+
+    class KillOnFirstAnswer(io.StringIO):
+        def write(self, s: str) -> int:
+            if "[suite] 1/" in s and srv.proc is not None and srv.proc.poll() is None:
+                srv.proc.send_signal(signal.SIGKILL)
+                srv.proc.wait(timeout=30)
+            return super().write(s)
+
+    cfg = load_gate_config(PROFILE, {"judge": {"enabled": False}, "max_tokens": 32})
+    try:
+        result = run_gate(srv.url, cfg, out_dir=tmp_path / "gate",
+                          console=Console(file=KillOnFirstAnswer(), force_terminal=False))
+    finally:
+        srv.stop()
+    assert not result.passed
+    errors = next(c for c in result.cases if c.name == "request_errors")
+    assert not errors.ok and ("cannot reach" in errors.message or "Connect" in errors.message), errors.message
+    assert "request_errors" in result.summary["failed_checks"]
+    assert (tmp_path / "gate" / "report.json").is_file() and (tmp_path / "gate" / "junit.xml").is_file()
