@@ -123,7 +123,11 @@ def main() -> int:
         for i in range(args.n):
             use_real = real and i % 2 == 0
             base = rng.choice(real) if use_real else None
-            text = corrupt(base["text"] if base else COHERENT_FAMILIES["prose"](rng), fam, rng)
+            try:
+                text = corrupt(base["text"] if base else COHERENT_FAMILIES["prose"](rng), fam, rng)
+            except ValueError:  # this family cannot corrupt that real answer (no letters, one word): generated prose
+                base = None
+                text = corrupt(COHERENT_FAMILIES["prose"](rng), fam, rng)
             items.append({"id": f"bad-{fam}-{i}", "label": "bad", "class": fam, "source": "model" if base else "synth",
                           "prompt": base["prompt"] if base else None, "category": base["category"] if base else "prose",
                           "text": text})

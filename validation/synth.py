@@ -396,9 +396,19 @@ CORRUPTION_FAMILIES: dict[str, Callable[[str, random.Random], str]] = {
 }
 
 
-def corrupt(base: str, family: str, rng: random.Random) -> str:
-    """The base text corrupted the way `family` corrupts output."""
-    return CORRUPTION_FAMILIES[family](base, rng)
+def corrupt(base: str, family: str, rng: random.Random, tries: int = 5) -> str:
+    """The base text corrupted the way `family` corrupts output.
+
+    A corruption that leaves the text as it was (up to whitespace) is not one: a homoglyph swap on
+    "12 + 30 = 32" has no letter to swap, and such a no-op was once scored as a garbled text that
+    passed. It is drawn again (`tries` times), then refused with ValueError: the caller picks
+    another base."""
+    norm = " ".join(base.split())
+    for _ in range(tries):
+        out = CORRUPTION_FAMILIES[family](base, rng)
+        if " ".join(out.split()) != norm:
+            return out
+    raise ValueError(f"corruption {family!r} leaves this text unchanged: {base[:60]!r}")
 
 
 def generate(seed: int, n_per_family: int = 5, bases: list[str] | None = None) -> list[dict[str, str]]:
@@ -411,8 +421,12 @@ def generate(seed: int, n_per_family: int = 5, bases: list[str] | None = None) -
     for fam, fn in COHERENT_FAMILIES.items():
         for i in range(n_per_family):
             rows.append({"id": f"s{seed}-ok-{fam}-{i}", "label": "ok", "class": fam, "text": fn(rng)})
-    for fam, fn in CORRUPTION_FAMILIES.items():
+    for fam in CORRUPTION_FAMILIES:
         for i in range(n_per_family):
             base = rng.choice(bases) if bases else prose(rng, rng.randint(3, 6))
-            rows.append({"id": f"s{seed}-bad-{fam}-{i}", "label": "bad", "class": fam, "text": fn(base, rng)})
+            try:
+                text = corrupt(base, fam, rng)
+            except ValueError:  # nothing in this base for the family to corrupt: generated prose instead
+                text = corrupt(prose(rng, rng.randint(3, 6)), fam, rng)
+            rows.append({"id": f"s{seed}-bad-{fam}-{i}", "label": "bad", "class": fam, "text": text})
     return rows

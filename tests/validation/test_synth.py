@@ -124,3 +124,16 @@ def test_a_repeated_enumeration_fails_and_one_list_passes(seed: int) -> None:
         two = one + "\n\nAnd the vegetables:\n" + "\n".join(
             f"{k + 1}. {w}" for k, w in enumerate(["Carrot", "Leek", "Onion", "Potato", "Spinach"]))
         assert score_text(one) == [] and score_text(two) == [], two
+
+
+def test_a_corruption_that_changes_nothing_is_refused_not_scored_as_garbled() -> None:
+    """Held-out seed 20261204 scored a homoglyph 'corruption' of '12 + 30 = 32' (no letter to swap: the
+    text unchanged) as a garbled text that passed. corrupt() now draws again, then refuses."""
+    rng = random.Random(7)
+    with pytest.raises(ValueError, match="leaves this text unchanged"):
+        corrupt("12 + 30 = 32", "homoglyph", rng)
+    out = corrupt("The capital of France is Paris.", "homoglyph", rng)
+    assert out != "The capital of France is Paris."
+    answer = "A database index speeds up reads. It costs some space on disk."
+    for family in CORRUPTION_FAMILIES:  # every family changes an ordinary answer
+        assert " ".join(corrupt(answer, family, random.Random(3)).split()) != answer
