@@ -227,6 +227,11 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
         return [Finding("char_run", f"{len(m.group(0))}x '\\n' in a row (limit {th.max_newline_run})",
                         excerpt(text, m.start(), m.start() + 1))]
     scan = _FENCE.sub("\n", text) if th.skip_code_for_runs else text
+    if th.skip_code_for_runs:  # code keeps its rules and padding, but not a flood of one digit
+        for code in _FENCE.finditer(text):
+            hit = _digit_flood(code.group(0), th)
+            if hit:
+                return [hit]
     for m in re.finditer(r"(.)\1+", scan, re.S):
         ch, n = m.group(1), len(m.group(0))
         if ch == "\n":
@@ -255,6 +260,25 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
         if n > limit:
             return [Finding("char_run", f"{n}x {ch!r} in a row (limit {limit})", excerpt(scan, m.start(), m.end()))]
     return []
+
+
+def _digit_flood(code: str, th: DetectorThresholds) -> Finding | None:
+    """A run of one digit over max_digit_run inside a code block ("for 6666666666…"), except the zeros of a
+    number (1 followed by zeros, as in prose: up to max_zero_run) and binary literals (0b1111…, up to 64)."""
+    for m in re.finditer(r"(\d)\1{" + str(th.max_digit_run) + ",}", code):
+        ch, n = m.group(1), len(m.group(0))
+        before, after = re.search(r"[\w.]*$", code[:m.start()]), re.match(r"[\w.]*", code[m.end():])
+        word = (before.group(0) if before else "") + m.group(0) + (after.group(0) if after else "")
+        lead = code[m.start() - 1] if m.start() > 0 else ""
+        limit = th.max_digit_run
+        if re.fullmatch(r"0[bB][01_]+", word):
+            limit = 64
+        elif ch == "0" and lead.isdigit() and lead != "0":
+            limit = th.max_zero_run
+        if n > limit:
+            return Finding("char_run", f"{n}x {ch!r} in a row inside code (limit {limit})",
+                           excerpt(code, m.start(), m.end()))
+    return None
 
 
 def _tokens_for_loops(text: str) -> list[str]:

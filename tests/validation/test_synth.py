@@ -137,3 +137,24 @@ def test_a_corruption_that_changes_nothing_is_refused_not_scored_as_garbled() ->
     answer = "A database index speeds up reads. It costs some space on disk."
     for family in CORRUPTION_FAMILIES:  # every family changes an ordinary answer
         assert " ".join(corrupt(answer, family, random.Random(3)).split()) != answer
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_digit_flood_inside_code_fails_and_code_numbers_pass(seed: int) -> None:
+    """Held-out seed 20261204 passed `for 6666666666…` inside a code fence: runs of one character are not
+    judged inside code (rules, padding), digits now are. Generated: a code answer with a flood of one
+    digit at a random place in its fence, kept as lines or flattened onto one; the same code with a
+    binary literal, a 1 followed by zeros and a rule of '#' passes."""
+    rng = random.Random(seed)
+    code = COHERENT_FAMILIES[rng.choice(["code_python", "code_js"])](rng)
+    start, end = code.index("```"), code.rindex("```")
+    at = rng.randint(code.index("\n", start) + 1, end - 1)
+    flood = rng.choice("0123456789") * rng.randint(26, 300)
+    bad = code[:at] + flood + code[at:]
+    if seed % 2:
+        bad = " ".join(bad.split())  # flattened, as the held-out case
+    assert "char_run" in {f.check for f in score_text(bad)}, bad
+    body = ("MASK = 0b" + "1" * rng.randint(25, 64) + "\nBIG = 1" + "0" * rng.randint(25, 120) + "\n"
+            + "#" * rng.randint(30, 80) + "\n")
+    ok = code[:at] + body + code[at:]
+    assert not [f for f in score_text(ok) if f.check == "char_run"], ok
