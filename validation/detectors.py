@@ -568,12 +568,40 @@ def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
             if caps and all(in_lexicon(p, st_lang, th.lexicon_size) for p in pieces):
                 events.append(core)
     words = max(1, len(prose.split()))
+    if words <= th.word_order_short_words:
+        events += _misplaced_stops(prose.split())
     # a short answer ("of Paris. The is capital France") has room for one anomaly only: there one is enough
     need = 1 if words <= th.word_order_short_words else th.word_order_min_events
     if len(events) >= need and len(events) / words >= th.word_order_min_rate:
         return [Finding("word_order", f"{len(events)} word-order / glue anomalies in {words} words",
                         "; ".join(events[:6]))]
     return []
+
+
+_ABBREV = frozenset(["etc", "vs", "approx", "ca", "cf", "no", "nos", "fig", "figs", "eq", "eqs", "dr", "mr", "mrs",
+                     "ms", "st", "jr", "sr", "inc", "ltd", "co", "vol", "pp", "ed"])
+_OPERATORS = frozenset("=+*/<>^×÷≠≤≥")
+
+
+def _misplaced_stops(toks: list[str]) -> list[str]:
+    """A full stop / ! / ? that ends a token inside a short answer and is followed by what cannot start a
+    sentence: an operator ("12 + 32. = 30", a shuffled sum) or, after a word, a lowercase word ("Paris.
+    capital the"). Not an ellipsis, an abbreviation ("etc.", "e.g."), a list marker ("1. apple") or a
+    decimal; a list marker or a number only before an operator."""
+    out = []
+    for a, b in itertools.pairwise(toks):
+        if a[-1:] not in ".!?" or len(a) < 2 or a[-2] in ".!?":  # "...", "!!!": an ellipsis or emphasis
+            continue
+        core = a[:-1].strip(_EDGE)
+        if not core or "." in core or core.lower() in _ABBREV:
+            continue
+        nxt = b.lstrip("\"'([")
+        if not nxt:
+            continue
+        word_then_lower = core.isalpha() and len(core) > 1 and nxt[0].islower() and nxt[:1].isalpha()
+        if nxt[0] in _OPERATORS or b in ("-", "−") or word_then_lower:
+            out.append(f"{a} {b}")
+    return out
 
 
 # ---------------------------------------------------------------------------- repetition with small variations

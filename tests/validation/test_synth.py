@@ -158,3 +158,34 @@ def test_a_digit_flood_inside_code_fails_and_code_numbers_pass(seed: int) -> Non
             + "#" * rng.randint(30, 80) + "\n")
     ok = code[:at] + body + code[at:]
     assert not [f for f in score_text(ok) if f.check == "char_run"], ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_full_stop_shuffled_into_a_short_answer_fails(seed: int) -> None:
+    """Held-out seed 20261204 passed '12 + 32. = 30', a shuffle of the model's '12 + 30 = 32.': in a short
+    answer a full stop followed by an operator or a lowercase word is a word-order anomaly. Generated:
+    sums and one-sentence answers, shuffled until the stop lands inside; and short answers whose stops
+    are abbreviations, list markers, decimals or an ellipsis pass."""
+    from validation.synth import _sentence
+
+    rng = random.Random(seed)
+    checked = 0
+    for _ in range(300):
+        if rng.random() < 0.5:
+            a, b = rng.randint(1, 99), rng.randint(1, 99)
+            words = f"{a} {rng.choice('+-*')} {b} = {rng.randint(1, 200)}.".split()
+        else:
+            words = _sentence(rng).split()
+        if len(words) > 12:
+            continue
+        rng.shuffle(words)
+        i = next((k for k, w in enumerate(words[:-1]) if w.endswith(".")), None)
+        if i is None or not (words[i + 1][0] in "=+-*" or (words[i + 1][0].islower() and words[i][:-1].isalpha())):
+            continue
+        checked += 1
+        text = " ".join(words)
+        assert "word_order" in {f.check for f in score_text(text)}, text
+    assert checked >= 10
+    for ok in ("12 + 30 = 42.", "Use e.g. the blue one.", "Pack pears etc. and go.", "1. apple 2. pear 3. fig",
+               "It is 3.14. That is pi.", "Wait... and then silence.", "x = 2. Then x + 1 = 3."):
+        assert "word_order" not in {f.check for f in score_text(ok)}, ok
