@@ -740,7 +740,44 @@ def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
             return [Finding("near_repeat", f"an enumeration restarts {len(group)} times as near-copies of itself "
                             f"({len(variants)} variants, {share:.0%} of its words)",
                             " | ".join(" ".join(b) for b in group[:3])[:160])]
-    return []
+    # 4) a list of short items written again and again: its item sequence repeats with a period
+    hit = _periodic_items(prose, th)
+    return [hit] if hit else []
+
+
+# a list item's marker: at a line start, or inline after whitespace (bullets, "1." / "1)")
+_ITEM_MARK = re.compile(r"(?:^|(?<=\s))(?:[-*•+]|\d+[.)])\s+", re.M)
+
+
+def _periodic_items(prose: str, th: DetectorThresholds) -> Finding | None:
+    """List items (1-6 words each) whose sequence repeats with a period of 2+ items at least
+    near_repeat_min_copies times, most items equal to the one a period before ("- Cherry - Banana - Grape."
+    six times with a word changed here and there). One list, two different lists, or a list whose items
+    share a template but not their content, do not repeat so."""
+    parts = _ITEM_MARK.split(prose)
+    if len(parts) < 2:
+        return None
+    items = []
+    for part in parts[1:]:  # the text before the first marker is no item
+        w = [x for x in _norm_words(part) if x not in _FILLERS]
+        if 1 <= len(w) <= 6:
+            items.append(tuple(w))
+    n, copies = len(items), th.near_repeat_min_copies
+    for period in range(2, n // copies + 1):
+        pairs = n - period
+        same = sum(1 for i in range(pairs) if _item_like(items[i], items[i + period]))
+        if same / pairs >= 0.6 and len(set(items)) < n * 0.6:
+            return Finding("near_repeat", f"a list of {period} items written {n / period:.1f} times over with small "
+                           f"changes ({same} of {pairs} items equal to the one {period} before)",
+                           " | ".join(" ".join(x) for x in items[: 2 * period])[:160])
+    return None
+
+
+_FILLERS = frozenset(["also", "always", "really", "then", "carefully", "and", "the", "a"])
+
+
+def _item_like(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    return a == b or (len(set(a) & set(b)) / max(1, len(set(a) | set(b)))) >= 0.5
 
 
 DETECTORS = {
