@@ -426,6 +426,8 @@ def detect_collapse(text: str, th: DetectorThresholds) -> list[Finding]:
 
 
 _UNIT_LOOP = re.compile(r"([^\W\d_]{2,8}?)\1{3,}", re.U)
+# a word glued to itself by '_' or '-' six times and more ("last_last_last_…", an identifier looped by the engine)
+_JOINED_LOOP = re.compile(r"(?<![^\W_])([^\W\d_]{3,12})(?:[_-]\1){5,}", re.U)
 
 
 def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
@@ -447,6 +449,11 @@ def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
             continue
         return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
                         + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
+    m = _JOINED_LOOP.search(text)
+    if m:
+        return [Finding("subword_repeat", f"{m.group(1)!r} repeated {len(m.group(0)) // (len(m.group(1)) + 1) + 1}x, "
+                        "glued by '_' or '-'",
+                        excerpt(text, m.start(), m.end()))]
     return []
 
 
@@ -599,7 +606,10 @@ def _misplaced_stops(toks: list[str]) -> list[str]:
         if not nxt:
             continue
         word_then_lower = core.isalpha() and len(core) > 1 and nxt[0].islower() and nxt[:1].isalpha()
-        if nxt[0] in _OPERATORS or b in ("-", "−") or word_then_lower:
+        # an operator on its own or before a number ("= 30", "*2"), not markdown emphasis ("1. *Berry*")
+        operator = (b in _OPERATORS or b in ("-", "−")
+                    or (b[0] in _OPERATORS and len(b) > 1 and (b[1].isdigit() or b[1] in "(")))
+        if operator or word_then_lower:
             out.append(f"{a} {b}")
     return out
 

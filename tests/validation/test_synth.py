@@ -217,3 +217,35 @@ def test_a_bullet_list_of_short_items_written_over_and_over_fails(seed: int) -> 
     shop = "\n".join(f"- {rng.randint(1, 5)} x {w}" for w in rng.sample(food, 8))
     for ok in (one, two, shop):
         assert [f for f in score_text(ok) if f.check == "near_repeat"] == [], ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_markdown_emphasis_after_a_list_marker_is_no_misplaced_stop(seed: int) -> None:
+    """Held-out seed 20261205 failed the model's own '1. *Berry* 2. *Raspberries* ...': the full-stop rule
+    took the '*' of markdown emphasis after a list marker for an operator. Generated short lists with
+    emphasis pass; the operator after a stop still fails."""
+    rng = random.Random(seed)
+    food = ["Berry", "Plum", "Kiwi", "Mango", "Pear", "Fig", "Lime"]
+    for _ in range(20):
+        em = rng.choice(["*", "**", "_"])
+        sep = rng.choice([" ", " \n", "\n"])
+        text = sep.join(f"{k + 1}. {em}{w}{em}" for k, w in enumerate(rng.sample(food, rng.randint(3, 6))))
+        assert "word_order" not in {f.check for f in score_text(text)}, text
+    assert "word_order" in {f.check for f in score_text("12 + 32. *3 = 30")}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_word_glued_to_itself_over_and_over_fails_in_code_and_prose(seed: int) -> None:
+    """Held-out seed 20261205 passed 'def fibonacci(n, last_last_last_last_…' (a word stutter joined by '_'):
+    a word glued to itself by '_' or '-' six times and more is subword_repeat, in code and prose; snake_case
+    names and 'bye-bye' pass."""
+    rng = random.Random(seed)
+    for _ in range(20):
+        w = rng.choice(["last", "value", "token", "node", "result", "draft"])
+        glue = rng.choice("_-")
+        loop = glue.join([w] * rng.randint(6, 40))
+        host = rng.choice([f"```python\ndef f(n, {loop}):\n    return n\n```", f"The answer is {loop} here."])
+        assert "subword_repeat" in {f.check for f in score_text(host)}, host
+    for ok in ("```python\nlast_value_by_node = draft_token_result\n```", "They waved bye-bye and left.",
+               "A well-known, up-to-date, state-of-the-art tool."):
+        assert "subword_repeat" not in {f.check for f in score_text(ok)}, ok
