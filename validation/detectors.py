@@ -227,9 +227,9 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
         return [Finding("char_run", f"{len(m.group(0))}x '\\n' in a row (limit {th.max_newline_run})",
                         excerpt(text, m.start(), m.start() + 1))]
     scan = _FENCE.sub("\n", text) if th.skip_code_for_runs else text
-    if th.skip_code_for_runs:  # code keeps its rules and padding, but not a flood of one digit
+    if th.skip_code_for_runs:  # code keeps its rules and padding, but not a flood of one digit or glued symbol
         for code in _FENCE.finditer(text):
-            hit = _digit_flood(code.group(0), th)
+            hit = _digit_flood(code.group(0), th) or _glued_symbol_flood(code.group(0), th)
             if hit:
                 return [hit]
     for m in re.finditer(r"(.)\1+", scan, re.S):
@@ -278,6 +278,17 @@ def _digit_flood(code: str, th: DetectorThresholds) -> Finding | None:
         if n > limit:
             return Finding("char_run", f"{n}x {ch!r} in a row inside code (limit {limit})",
                            excerpt(code, m.start(), m.end()))
+    return None
+
+
+def _glued_symbol_flood(code: str, th: DetectorThresholds) -> Finding | None:
+    """A run of one symbol glued to the end of a code token (`ValueError("…")**********`): a rule or banner
+    starts a line, follows whitespace or a comment opener ("/*****", "# ====="), or sits in a string."""
+    for m in re.finditer(r"([^\w\s\"'`/#])\1{" + str(th.max_rule_run // 4) + ",}", code):  # maximal runs
+        if m.start() == 0 or code[m.start() - 1] in " \t\n\"'`/#":
+            continue
+        return Finding("char_run", f"{len(m.group(0))}x {m.group(1)!r} glued to code (limit {th.max_rule_run // 4})",
+                       excerpt(code, m.start(), m.end()))
     return None
 
 
@@ -685,7 +696,8 @@ def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
     # a looping table is ngram_loop's to judge
     prose = "\n".join(line for line in prose_of(text).splitlines() if line.count("|") < 2)
     # 1) stutter: one stem dominating a short window of words
-    words = [_stem(w.lower()) for w in re.findall(r"[^\W\d_]+|\d+", prose)]
+    # a contraction is one word ("it's" stuttered as "it's, It's it's It's"), not "it" + "s"
+    words = [_stem(w.lower().replace("’", "'")) for w in re.findall(r"[^\W\d_]+(?:['’][^\W\d_]+)*|\d+", prose)]
     win = min(th.stutter_window, len(words))
     if win >= th.stutter_window // 2:
         c = Counter(words[:win])

@@ -249,3 +249,26 @@ def test_a_word_glued_to_itself_over_and_over_fails_in_code_and_prose(seed: int)
     for ok in ("```python\nlast_value_by_node = draft_token_result\n```", "They waved bye-bye and left.",
                "A well-known, up-to-date, state-of-the-art tool."):
         assert "subword_repeat" not in {f.check for f in score_text(ok)}, ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_held_out_20261206_classes_fail_and_their_lookalikes_pass(seed: int) -> None:
+    """Held-out seed 20261206 passed a flood of '*' glued to the end of a code line and a stutter of the
+    contraction "it's" (counted as 'it' + 's' before). Generated: symbol floods glued to code tokens and
+    stutters of contractions fail; banners, rules, string literals and ordinary contractions pass."""
+    rng = random.Random(seed)
+    for _ in range(10):
+        code = COHERENT_FAMILIES[rng.choice(["code_python", "code_js"])](rng)
+        line_end = code.index("\n", code.index("```") + 4)
+        line_end = code.index("\n", line_end + 1)  # the end of the first code line's successor
+        flood = rng.choice("*~+=%!@$^&|;:.,") * rng.randint(21, 200)
+        bad = code[:line_end] + flood + code[line_end:]
+        assert "char_run" in {f.check for f in score_text(bad)}, bad
+        w = rng.choice(["it's", "don't", "we're", "that's", "I'm"])
+        forms = [w, w.capitalize(), w + ",", w.capitalize() + ".", w + "s"]
+        stutter = "1. The first tip is simple: " + " ".join(rng.choice(forms) for _ in range(rng.randint(8, 14)))
+        assert "near_repeat" in {f.check for f in score_text(stutter)}, stutter
+    for ok in ("```c\n/****************************\n * banner\n ****************************/\nint x = 1;\n```",
+               '```python\nSEP = "========================================"\n# ' + "-" * 40 + "\nx = 1\n```",
+               "It's what it's, and that's that. It's fine, isn't it? We're done."):
+        assert score_text(ok) == [], ok
