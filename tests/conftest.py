@@ -88,10 +88,12 @@ def embedded_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
 
 @dataclass
 class HttpPeer:
-    """A real local HTTP server answering GETs from `routes`: path -> (status, content type, body)."""
+    """A real local HTTP server answering GETs from `routes`: path -> (status, content type, body); every POST
+    is answered 404 and its path kept in `posts`."""
 
     url: str
     routes: dict[str, tuple[int, str, bytes]] = field(default_factory=dict)
+    posts: list[str] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -106,6 +108,12 @@ def http_peer() -> Iterator[HttpPeer]:
             self.send_header("Content-Type", ctype)
             self.end_headers()
             self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            peer.posts.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(404)
+            self.end_headers()
 
         def log_message(self, *a: object) -> None:
             pass

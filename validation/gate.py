@@ -196,6 +196,10 @@ class Gate:
         t_start = time.perf_counter()
         model = self.client.model  # raises TargetError when unreachable / not OpenAI / no model
         self.kind = self.client.server_kind()
+        baseline_answers, source = None, ""
+        if cfg.lossless.enabled and cfg.lossless.baseline:  # a wrong baseline file fails before any request
+            baseline_answers, source = load_baseline(cfg.lossless.baseline, model, cfg), cfg.lossless.baseline
+            self.baseline_logprobs = load_baseline_logprobs(cfg.lossless.baseline, cfg)
         if self.relative and cfg.lossless.baseline:  # a baseline file without T>0 samples fails before any request
             self.baseline_samples = load_baseline_samples(cfg.lossless.baseline, model, cfg)
         spec_before = read_spec_metrics(self.client, self.kind)
@@ -219,11 +223,7 @@ class Gate:
                 if v.check_seed_reproducible:
                     jobs += [(self.suite.get(pid), v.temperature, v.seeds[0], "reproduce") for pid in v.prompt_ids]
                 samples += self._run_all(jobs, progress, "variation")
-            baseline_answers, source = None, ""
-            if cfg.lossless.enabled and cfg.lossless.baseline:
-                baseline_answers, source = load_baseline(cfg.lossless.baseline, model, cfg), cfg.lossless.baseline
-                self.baseline_logprobs = load_baseline_logprobs(cfg.lossless.baseline, cfg)
-            elif cfg.baseline_url and cfg.lossless.enabled:
+            if baseline_answers is None and cfg.baseline_url and cfg.lossless.enabled:
                 baseline_answers, source = self._baseline_answers(progress), cfg.baseline_url
             if self.relative and self.baseline_samples is None:
                 self.baseline_samples = self._baseline_hot_samples(progress)

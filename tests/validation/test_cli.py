@@ -124,3 +124,17 @@ def test_check_text_with_the_judge_scores_corpus() -> None:
     wrong = [r for r in rows if r["ok"] != (labels[r["id"]] == "ok")]
     assert not wrong, wrong
     assert all("fluency" in r for r in rows)
+
+
+def test_run_refuses_a_baseline_of_another_model_before_any_request(http_peer, tmp_path) -> None:
+    """A baseline file recorded for another model is one clear error (exit 2) before the gate sends a single
+    chat request, not after the whole suite has run."""
+    import json as _json
+
+    http_peer.routes["/v1/models"] = (200, "application/json", b'{"data": [{"id": "served-model"}]}')
+    base = tmp_path / "baseline.json"
+    base.write_text(_json.dumps({"model": "another-model", "suite": "suite-v1.yaml", "max_tokens": None,
+                                 "answers": {"poem": "x"}}))
+    assert_one_line_error(run_cli("run", "--target", http_peer.url, "--baseline", str(base), "--no-judge"),
+                          "recorded for model 'another-model'")
+    assert http_peer.posts == []
