@@ -49,6 +49,7 @@ from validation.lossless import (
     control_reanchor,
     decode_logprobs,
     encode_logprobs,
+    end_tokens_of,
     read_baseline,
 )
 from validation.spec import SpecReading, read_spec_metrics
@@ -434,9 +435,11 @@ class Gate:
         mine = {s.prompt_id: s for s in self._t0_suite}
         lps = self.baseline_logprobs
         tol = cfg.lossless.near_tie_nats
-        first = {pid: compare_answer(mine[pid].text if pid in mine else None, text, lps.get(pid), tol)
+        ends = end_tokens_of([(lps[pid], text) for pid, text in ref.items() if lps.get(pid)])
+        first = {pid: compare_answer(mine[pid].text if pid in mine else None, text, lps.get(pid), tol,
+                                     ends if pid in mine and mine[pid].finish_reason == "stop" else frozenset())
                  for pid, text in ref.items()}
-        tied = [pid for pid, c in first.items() if c.verdict == "near_tie"]
+        tied = [pid for pid, c in first.items() if c.verdict == "near_tie" and not c.ended]
         info: dict[str, Any] = {"url": None, "control": None, "off": None}
         cont: Continue | None = None
         if tied and cfg.lossless.max_reanchors > 0:
@@ -455,7 +458,7 @@ class Gate:
         elif tied:
             info["off"] = "lossless.max_reanchors is 0"
         comps = {pid: (compare_path(pid, mine[pid].text, mine[pid].finish_reason, ref[pid], lps.get(pid), tol, cont,
-                                    cfg.lossless.max_reanchors, info["off"] or "")
+                                    cfg.lossless.max_reanchors, info["off"] or "", ends)
                        if c.verdict == "near_tie" else c) for pid, c in first.items()}
         return comps, info
 

@@ -95,6 +95,7 @@ class Comparison:
     gap_nats: float | None = None  # the baseline's top-2 gap there
     cut_byte: int | None = None  # near_tie: the candidate's bytes up to and including its token there
     reanchors: int = 0  # near-ties the candidate's text was re-anchored at
+    ended: bool = False  # near_tie: the candidate's token there was the end of turn (nothing follows)
 
     @property
     def ok(self) -> bool:
@@ -112,8 +113,10 @@ def _quote(text: str, limit: int = 90) -> str:
 
 
 def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
-                   near_tie_nats: float) -> Comparison:
-    """Compare a candidate's T=0 answer with the baseline's (see the module docstring)."""
+                   near_tie_nats: float, end_tokens: frozenset[bytes] = frozenset()) -> Comparison:
+    """Compare a candidate's T=0 answer with the baseline's (see the module docstring). `end_tokens`: the
+    server's end-of-turn token(s) as its log-probs list them ('<|im_end|>'): a candidate that stops where
+    the baseline goes on chose one of those, a near-tie when it is listed close to the baseline's token."""
     if got is None:
         return Comparison("missing", "no T=0 answer")
     if got == ref:
@@ -126,7 +129,10 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
     ref_b, got_b = ref.encode(), got.encode()
     byte_i = len(ref[:i].encode())
     joined = b"".join(t for t, _, _ in ref_logprobs)
-    if len(joined) <= byte_i or joined[:byte_i + 1] != ref_b[:byte_i + 1]:
+    # the tokens must spell the answer through the first differing byte; where the baseline ended there,
+    # through its end, with its end-of-turn token after it
+    spelled_to = (joined[:byte_i + 1] == ref_b[:byte_i + 1]) if byte_i < len(ref_b) else (joined[:byte_i] == ref_b)
+    if len(joined) <= byte_i or not spelled_to:
         return Comparison("diverged", where + " (the baseline's recorded tokens do not spell its answer up to "
                           "there: exact comparison)", char=i)
     starts, start = [], 0
@@ -148,6 +154,11 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
                      and rest.startswith(a) and (k == j or starts[k] + len(a) > byte_i)), None)
         if took is not None:
             break
+    ended = False
+    if took is None and len(got_b) == byte_i < len(ref_b) and starts[j] == byte_i and end_tokens:
+        # the candidate stopped at a token boundary where the baseline went on: it chose an end-of-turn token
+        took = next(((a, alp) for a, alp in ref_logprobs[j][2] if a in end_tokens), None)
+        k, ended = j, took is not None
     if took is None:
         k = j
     tok, lp, top = ref_logprobs[k]
@@ -160,8 +171,8 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
     tie = (f"baseline token {j} {shown!r} vs the candidate's {took[0].decode(errors='replace')!r}: "
            f"{gap:.3f} nats apart")
     if gap <= near_tie_nats:
-        return Comparison("near_tie", f"{where}: a near-tie ({tie})", char=i, token=j, gap_nats=gap,
-                          cut_byte=start + len(took[0]))
+        return Comparison("near_tie", f"{where}: a near-tie ({tie}{', the end of turn' if ended else ''})", char=i,
+                          token=j, gap_nats=gap, cut_byte=None if ended else start + len(took[0]), ended=ended)
     return Comparison("diverged", f"{where} ({tie}, above the near-tie limit {near_tie_nats:g})", char=i, token=j,
                       gap_nats=gap)
 
@@ -176,15 +187,27 @@ def _char_cut(data: bytes, cut: int) -> str | None:
     return None
 
 
+def end_tokens_of(rows_by_text: list[tuple[list[TokenLogprob], str]]) -> frozenset[bytes]:
+    """The end-of-turn token(s) a server lists after the answers that stopped (spelled() trimmed them)."""
+    return frozenset(rows[-1][0] for rows, text in rows_by_text
+                     if rows and (s := spelled(rows, text)) is not None and len(s) == len(rows) - 1)
+
+
 def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
                  near_tie_nats: float, cont: Continue | None = None, max_reanchors: int = 16,
-                 no_reanchor: str = "no lossless.reanchor_url") -> Comparison:
+                 no_reanchor: str = "no lossless.reanchor_url",
+                 end_tokens: frozenset[bytes] = frozenset()) -> Comparison:
     """compare_answer, then, at each near-tie, re-anchor on the target-only server (module docstring).
 
-    `cont` None: the first near-tie ends the comparison (`near_tie`, the reason `no_reanchor` in the detail)."""
-    first = compare_answer(got, ref, ref_logprobs, near_tie_nats)
+    `cont` None: the first near-tie ends the comparison (`near_tie`, the reason `no_reanchor` in the detail).
+    A candidate that stops at a near-tie with the end of turn is the target's own text to its end."""
+    stop = end_tokens if got_finish == "stop" else frozenset()
+    first = compare_answer(got, ref, ref_logprobs, near_tie_nats, stop)
     if first.verdict != "near_tie" or got is None:
         return first
+    if first.ended:
+        return _replace(first, verdict="reanchored", detail=f"{first.detail}: the whole answer is the target's own "
+                        "greedy text, stopping at a near-tie")
     cmp, done, steps, ties = first, 0, 0, [first.gap_nats]
     got_b = got.encode()
     while True:
@@ -213,11 +236,16 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
                               f"{'s' if steps > 1 else ''} ({gaps} nats), each continued on the target-only server "
                               "to the candidate's end", char=first.char, token=first.token, gap_nats=first.gap_nats,
                               reanchors=steps)
-        if rest.startswith(c.text):
+        cmp = compare_answer(rest, c.text, c.logprobs, near_tie_nats,
+                             stop | end_tokens_of([(c.logprobs, c.text)]) if c.logprobs and stop else stop)
+        if cmp.verdict == "diverged" and rest.startswith(c.text):  # and not at a near-tie with its end of turn
             return Comparison("diverged", f"{at}: the target-only server ends here (finish_reason "
                               f"{c.finish_reason!r}), the candidate goes on: {_quote(rest[len(c.text):])}",
                               char=len(prefix) + len(c.text), reanchors=steps)
-        cmp = compare_answer(rest, c.text, c.logprobs, near_tie_nats)
+        if cmp.verdict == "near_tie" and cmp.ended:
+            return Comparison("reanchored", f"the whole answer is the target's own greedy text: {steps} near-tie"
+                              f"{'s' if steps > 1 else ''} re-anchored, then it stops at a near-tie with the end of "
+                              "turn", char=first.char, token=first.token, gap_nats=first.gap_nats, reanchors=steps)
         if cmp.verdict == "near_tie":
             ties.append(cmp.gap_nats)
             continue
@@ -275,4 +303,4 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
 
 
 __all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "compare_answer", "compare_path",
-           "control_reanchor", "decode_logprobs", "encode_logprobs", "read_baseline", "spelled"]
+           "control_reanchor", "decode_logprobs", "encode_logprobs", "end_tokens_of", "read_baseline", "spelled"]

@@ -193,3 +193,43 @@ def test_the_control_accepts_a_baseline_whose_tokens_end_with_the_end_of_turn_to
     with_eos = [*BASE, (b"<|im_end|>", -0.01, [(b"<|im_end|>", -0.01)])]
     assert control_reanchor("p", REF, with_eos, Target(TARGET), 0.25) is None
     assert "do not spell" in (control_reanchor("p", REF + "!", with_eos, Target(TARGET), 0.25) or "")
+
+
+# ---------------------------------------------------------------- the end of turn
+EOT = b"<|im_end|>"
+
+
+def test_a_candidate_that_stops_at_a_near_tie_with_the_end_of_turn_is_the_targets_own_text() -> None:
+    """The baseline went on (' Also ...') where the candidate stopped; the baseline listed its end-of-turn
+    token 0.1 nats below: a near-tie, and the candidate's whole text is the target's up to its stop."""
+    from validation.lossless import compare_answer
+
+    base = [*BASE, (b" Also", -0.6, [(b" Also", -0.6), (EOT, -0.7)]), *rows(sure(" blue."))]
+    ref = REF + " Also blue."
+    c = compare_answer(REF, ref, base, 0.25, frozenset({EOT}))
+    assert c.ok and c.verdict == "near_tie" and c.ended and c.token == len(BASE)
+    t = Target(TARGET)
+    whole = compare_path("p", REF, "stop", ref, base, 0.25, t, end_tokens=frozenset({EOT}))
+    assert whole.whole_path and t.asked == []  # nothing left to continue
+    assert not compare_answer(REF, ref, base, 0.25).ok  # without knowing the end token: a divergence
+    assert not compare_path("p", REF, "length", ref, base, 0.25, t, end_tokens=frozenset({EOT})).ok  # cut, no stop
+    far = [*BASE, (b" Also", -0.1, [(b" Also", -0.1), (EOT, -3.0)]), *rows(sure(" blue."))]
+    assert not compare_answer(REF, ref, far, 0.25, frozenset({EOT})).ok  # the end was 2.9 nats below
+
+
+def test_a_candidate_that_goes_on_where_the_baseline_stopped_at_a_near_tie_is_reanchored() -> None:
+    """The baseline stopped (its log-probs end with the end-of-turn token, SGLang's way) with the candidate's
+    ' It' 0.1 nats below: a near-tie, and the candidate's rest is checked on the target-only server."""
+    base = [*BASE, (EOT, -0.6, [(EOT, -0.6), (b" It", -0.7)])]
+    t = Target({**TARGET, "The sea is deep. It": rows(sure(" is"), sure(" blue."))})
+    c = compare_path("p", REF + " It is blue.", "stop", REF, base, 0.25, t, end_tokens=frozenset({EOT}))
+    assert c.verdict == "reanchored" and t.asked == ["The sea is deep. It"]
+    bad = compare_path("p", REF + " It is!!!!", "stop", REF, base, 0.25, t, end_tokens=frozenset({EOT}))
+    assert not bad.ok
+
+
+def test_end_tokens_are_learned_from_answers_that_stopped() -> None:
+    from validation.lossless import end_tokens_of
+
+    assert end_tokens_of([([*BASE, (EOT, -0.01, [(EOT, -0.01)])], REF), (BASE, REF)]) == frozenset({EOT})
+    assert end_tokens_of([(BASE, REF)]) == frozenset()
