@@ -448,7 +448,8 @@ class Gate:
                 info["off"] = where
             else:
                 info["url"] = where
-                pid = tied[0]
+                # the control runs on the near-tie prompt whose baseline answer has the most recorded tokens
+                pid = max(tied, key=lambda q: (len(lps.get(q) or []), q))
                 self.console.print(f"[lossless] {len(tied)} near-tie(s): re-anchoring on {where} (control: {pid})",
                                    highlight=False, markup=False)
                 bad = control_reanchor(pid, ref[pid], lps[pid], cont, tol)
