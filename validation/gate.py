@@ -429,7 +429,8 @@ class Gate:
 
     def _lossless_paths(self, samples: list[Sample], ref: dict[str, str]) -> tuple[dict[str, Comparison], dict]:
         """Every T=0 suite answer compared with the baseline's, re-anchored at near-ties where a target-only
-        server can continue (validation/lossless.py); the control runs once, on the first near-tie's prompt."""
+        server can continue (validation/lossless.py); the control runs once, on the near-tie prompt with the
+        longest recorded baseline answer."""
         cfg = self.cfg
         self._t0_suite = [s for s in samples if not s.error and s.purpose == "suite" and s.temperature == 0]
         mine = {s.prompt_id: s for s in self._t0_suite}
