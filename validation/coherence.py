@@ -81,7 +81,12 @@ def load_baseline_samples(path: str, model: str | None, cfg: GateConfig) -> list
     and every (prompt, temperature, seed) this config samples."""
     from validation.lossless import read_baseline
 
-    rows = read_baseline(path, model, cfg.suite, cfg.max_tokens).get("samples")
+    return baseline_samples_of(read_baseline(path, model, cfg.suite, cfg.max_tokens), path, cfg)
+
+
+def baseline_samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[BaselineSample]:
+    """load_baseline_samples on a baseline document already read (and checked) by lossless.read_baseline."""
+    rows = doc.get("samples")
     try:
         samples = None if rows is None else [
             BaselineSample(str(r["prompt_id"]), float(r["temperature"]), r.get("seed"), str(r["text"])) for r in rows]

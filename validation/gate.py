@@ -29,8 +29,8 @@ from pipeline.errors import TargetError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
 from validation.coherence import (
     BaselineSample,
+    baseline_samples_of,
     hot_temperatures,
-    load_baseline_samples,
     relative_coherence_cases,
     suite_seeds,
     uses_baseline,
@@ -134,9 +134,9 @@ class Gate:
         # record-baseline (and a live baseline) ask for T=0 log-probs: the lossless check's near-ties
         self.t0_logprobs: int | None = None
         self.baseline_logprobs: dict[str, list[Any]] = {}  # a live baseline's, filled by _baseline_answers
-        self.t0_paths: dict[str, Comparison] = {}  # lossless verdict per prompt, before the detectors judge T=0
-        self._t0_suite: list[Sample] = []
-        self.baseline_t0: dict[str, str] = {}
+        # prompt -> the T=0 answer lossless_t0 proved to be the target's own greedy text (re-anchored to its end)
+        # where the baseline's own answer is clean: T=0 detector hits on it are the model's, not the build's
+        self.models_own: dict[str, str] = {}
         for pid in [*cfg.determinism.prompt_ids, *cfg.variation.prompt_ids]:
             try:
                 self.suite.get(pid)
@@ -198,11 +198,14 @@ class Gate:
         model = self.client.model  # raises TargetError when unreachable / not OpenAI / no model
         self.kind = self.client.server_kind()
         baseline_answers, source = None, ""
-        if cfg.lossless.enabled and cfg.lossless.baseline:  # a wrong baseline file fails before any request
-            baseline_answers, source = load_baseline(cfg.lossless.baseline, model, cfg), cfg.lossless.baseline
-            self.baseline_logprobs = load_baseline_logprobs(cfg.lossless.baseline, cfg)
-        if self.relative and cfg.lossless.baseline:  # a baseline file without T>0 samples fails before any request
-            self.baseline_samples = load_baseline_samples(cfg.lossless.baseline, model, cfg)
+        if cfg.lossless.baseline:  # a wrong baseline file fails before any request; it is read once
+            path = cfg.lossless.baseline
+            doc = read_baseline(path, model, cfg.suite, cfg.max_tokens)
+            if cfg.lossless.enabled:
+                baseline_answers, source = baseline_answers_of(doc, path), path
+                self.baseline_logprobs = baseline_logprobs_of(doc, path)
+            if self.relative:
+                self.baseline_samples = baseline_samples_of(doc, path, cfg)
         spec_before = read_spec_metrics(self.client, self.kind)
         samples: list[Sample] = []
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -231,11 +234,9 @@ class Gate:
         spec_after = read_spec_metrics(self.client, self.kind)
         lossless = None
         if baseline_answers is not None:  # before the detectors: T=0 hits on a proven target path are the model's
-            self.baseline_t0 = baseline_answers
             comps, reanchor = self._lossless_paths(samples, baseline_answers)
-            self.t0_paths = comps
-            lossless = lossless_case(samples, baseline_answers, model, cfg, source=source,
-                                     ref_logprobs=self.baseline_logprobs, comps=comps, reanchor=reanchor)
+            self.models_own = models_own_texts(samples, comps, baseline_answers, cfg)
+            lossless = lossless_case(baseline_answers, cfg, source, comps, reanchor, self.baseline_logprobs)
         if cfg.judge.enabled:
             self.judge_s = judge_samples(samples, cfg, {p.id: p.prompt for p in self.suite.prompts}, self.console)
         cases = self._judge(samples, spec_before, spec_after)
@@ -394,13 +395,7 @@ class Gate:
         return cases
 
     def _models_own(self, s: Sample) -> bool:
-        """A T=0 answer whose whole text lossless_t0 re-anchored on the target-only server (the target writes
-        exactly this after a near-tie) for a prompt where the baseline's own answer is clean."""
-        c = self.t0_paths.get(s.prompt_id)
-        ref = self.baseline_t0.get(s.prompt_id)
-        mine = next((x.text for x in self._t0_suite if x.prompt_id == s.prompt_id), None)
-        return (c is not None and c.verdict == "reanchored" and s.text == mine and ref is not None
-                and not score_text(ref, self.cfg.thresholds))
+        return self.models_own.get(s.prompt_id) == s.text
 
     def _reanchor_fn(self) -> tuple[Continue | None, str]:
         """The target-only continuation the lossless check re-anchors near-ties on, or why there is none."""
@@ -409,12 +404,9 @@ class Gate:
         if not url:
             return None, "no lossless.reanchor_url or baseline_url to re-anchor on"
         try:
-            base = OpenAIClient(url, model=cfg.model, timeout_s=cfg.request_timeout_s)
-            served = base.model
+            base = self._same_model_client(url, "re-anchor server")
         except TargetError as exc:
             return None, f"re-anchor server {url} unreachable: {exc}"
-        if served != self.client.model:
-            return None, f"re-anchor server {url} serves {served!r}, the target {self.client.model!r}"
         prompts = {p.id: p for p in self.suite.prompts}
 
         def cont(pid: str, prefix: str) -> Continuation:
@@ -432,8 +424,7 @@ class Gate:
         server can continue (validation/lossless.py); the control runs once, on the near-tie prompt with the
         longest recorded baseline answer."""
         cfg = self.cfg
-        self._t0_suite = [s for s in samples if not s.error and s.purpose == "suite" and s.temperature == 0]
-        mine = {s.prompt_id: s for s in self._t0_suite}
+        mine = _t0_suite(samples)
         lps = self.baseline_logprobs
         tol = cfg.lossless.near_tie_nats
         ends = end_tokens_of([(lps[pid], text) for pid, text in ref.items() if lps.get(pid)])
@@ -466,10 +457,15 @@ class Gate:
 
     def _baseline_client(self) -> OpenAIClient:
         assert self.cfg.baseline_url
-        base = OpenAIClient(self.cfg.baseline_url, model=self.cfg.model, timeout_s=self.cfg.request_timeout_s)
+        return self._same_model_client(self.cfg.baseline_url, "baseline")
+
+    def _same_model_client(self, url: str, role: str) -> OpenAIClient:
+        """A client of another deployment of the target's model (the baseline, the re-anchor server); UsageError
+        when it serves another model, TargetError when it cannot be reached."""
+        base = OpenAIClient(url, model=self.cfg.model, timeout_s=self.cfg.request_timeout_s)
         if base.model != self.client.model:
-            raise UsageError(f"baseline {self.cfg.baseline_url} serves {base.model!r}, target serves "
-                             f"{self.client.model!r}: they must serve the same model")
+            raise UsageError(f"{role} {url} serves {base.model!r}, target serves {self.client.model!r}: they must "
+                             "serve the same model")
         return base
 
     def _baseline_answers(self, progress: Progress) -> dict[str, str]:
@@ -562,15 +558,25 @@ class Gate:
 
 def load_baseline(path: str, model: str, cfg: GateConfig) -> dict[str, str]:
     """Answers recorded by `record-baseline`, checked against the target's model and the suite."""
-    answers = read_baseline(path, model, cfg.suite, cfg.max_tokens).get("answers")
+    return baseline_answers_of(read_baseline(path, model, cfg.suite, cfg.max_tokens), path)
+
+
+def load_baseline_logprobs(path: str, cfg: GateConfig) -> dict[str, list[Any]]:
+    """The T=0 answers' token log-probs `record-baseline` kept ({} for a file recorded without them)."""
+    return baseline_logprobs_of(read_baseline(path, None, cfg.suite, cfg.max_tokens), path)
+
+
+def baseline_answers_of(doc: dict[str, Any], path: str) -> dict[str, str]:
+    """The T=0 answers of a baseline document read by lossless.read_baseline."""
+    answers = doc.get("answers")
     if not isinstance(answers, dict):
         raise UsageError(f"cannot read baseline {path}: no answers")
     return dict(answers)
 
 
-def load_baseline_logprobs(path: str, cfg: GateConfig) -> dict[str, list[Any]]:
-    """The T=0 answers' token log-probs `record-baseline` kept ({} for a file recorded without them)."""
-    raw = read_baseline(path, None, cfg.suite, cfg.max_tokens).get("logprobs") or {}
+def baseline_logprobs_of(doc: dict[str, Any], path: str) -> dict[str, list[Any]]:
+    """The decoded T=0 log-probs of a baseline document read by lossless.read_baseline ({} without any)."""
+    raw = doc.get("logprobs") or {}
     try:
         return {pid: decode_logprobs(rows) for pid, rows in raw.items()}
     except (ValueError, AttributeError) as exc:
@@ -610,18 +616,27 @@ def lossless_missing_case(cfg: GateConfig, speculative: bool) -> Case:
                 "the deployment is not speculative: nothing to compare T=0 answers against", skipped=True)
 
 
-def lossless_case(samples: list[Sample], ref: dict[str, str], model: str | None, cfg: GateConfig,
-                  source: str, ref_logprobs: dict[str, list[Any]] | None = None,
-                  comps: dict[str, Comparison] | None = None, reanchor: dict[str, Any] | None = None) -> Case:
+def _t0_suite(samples: list[Sample]) -> dict[str, Sample]:
+    """The T=0 suite answer of each prompt (the one lossless_t0 compares)."""
+    return {s.prompt_id: s for s in samples if not s.error and s.purpose == "suite" and s.temperature == 0}
+
+
+def models_own_texts(samples: list[Sample], comps: dict[str, Comparison], ref: dict[str, str],
+                     cfg: GateConfig) -> dict[str, str]:
+    """Prompt -> the T=0 answer re-anchored to its end (the target's own greedy text), where the baseline's
+    own answer to that prompt is clean: a detector hit on it is the model's, not the build's."""
+    mine = _t0_suite(samples)
+    return {pid: mine[pid].text for pid, c in comps.items()
+            if c.verdict == "reanchored" and pid in mine and not score_text(ref[pid], cfg.thresholds)}
+
+
+def lossless_case(ref: dict[str, str], cfg: GateConfig, source: str, comps: dict[str, Comparison],
+                  reanchor: dict[str, Any], ref_logprobs: dict[str, list[Any]] | None = None) -> Case:
     """T=0 answers must equal those of the non-speculative deployment (file or live), up to near-ties
     of the baseline where its token log-probs were recorded, each re-anchored on a target-only server
-    where one can continue (`comps` from Gate._lossless_paths; validation/lossless.py)."""
-    good = [s for s in samples if not s.error]
-    mine = {s.prompt_id: s.text for s in good if s.purpose == "suite" and s.temperature == 0}
+    where one can continue (`comps` and `reanchor` from Gate._lossless_paths; validation/lossless.py)."""
     lps = ref_logprobs or {}
     tol = cfg.lossless.near_tie_nats
-    if comps is None:
-        comps = {pid: compare_answer(mine.get(pid), text, lps.get(pid), tol) for pid, text in ref.items()}
     diffs = [f"{pid}: {c.detail}" for pid, c in comps.items() if not c.ok]
     ties = [f"{pid}: {c.detail}" for pid, c in comps.items() if c.verdict in ("near_tie", "reanchored")]
     identical = sum(1 for c in comps.values() if c.verdict == "identical")
@@ -630,7 +645,7 @@ def lossless_case(samples: list[Sample], ref: dict[str, str], model: str | None,
     ok = not diffs if cfg.lossless.require_identical else same >= cfg.lossless.min_identical_fraction
     basis = (f"near-ties up to {tol:g} nats from the baseline's log-probs ({len(lps)} of {len(ref)} answers "
              "recorded with them)" if lps and tol > 0 else "exact comparison (no recorded log-probs)")
-    ra = reanchor or {}
+    ra = reanchor
     if ties and ra.get("url") and not ra.get("off"):
         basis += f"; re-anchored on {ra['url']}"
     elif ties and ra.get("off"):

@@ -136,7 +136,7 @@ CLEAN_REF = "The sea is deep."
 def gate_with(table: dict[str, list], ref_text: str = CLEAN_REF) -> tuple[dict, dict, dict]:
     from validation.config import GateConfig
     from validation.detectors import score_text
-    from validation.gate import Gate, Sample
+    from validation.gate import Gate, Sample, models_own_texts
 
     cfg = GateConfig(judge={"enabled": False}, determinism={"enabled": False}, variation={"enabled": False},
                      temperatures=[0.0], lossless={"reanchor_url": "http://127.0.0.1:9"})
@@ -146,7 +146,7 @@ def gate_with(table: dict[str, list], ref_text: str = CLEAN_REF) -> tuple[dict, 
     s = Sample("poem", 0.0, cfg.seed, "suite", 64, text=LOOPING, finish_reason="length", prompt_tokens=5,
                completion_tokens=64, findings=score_text(LOOPING))
     comps, info = gate._lossless_paths([s], {"poem": ref_text})
-    gate.t0_paths, gate.baseline_t0 = comps, {"poem": ref_text}
+    gate.models_own = models_own_texts([s], comps, {"poem": ref_text}, cfg)  # as Gate.run sets it
     return comps, info, {c.name: c for c in gate._judge([s], None, None)}
 
 
@@ -175,16 +175,18 @@ def test_no_attribution_when_the_baselines_own_answer_is_not_clean() -> None:
     dirty = "The sea" + " is blue. The sea" * 30
     assert score_text(dirty)
     from validation.config import GateConfig
-    from validation.gate import Gate, Sample
+    from validation.gate import Gate, Sample, models_own_texts
 
-    gate = Gate("http://127.0.0.1:9", GateConfig(judge={"enabled": False}))
+    cfg = GateConfig(judge={"enabled": False})
+    gate = Gate("http://127.0.0.1:9", cfg)
     s = Sample("poem", 0.0, 1, "suite", 64, text=LOOPING, finish_reason="length")
-    gate._t0_suite, gate.t0_paths, gate.baseline_t0 = [s], comps, {"poem": CLEAN_REF}
+    gate.models_own = models_own_texts([s], comps, {"poem": CLEAN_REF}, cfg)
     assert gate._models_own(s)
-    gate.baseline_t0 = {"poem": dirty}  # the target's own answer loops too: nothing shows the loop is a flip's
+    # the target's own answer loops too: nothing shows the loop is a flip's
+    gate.models_own = models_own_texts([s], comps, {"poem": dirty}, cfg)
     assert not gate._models_own(s)
     other = Sample("poem", 0.0, 1, "determinism-seq", 64, text=LOOPING + " again", finish_reason="length")
-    gate.baseline_t0 = {"poem": CLEAN_REF}
+    gate.models_own = models_own_texts([s], comps, {"poem": CLEAN_REF}, cfg)
     assert not gate._models_own(other)  # another text than the one re-anchored
 
 
