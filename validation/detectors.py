@@ -240,8 +240,8 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
             limit = th.max_space_run
         elif ch in ".·•" and n > th.max_symbol_run and not scan[m.end():].split("\n", 1)[0].strip():
             limit = th.max_symbol_run  # a flood of dots to the end of the line: not a leader ("Intro ..... 5")
-        elif ch in "*#~+" and m.start() > 0 and scan[m.start() - 1] not in " \t\n|+-=_":
-            limit = th.max_symbol_run  # glued to a word ("piece of it.*****"): not a rule
+        elif ch in "*#~+" and m.start() > 0 and scan[m.start() - 1] not in " \t\n|+":
+            limit = th.max_symbol_run  # glued to a word or sign ("piece of it.*****", "12 + 30 =****"): not a rule
         elif ch in _RULE_CHARS:
             limit = th.max_rule_run
         elif ch.isdigit() and n > th.max_digit_run:
@@ -556,11 +556,33 @@ _STOP_CAPS = {"The", "And", "Into", "Then", "Of", "For", "With", "From", "That",
               "On", "At", "To", "Is", "Was", "It", "As", "By"}
 
 
+_TABLE_SEP_CELL = re.compile(r":?-{3,}:?")
+
+
+def _glued_table(prose: str) -> Finding | None:
+    """A markdown table whose rows were shuffled into one line: a separator cell ("---") among cells of
+    words in one row, and no separator row anywhere (a table that uses "---" as an empty value has one)."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in prose.splitlines()
+            if line.count("|") >= 2]
+    if any(cells and all(_TABLE_SEP_CELL.fullmatch(c) or not c for c in cells) for cells in rows):
+        return None
+    for cells in rows:
+        seps = sum(1 for c in cells if _TABLE_SEP_CELL.fullmatch(c))
+        words = [c for c in cells if any(ch.isalpha() for ch in c)]
+        if seps and len(words) >= 2:
+            return Finding("word_order", f"a table separator cell among {len(words)} cells of words in one row, "
+                           "no separator row: the table's rows are out of order", " | ".join(cells[:8])[:120])
+    return None
+
+
 def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
     """Word order that English never produces: a determiner before a function word or a full stop ("the of",
     "a the", "the."), words glued at punctuation ("minutes,Milk") or to a capitalised function word
-    ("panInto", "andThenFlour")."""
+    ("panInto", "andThenFlour"), a table's rows shuffled into one line."""
     prose = prose_of(text)
+    table = _glued_table(prose)
+    if table:
+        return [table]
     st_lang = word_stats(text, th.lexicon_size).lang
     events: list[str] = []
     if st_lang == "en":
@@ -644,16 +666,25 @@ def _norm_words(sentence: str) -> list[str]:
             continue
         if _SKIP_TOKEN.search(tok) or any(c.isdigit() for c in tok):
             continue
-        w = core.lower()
-        if w.isalpha():
+        w = core.lower().replace("’", "'")
+        if w.replace("'", "").isalpha():  # a contraction is a word ("let's", "it's")
             out.append(w)
     return out
 
 
 def _stem(w: str) -> str:
-    for suf in ("ies", "es", "s", "ed", "ing"):
-        if w.endswith(suf) and len(w) - len(suf) >= 3:
-            return w[: -len(suf)]
+    """A crude stem, stable under its own forms: "durings" -> "during" -> "dur" is one stem with "during",
+    "galaxies" one with "galaxy" (a stutter mixes a word's forms: "durings during During")."""
+    for _ in range(2):
+        if w.endswith("ies") and len(w) >= 6:
+            w = w[:-3] + "y"
+            continue
+        for suf in ("es", "s", "ed", "ing"):
+            if w.endswith(suf) and len(w) - len(suf) >= 3 and not w.endswith("ss"):
+                w = w[: -len(suf)]
+                break
+        else:
+            break
     return w
 
 

@@ -272,3 +272,41 @@ def test_held_out_20261206_classes_fail_and_their_lookalikes_pass(seed: int) -> 
                '```python\nSEP = "========================================"\n# ' + "-" * 40 + "\nx = 1\n```",
                "It's what it's, and that's that. It's fine, isn't it? We're done."):
         assert score_text(ok) == [], ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_held_out_20261207_classes_fail_and_their_lookalikes_pass(seed: int) -> None:
+    """Held-out seed 20261207 passed four classes: a table whose cells were shuffled into one line; a stutter
+    mixing a word's forms ("durings during During", stemmed to two stems before); three near-copies whose
+    words include contractions (dropped before, leaving too few words); a symbol flood glued to a sign
+    ("12 + 30 =*****"). Generated here, each fails; tables with "---" as a value, masked passwords,
+    setext headings and ordinary inflections pass."""
+    rng = random.Random(seed)
+    for _ in range(10):
+        table = COHERENT_FAMILIES["table"](rng)
+        cells = [c for c in table.replace("\n", "|").split("|") if c.strip()]
+        rng.shuffle(cells)
+        glued = "| " + " | ".join(cells) + " |"
+        if any(c.strip().strip(":").startswith("---") for c in cells):
+            assert "word_order" in {f.check for f in score_text(glued)}, glued
+        w = rng.choice(["during", "garden", "token", "galaxy", "process", "shadow"])
+        forms = [w, w + "s", w.capitalize(), w[:-1] + "ies" if w.endswith("y") else w + "ing", w + "."]
+        stutter = "The plan was simple. " + " ".join(
+            rng.choice(forms) if rng.random() > 0.15 else rng.choice(["a", "the"]) for _ in range(rng.randint(10, 20)))
+        assert "near_repeat" in {f.check for f in score_text(stutter)}, stutter
+        s = rng.choice(["let's take it one step further today", "it's time to check the oven again",
+                        "don't forget to stir the sauce well"]).split()
+        copies = []
+        for k in range(3):
+            v = s[:]
+            j = rng.randrange(1, len(v))
+            v.insert(j, rng.choice(["also", "then", "really"])) if k else v.pop(j)
+            copies.append(f"{k + 1}. " + " ".join(v) + ".")
+        assert "near_repeat" in {f.check for f in score_text(" ".join(copies))}, copies
+        sign = rng.choice(["=", "-", "_", ":"])
+        flood = f"{rng.randint(2, 90)} + {rng.randint(2, 90)} {sign}" + rng.choice("*~#") * rng.randint(10, 120)
+        assert "char_run" in {f.check for f in score_text(flood)}, flood
+    for ok in ("| Name | Score |\n|---|---|\n| Bob | --- |\n| Ann | 12 |", "Your password: ********, keep it safe.",
+               "Results\n=======\nThe processes finished; during the runs the gardens dried.",
+               "Let's go. It's late, and we're tired; let's rest."):
+        assert score_text(ok) == [], ok
