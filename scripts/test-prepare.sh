@@ -26,6 +26,32 @@ if ((${#missing[@]})); then
 fi
 step "services"
 scripts/services.sh start docker registry tlsregistry
+step "disk"
+# A machine that runs the suite again and again must not fill up: our own dangling images (earlier builds of
+# the base and CI images, by their labels) go first; pytest keeps only failed tests' directories of the last
+# run (pyproject.toml). Then every filesystem the suite writes to needs room for one run at its peak, measured
+# on a fresh machine 2026-12-01: about 2.6 GiB under TMPDIR, 8.3 GiB for Docker while the CI images build.
+for label in org.fleet.target org.fleet.base.recipe; do
+  docker image prune -f --filter "label=$label" >/dev/null
+done
+tmp_dir=${TMPDIR:-/tmp}
+docker_root=$(docker info -f '{{.DockerRootDir}}')
+need_tmp=${TEST_MIN_FREE_GIB_TMP:-4}
+need_docker=${TEST_MIN_FREE_GIB_DOCKER:-4}
+# the CI images are built below when their inputs changed: that needs the build's peak too
+docker image inspect sglang-fleet-ci:0.5.23-pcie-rc1 sglang-fleet-ci:0.5.23-nvlink-rc1 >/dev/null 2>&1 ||
+  need_docker=${TEST_MIN_FREE_GIB_BUILD:-10}
+free_gib() { df -P -k "$1" | awk 'NR==2 {print int($4 / 1048576)}'; }
+short=()
+(( $(free_gib "$tmp_dir") >= need_tmp )) || short+=("$(free_gib "$tmp_dir") GiB free for TMPDIR $tmp_dir (needs $need_tmp)")
+(( $(free_gib "$docker_root") >= need_docker )) ||
+  short+=("$(free_gib "$docker_root") GiB free for Docker's $docker_root (needs $need_docker)")
+if ((${#short[@]})); then
+  printf 'test-prepare: not enough disk: %s\n' "${short[@]}" >&2
+  echo "test-prepare: nothing was deleted beyond our own dangling images; free space (docker system df" \
+       "shows what Docker holds) or point TMPDIR elsewhere, then run make test again" >&2
+  exit 2
+fi
 step "base image"
 scripts/base-image.sh
 targets=${IMAGE_CI_TARGETS:-pcie nvlink}
