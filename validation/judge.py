@@ -24,6 +24,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import signal
 import socket
 import subprocess
@@ -58,6 +59,62 @@ def judge_model_path(configured: str | None = None) -> str:
     if importlib.util.find_spec("xllamacpp") is None or importlib.util.find_spec("gguf") is None:
         raise UsageError("fluency judge needs the `xllamacpp` and `gguf` packages: `pip install -e .` (make setup)")
     return str(files[0])
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "sglang-fleet" / "judge"
+
+
+def prepared_model(path: str, weights: str = "q8_0", cache_dir: Path | None = None) -> str:
+    """The GGUF file the judge serves. "as-shipped": `path` itself. "q8_0": a copy of `path` with every
+    quantized tensor re-encoded as Q8_0 (llama.cpp's CPU prefill of this model is faster on it than on the
+    wheel's Q4_1: docs/judge-quant.json), made once per source file (its size, mtime and name key the cache)
+    and written atomically, so an interrupted conversion never leaves a half file behind."""
+    if weights == "as-shipped":
+        return path
+    if weights != "q8_0":
+        raise UsageError(f"judge.weights must be q8_0 or as-shipped, not {weights!r}")
+    src = Path(path)
+    st = src.stat()
+    out_dir = cache_dir or _cache_dir()
+    out = out_dir / f"{src.stem}-{st.st_size}-{int(st.st_mtime)}.Q8_0.gguf"
+    if out.is_file() and out.stat().st_size > 0:
+        return str(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
+    try:
+        _requantize_q8_0(src, tmp)
+        tmp.replace(out)
+    except Exception as exc:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"fluency judge: cannot convert {src} to Q8_0 ({exc}); set judge.weights: as-shipped") from exc
+    return str(out)
+
+
+def _requantize_q8_0(src: Path, dst: Path) -> None:
+    """Copy a GGUF model with its metadata, F32 tensors kept and every other tensor re-encoded as Q8_0."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, dequantize, quantize
+
+    q8 = GGMLQuantizationType.Q8_0
+    reader = GGUFReader(str(src))
+    writer = GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue  # written by the writer itself
+        vtype = GGUFValueType(f.types[0])
+        value = 7 if name == "general.file_type" else f.contents()  # 7: LLAMA_FTYPE_MOSTLY_Q8_0
+        sub = GGUFValueType(f.types[-1]) if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, vtype, sub_type=sub)
+    for t in reader.tensors:
+        if t.tensor_type in (GGMLQuantizationType.F32, q8):
+            writer.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+        else:
+            writer.add_tensor(t.name, quantize(dequantize(t.data, t.tensor_type), q8), raw_dtype=q8)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 @dataclass
@@ -102,7 +159,7 @@ class FluencyJudge:
 
     def __init__(self, cfg: Any, log_dir: str | Path | None = None) -> None:
         self.cfg = cfg
-        self.model_path = judge_model_path(cfg.model_path)
+        self.model_path = prepared_model(judge_model_path(cfg.model_path), getattr(cfg, "weights", "q8_0"))
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="judge-"))

@@ -6,6 +6,7 @@ import random
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from pipeline.embedded import EmbeddedServer
 from pipeline.errors import UsageError
 from validation.config import GateConfig, JudgeConfig
 from validation.detectors import score_text
-from validation.judge import FluencyJudge, judge_model_path, threshold_for, windowed
+from validation.judge import FluencyJudge, judge_model_path, prepared_model, threshold_for, windowed
 from validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt, prose
 
 SEEDS = (101, 102)
@@ -45,15 +46,46 @@ def judge() -> Iterator[FluencyJudge]:
 
 @pytest.mark.integration
 def test_log_probs_match_the_engine(judge: FluencyJudge, embedded_target: EmbeddedServer) -> None:
-    """The judge's next-token log-prob equals llama.cpp's own (completion endpoint, same GGUF)."""
+    """The judge's next-token log-prob equals llama.cpp's own (completion endpoint) when both serve the same
+    GGUF file; the default judge serves its Q8_0 copy, whose log-probs stay within quantization noise."""
     prompt = "The cat sat on the mat and"
-    ids = [i for i, _ in judge.tokenize(prompt)]
-    r = httpx.post(embedded_target.url + "/completion", json={"prompt": ids, "n_predict": 1, "n_probs": 5,
+    r = httpx.post(embedded_target.url + "/completion", json={"prompt": prompt, "n_predict": 1, "n_probs": 5,
                                                               "temperature": 0}, timeout=60).json()
     top = r["completion_probabilities"][0]["top_logprobs"]
+    with FluencyJudge(JudgeConfig(weights="as-shipped")) as same_file:
+        assert same_file.model_path == judge_model_path()
+        ids = [i for i, _ in same_file.tokenize(prompt)]
+        for cand in top[:3]:
+            nll = same_file.token_nll(ids, [cand["id"]])[0]
+            assert abs(nll + cand["logprob"]) < 0.05, (cand, nll)
+    assert judge.model_path.endswith(".Q8_0.gguf")
     for cand in top[:3]:
-        nll = judge.token_nll(ids, [cand["id"]])[0]
-        assert abs(nll + cand["logprob"]) < 0.05, (cand, nll)
+        assert abs(judge.token_nll(ids, [cand["id"]])[0] + cand["logprob"]) < 0.6, cand
+
+
+def test_the_q8_0_copy_keeps_the_model_and_is_made_once(tmp_path) -> None:
+    """prepared_model: every metadata key and tensor of the wheel's file, quantized tensors as Q8_0, made once
+    (a second call reuses it); a file that is no GGUF is one UsageError and leaves nothing in the cache."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    src = judge_model_path()
+    out = prepared_model(src, "q8_0", cache_dir=tmp_path)
+    a, b = GGUFReader(src), GGUFReader(out)
+    assert set(a.fields) == set(b.fields)
+    for name in ("tokenizer.ggml.tokens", "llama.block_count", "tokenizer.chat_template"):
+        assert a.fields[name].contents() == b.fields[name].contents(), name
+    assert b.fields["general.file_type"].contents() == 7
+    assert [(t.name, list(t.shape)) for t in a.tensors] == [(t.name, list(t.shape)) for t in b.tensors]
+    assert {t.tensor_type for t in b.tensors} == {GGMLQuantizationType.F32, GGMLQuantizationType.Q8_0}
+    mtime = Path(out).stat().st_mtime_ns
+    assert prepared_model(src, "q8_0", cache_dir=tmp_path) == out and Path(out).stat().st_mtime_ns == mtime
+    assert prepared_model(src, "as-shipped", cache_dir=tmp_path) == src
+    bad = tmp_path / "src" / "broken.gguf"
+    bad.parent.mkdir()
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(UsageError, match=r"cannot convert .* set judge.weights: as-shipped"):
+        prepared_model(str(bad), "q8_0", cache_dir=tmp_path / "c")
+    assert not list((tmp_path / "c").iterdir())
 
 
 @pytest.mark.integration
