@@ -514,8 +514,29 @@ def _codepage_mojibake(token: str) -> str | None:
 _MOJI_PAIR = re.compile("[\u00c3\u00c2][\u0080-\u00bf]|\u00e2\u20ac")
 
 
+# typographic punctuation that clusters legitimately ("«…»—", "“…”")
+_TYPOGRAPHIC = set("„“”‘’«»–—…•·‹›")
+
+
+def _symbol_cluster(text: str) -> Finding | None:
+    """A cluster of non-ASCII symbols of three or more Unicode categories within 8 characters ("˚€M§©™"),
+    scanned on the raw text, code included: emoji, maths, currency or arrows cluster within one category;
+    bytes decoded as the wrong characters mix categories. Typographic quotes and dashes are left out."""
+    marks = [(i, unicodedata.category(c)) for i, c in enumerate(text)
+             if ord(c) >= 0x80 and c not in _TYPOGRAPHIC and unicodedata.category(c)[0] in "SPN"]
+    for a in range(len(marks) - 3):
+        window = [m for m in marks[a:a + 8] if m[0] - marks[a][0] < 8]
+        if len(window) >= 4 and len({c for _, c in window}) >= 3:
+            return Finding("mojibake", f"{len(window)} stray symbols of {len({c for _, c in window})} kinds within "
+                           "8 characters", excerpt(text, window[0][0], window[-1][0] + 1))
+    return None
+
+
 def detect_mojibake(text: str, th: DetectorThresholds) -> list[Finding]:
     """Text decoded with the wrong code page, or runs of stray symbols and mixed-script characters."""
+    cluster = _symbol_cluster(text)
+    if cluster:
+        return [cluster]
     prose = prose_of(text)
     repaired = [m.group(0) for m in _MOJI_PAIR.finditer(prose)]
     for tok in prose.split():

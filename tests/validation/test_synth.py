@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import unicodedata
 
 import pytest
 
@@ -309,4 +310,27 @@ def test_held_out_20261207_classes_fail_and_their_lookalikes_pass(seed: int) -> 
     for ok in ("| Name | Score |\n|---|---|\n| Bob | --- |\n| Ann | 12 |", "Your password: ********, keep it safe.",
                "Results\n=======\nThe processes finished; during the runs the gardens dried.",
                "Let's go. It's late, and we're tired; let's rest."):
+        assert score_text(ok) == [], ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_symbol_cluster_of_mixed_kinds_fails_in_code_too(seed: int) -> None:
+    """Held-out seed 20261208 passed a mojibake tail inside an unclosed code fence (prose_of blanks code):
+    a cluster of non-ASCII symbols of three or more Unicode categories within 8 characters is mojibake
+    anywhere; clusters of one kind (emoji, maths, currency, box drawing, fractions) and spread symbols pass."""
+    rng = random.Random(seed)
+    pool = "˚€§©™¤¦¨¬®¯°±²´¶¸¹¼½¾¿×÷˜"  # symbols, punctuation and numbers of Latin-1 / spacing modifiers
+    for _ in range(10):
+        code = COHERENT_FAMILIES[rng.choice(["code_python", "code_js"])](rng).rstrip("`\n")
+        kinds: set[str] = set()
+        tail = ""
+        while len(kinds) < 3 or len(tail) < 4:
+            c = rng.choice(pool)
+            tail += c
+            kinds.add(unicodedata.category(c))
+        bad = code + "\nprint(" + tail + rng.choice(["Z", "", "x1"])
+        assert "mojibake" in {f.check for f in score_text(bad)}, bad
+    for ok in ("Prices: €5, £4 and ¥300; © 2024 Acme™.", "Party time 🎉✨🚀🥳 with friends!", "The sum ∑∫√≈ of all.",
+               "He said «…»— and left.", "Temperature: 25°C ± 0.5°C, see § 3.2.", '```python\nprint("½ ¼ ¾")\n```',
+               "Box: ┌─┐│└─┘ done."):
         assert score_text(ok) == [], ok
