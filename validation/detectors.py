@@ -631,6 +631,9 @@ def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
     words = max(1, len(prose.split()))
     if words <= th.word_order_short_words:
         events += _misplaced_stops(prose.split())
+        broken = _broken_expression(prose.split())
+        if broken:
+            events.append(broken)
     # a short answer ("of Paris. The is capital France") has room for one anomaly only: there one is enough
     need = 1 if words <= th.word_order_short_words else th.word_order_min_events
     if len(events) >= need and len(events) / words >= th.word_order_min_rate:
@@ -666,6 +669,39 @@ def _misplaced_stops(toks: list[str]) -> list[str]:
         if operator or word_then_lower:
             out.append(f"{a} {b}")
     return out
+
+
+_NUM = re.compile(r"[-−]?\d+(?:[.,]\d+)*%?")
+_BINARY_OPS = frozenset("=+*/×÷^<>≤≥≠")
+
+
+def _broken_expression(toks: list[str]) -> str | None:
+    """A short answer that is an arithmetic expression (numbers and operators, as tokens of their own) in an
+    order no expression has ("+ 30 32 12 =", "12 30 + = 42"): it starts or ends with a binary operator, or
+    two numbers stand side by side with no operator between them (a thousands group, "1 000", excepted)."""
+    segments: list[list[str]] = [[]]
+    for t in toks:  # "3 * 4 = 12, 12 / 2 = 6": expressions separated by a comma or semicolon
+        if t.rstrip(".!?:,;"):
+            segments[-1].append(t.rstrip(".!?:,;"))
+        if t[-1:] in ",;":
+            segments.append([])
+    flat = [t for seg in segments for t in seg]
+    if len(flat) < 3 or any(not _NUM.fullmatch(t) and t not in _BINARY_OPS for t in flat):
+        return None
+    if sum(1 for t in flat if t in _BINARY_OPS) < 1 or sum(1 for t in flat if _NUM.fullmatch(t)) < 2:
+        return None
+    for seg in segments:
+        if not seg:
+            continue
+        kinds = ["op" if t in _BINARY_OPS else "num" for t in seg]
+        if kinds[0] == "op" or kinds[-1] == "op":
+            return " ".join(flat)
+        for (_, ka), (b, kb) in itertools.pairwise(zip(seg, kinds, strict=True)):
+            if ka == kb == "num" and not (len(b) == 3 and b.isdigit()):
+                return " ".join(flat)
+            if ka == kb == "op":
+                return " ".join(flat)
+    return None
 
 
 # ---------------------------------------------------------------------------- repetition with small variations

@@ -334,3 +334,27 @@ def test_a_symbol_cluster_of_mixed_kinds_fails_in_code_too(seed: int) -> None:
                "He said «…»— and left.", "Temperature: 25°C ± 0.5°C, see § 3.2.", '```python\nprint("½ ¼ ¾")\n```',
                "Box: ┌─┐│└─┘ done."):
         assert score_text(ok) == [], ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_shuffled_sum_fails_and_sums_pass(seed: int) -> None:
+    """Held-out seed 20261208 passed '+ 30 32 12 =', the answer '12 + 30 = 42' shuffled: a short answer made
+    of numbers and operators that starts or ends with an operator, or holds two numbers (or operators) side
+    by side, is word_order. Well-formed sums, chains separated by commas and thousands groups pass."""
+    rng = random.Random(seed)
+    checked = 0
+    for _ in range(40):
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        op, res = rng.choice([("+", a + b), ("*", a * b), ("×", a * b)])
+        toks = [str(a), op, str(b), "=", str(res)]
+        assert score_text(" ".join(toks)) == [], toks
+        rng.shuffle(toks)
+        kinds = ["op" if t in "+*×=" else "num" for t in toks]
+        side_by_side = any(x == y and not (x == "num" and len(t) == 3)  # "12 450": a thousands group
+                           for (x, y), t in zip(itertools.pairwise(kinds), toks[1:], strict=True))
+        if kinds[0] == "op" or kinds[-1] == "op" or side_by_side:
+            checked += 1
+            assert "word_order" in {f.check for f in score_text(" ".join(toks))}, toks
+    assert checked >= 20
+    for ok in ("3 * 4 = 12, 12 / 2 = 6", "1 000 + 2 000 = 3 000", "12 + 30 = 42.", "42 = 30 + 12", "x = 5"):
+        assert score_text(ok) == [], ok
