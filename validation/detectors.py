@@ -851,8 +851,37 @@ def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
                             f"({len(variants)} variants, {share:.0%} of its words)",
                             " | ".join(" ".join(b) for b in group[:3])[:160])]
     # 4) a list of short items written again and again: its item sequence repeats with a period
-    hit = _periodic_items(prose, th)
+    hit = _periodic_items(prose, th) or _repeated_passage(text)
     return [hit] if hit else []
+
+
+def _repeated_passage(text: str, k: int = 8, min_words: int = 120, min_share: float = 0.7,
+                      min_period: int = 40) -> Finding | None:
+    """Most of a long answer is one long passage written three times and more, copies varied or not, code
+    included ("```python def fibonacci(n): …``` This function works by …" six times over). On the words
+    (numbers and punctuation left out): every run of k words that occurs three times or more is marked;
+    the marked words are min_share of the text and the copies are min_period words apart or more (median).
+    Sentence splitting cannot see this when the copies hold code or their fences no longer pair up. Table
+    rows, test-log lines and refrain lines repeat with a short period; a back-to-back loop is ngram_loop's."""
+    words = re.findall(r"[^\W\d_]+", text.lower())
+    if len(words) < min_words:
+        return None
+    where: dict[tuple[str, ...], list[int]] = {}
+    for i in range(len(words) - k + 1):
+        where.setdefault(tuple(words[i:i + k]), []).append(i)
+    marked = [False] * len(words)
+    gaps: list[int] = []
+    for pos in where.values():
+        if len(pos) >= 3:
+            for i in pos:
+                marked[i:i + k] = [True] * k
+            gaps += [b - a for a, b in itertools.pairwise(pos)]
+    share = sum(marked) / len(words)
+    if share < min_share or not gaps or sorted(gaps)[len(gaps) // 2] < min_period:
+        return None
+    period = sorted(gaps)[len(gaps) // 2]
+    return Finding("near_repeat", f"{share:.0%} of {len(words)} words are copies of one passage of about {period} "
+                   "words (written three times or more)", " ".join(words[:12]))
 
 
 # a list item's marker: at a line start, or inline after whitespace (bullets, "1." / "1)")

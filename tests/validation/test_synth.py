@@ -358,3 +358,33 @@ def test_a_shuffled_sum_fails_and_sums_pass(seed: int) -> None:
     assert checked >= 20
     for ok in ("3 * 4 = 12, 12 / 2 = 6", "1 000 + 2 000 = 3 000", "12 + 30 = 42.", "42 = 30 + 12", "x = 5"):
         assert score_text(ok) == [], ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_copies_of_a_long_passage_fail_with_code_and_broken_fences(seed: int) -> None:
+    """Held-out seed 20261208 passed six near-copies of a code answer whose inline fences no longer paired
+    up (one 166-word "sentence" to the sentence check): most of a long answer made of copies of one long
+    passage is near_repeat, code and fences included; songs with a chorus, test logs, tables and one code
+    block with its explanation pass."""
+    rng = random.Random(seed)
+    for _ in range(8):
+        code = COHERENT_FAMILIES[rng.choice(["code_python", "code_js"])](rng)
+        passage = code + " " + prose(rng, 2)
+        copies = []
+        for _ in range(rng.randint(3, 6)):
+            words = passage.split()
+            for _ in range(rng.randint(0, 2)):
+                j = rng.randrange(len(words))
+                if rng.random() < 0.5:
+                    words.insert(j, rng.choice(["also", "then", "the", "def"]))
+                else:
+                    del words[j]
+            copies.append(" ".join(words))
+        text = rng.choice([" ", "\n", " 2. "]).join(copies)
+        if rng.random() < 0.5:
+            text = text.replace("```", "", 1)  # the fences no longer pair up
+        assert "near_repeat" in {f.check for f in score_text(text)}, text[:300]
+    for fam in ("chorus", "test_log", "table", "code_python", "repeated_structure", "steps"):
+        for _ in range(5):
+            text = COHERENT_FAMILIES[fam](rng) + "\n\n" + prose(rng, 3)
+            assert score_text(text) == [], text
