@@ -30,7 +30,8 @@ step "disk"
 # A machine that runs the suite again and again must not fill up: our own dangling images (earlier builds of
 # the base and CI images, by their labels) go first; pytest keeps only failed tests' directories of the last
 # run (pyproject.toml). Then every filesystem the suite writes to needs room for one run at its peak, measured
-# on a fresh machine 2026-12-01: about 2.6 GiB under TMPDIR, 8.3 GiB for Docker while the CI images build.
+# on a fresh machine 2026-12-01: about 2.6 GiB under TMPDIR, 8.3 GiB for Docker while the CI images build
+# (docs/results/ci-run-2026-12-01-0a2bec1-disk-usage.log).
 for label in org.fleet.target org.fleet.base.recipe; do
   docker image prune -f --filter "label=$label" >/dev/null
 done
