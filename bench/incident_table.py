@@ -39,6 +39,12 @@ def _lossless(s: dict[str, Any]) -> str:
         return "—"
     if not c.get("ok"):
         return "FAIL"
+    n = c.get("counts")
+    if n and n.get("identical") is not None:  # raw files from 2026-12-02 on keep the counts
+        whole = n.get("reanchored")
+        return (f"{n['identical']}/{n['answers']} identical, {n['near_ties']} near-tie"
+                + (f" ({whole} re-anchored to the end)" if whole else ""))
+    # older raw files kept the message only
     m = re.match(r"(\d+) of (\d+) T=0 answers identical to the baseline, (\d+) differ from a near-tie on"
                  r"(?: \((\d+) of them re-anchored)?", c.get("message") or "")
     if not m:

@@ -182,6 +182,11 @@ def run_gate(s: GateServer, baseline: Path | None, timeout: float, reanchor: str
         s.gate["passed"] = doc.get("passed")
         keys = ("name", "ok", "skipped", "message")
         s.gate["cases"] = [{k: c.get(k) for k in keys} for c in doc.get("cases", [])]
+        for c, full in zip(s.gate["cases"], doc.get("cases", []), strict=True):
+            if c["name"] == "lossless_t0":  # the counts the incident table shows, as numbers
+                d = full.get("details") or {}
+                c["counts"] = {"identical": d.get("identical"), "answers": len(d.get("per_prompt") or {}),
+                               "near_ties": len(d.get("near_ties") or []), "reanchored": d.get("reanchored")}
         s.gate["summary"] = doc.get("summary")
 
 
