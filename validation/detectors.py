@@ -634,6 +634,9 @@ def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
         broken = _broken_expression(prose.split())
         if broken:
             events.append(broken)
+        shuffled = _shuffled_sentence(prose.split(), st_lang, th.lexicon_size) if st_lang == "en" else None
+        if shuffled:
+            events.append(shuffled)
     # a short answer ("of Paris. The is capital France") has room for one anomaly only: there one is enough
     need = 1 if words <= th.word_order_short_words else th.word_order_min_events
     if len(events) >= need and len(events) / words >= th.word_order_min_rate:
@@ -669,6 +672,37 @@ def _misplaced_stops(toks: list[str]) -> list[str]:
         if operator or word_then_lower:
             out.append(f"{a} {b}")
     return out
+
+
+_CLOSED_CLASS = frozenset(["the", "a", "an", "of", "and", "or", "but", "to", "in", "on", "at", "by", "for", "with",
+                           "from", "into", "is", "are", "was", "were"])
+_PREPOSITIONS = frozenset(["of", "to", "in", "on", "at", "by", "for", "with", "from", "into"])
+_COPULAS = frozenset(["is", "are", "was", "were"])
+
+
+def _shuffled_sentence(toks: list[str], lang: str, lexicon_size: int) -> str | None:
+    """A short English answer whose words were shuffled ("capital is of France The Paris."): two or more of
+    four weak signals, each of which a real sentence shows alone now and then - it starts with a lowercase
+    dictionary word; a capitalised closed-class word stands inside the sentence ("The" after "France"; "I
+    love The Beatles" alone is fine); it ends on a closed-class word ("... France of"); a preposition is
+    followed by a copula ("of is")."""
+    words = [t.strip(_EDGE) for t in toks]
+    words = [w for w in words if w]
+    if len(words) < 4 or not all(w.isascii() and w.replace("'", "").isalpha() for w in words):
+        return None  # numbers, code, identifiers: other checks
+    signals = []
+    if words[0].islower() and in_lexicon(words[0], lang, lexicon_size):
+        signals.append(f"starts with {words[0]!r}")
+    for i, t in enumerate(toks[1:], 1):
+        w = t.strip(_EDGE)
+        if w in _STOP_CAPS and toks[i - 1][-1:] not in ".!?:\"'(" and w != "I":
+            signals.append(f"{w!r} inside the sentence")
+            break
+    if words[-1].lower() in _CLOSED_CLASS:
+        signals.append(f"ends on {words[-1]!r}")
+    if any(a.lower() in _PREPOSITIONS and b.lower() in _COPULAS for a, b in itertools.pairwise(words)):
+        signals.append("a preposition before a copula")
+    return "; ".join(signals) if len(signals) >= 2 else None
 
 
 _NUM = re.compile(r"[-−]?\d+(?:[.,]\d+)*%?")
