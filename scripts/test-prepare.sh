@@ -26,6 +26,17 @@ if ((${#missing[@]})); then
 fi
 step "services"
 scripts/services.sh start docker registry tlsregistry
+targets=${IMAGE_CI_TARGETS:-pcie nvlink}
+# A CI image is current when it exists AND was built from these inputs (Dockerfile, image scripts, the
+# patch series, the DDTree plugin): an image left by an older checkout is rebuilt, not reused.
+inputs=$(cat images/Dockerfile images/*.sh images/*.py patches/__init__.py patches/__main__.py \
+           patches/sglang-0.5.23/* patches/ddtree/pyproject.toml patches/ddtree/sglang_ddtree/*.py | sha256sum | cut -c1-32)
+marks=${CI_IMAGE_MARKS:-/var/cache/sglang-fleet-ci}
+need_images=0
+for t in $targets; do
+  docker image inspect "sglang-fleet-ci:0.5.23-$t-rc1" >/dev/null 2>&1 || need_images=1
+  [[ "$(cat "$marks/ci-image-$t.inputs" 2>/dev/null)" == "$inputs" ]] || need_images=1
+done
 step "disk"
 # A machine that runs the suite again and again must not fill up: our own dangling images (earlier builds of
 # the base and CI images, by their labels) go first; pytest keeps only failed tests' directories of the last
@@ -39,9 +50,7 @@ tmp_dir=${TMPDIR:-/tmp}
 docker_root=$(docker info -f '{{.DockerRootDir}}')
 need_tmp=${TEST_MIN_FREE_GIB_TMP:-4}
 need_docker=${TEST_MIN_FREE_GIB_DOCKER:-4}
-# the CI images are built below when their inputs changed: that needs the build's peak too
-docker image inspect sglang-fleet-ci:0.5.23-pcie-rc1 sglang-fleet-ci:0.5.23-nvlink-rc1 >/dev/null 2>&1 ||
-  need_docker=${TEST_MIN_FREE_GIB_BUILD:-10}
+if ((need_images)); then need_docker=${TEST_MIN_FREE_GIB_BUILD:-10}; fi  # the CI images build below: its peak
 free_gib() { df -P -k "$1" | awk 'NR==2 {print int($4 / 1048576)}'; }
 short=()
 (( $(free_gib "$tmp_dir") >= need_tmp )) || short+=("$(free_gib "$tmp_dir") GiB free for TMPDIR $tmp_dir (needs $need_tmp)")
@@ -55,17 +64,6 @@ if ((${#short[@]})); then
 fi
 step "base image"
 scripts/base-image.sh
-targets=${IMAGE_CI_TARGETS:-pcie nvlink}
-# A CI image is current when it exists AND was built from these inputs (Dockerfile, image scripts, the
-# patch series, the DDTree plugin): an image left by an older checkout is rebuilt, not reused.
-inputs=$(cat images/Dockerfile images/*.sh images/*.py patches/__init__.py patches/__main__.py \
-           patches/sglang-0.5.23/* patches/ddtree/pyproject.toml patches/ddtree/sglang_ddtree/*.py | sha256sum | cut -c1-32)
-marks=${CI_IMAGE_MARKS:-/var/cache/sglang-fleet-ci}
-need_images=0
-for t in $targets; do
-  docker image inspect "sglang-fleet-ci:0.5.23-$t-rc1" >/dev/null 2>&1 || need_images=1
-  [[ "$(cat "$marks/ci-image-$t.inputs" 2>/dev/null)" == "$inputs" ]] || need_images=1
-done
 if ((need_images)); then
   step "CI images ($targets): building from inputs $inputs (minutes on 2 cores: 449 s measured 2026-12-01)"
   bash .ci/stages/images.sh

@@ -90,6 +90,13 @@ class DetectorThresholds(StrictModel):
     exact_repeat_min_copies: int = Field(default=3, ge=2)
     exact_repeat_min_share: float = Field(default=0.6, gt=0, le=1)
     near_repeat_max_sentences: int = Field(default=400, ge=10, description="cost bound (pairwise comparison)")
+    # a long answer that is mostly copies of one long passage (code and broken fences included): runs of
+    # passage_run_words words seen 3+ times cover passage_min_share of its words, the copies (median)
+    # passage_min_period words apart or more; answers under passage_min_words words are not judged so
+    passage_run_words: int = Field(default=8, ge=3)
+    passage_min_words: int = Field(default=120, ge=20)
+    passage_min_share: float = Field(default=0.7, gt=0, le=1)
+    passage_min_period: int = Field(default=40, ge=2)
 
     @field_validator("disabled")
     @classmethod

@@ -25,6 +25,7 @@ import functools
 import itertools
 import json
 import re
+import statistics
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
@@ -674,10 +675,9 @@ def _misplaced_stops(toks: list[str]) -> list[str]:
     return out
 
 
-_CLOSED_CLASS = frozenset(["the", "a", "an", "of", "and", "or", "but", "to", "in", "on", "at", "by", "for", "with",
-                           "from", "into", "is", "are", "was", "were"])
 _PREPOSITIONS = frozenset(["of", "to", "in", "on", "at", "by", "for", "with", "from", "into"])
 _COPULAS = frozenset(["is", "are", "was", "were"])
+_CLOSED_CLASS = _PREPOSITIONS | _COPULAS | _DETERMINERS | {"and", "or", "but"}
 
 
 def _shuffled_sentence(toks: list[str], lang: str, lexicon_size: int) -> str | None:
@@ -715,26 +715,22 @@ def _broken_expression(toks: list[str]) -> str | None:
     two numbers stand side by side with no operator between them (a thousands group, "1 000", excepted)."""
     segments: list[list[str]] = [[]]
     for t in toks:  # "3 * 4 = 12, 12 / 2 = 6": expressions separated by a comma or semicolon
-        if t.rstrip(".!?:,;"):
-            segments[-1].append(t.rstrip(".!?:,;"))
+        core = t.rstrip(".!?:,;")
+        if core:
+            segments[-1].append(core)
         if t[-1:] in ",;":
             segments.append([])
     flat = [t for seg in segments for t in seg]
-    if len(flat) < 3 or any(not _NUM.fullmatch(t) and t not in _BINARY_OPS for t in flat):
-        return None
-    if sum(1 for t in flat if t in _BINARY_OPS) < 1 or sum(1 for t in flat if _NUM.fullmatch(t)) < 2:
-        return None
-    for seg in segments:
-        if not seg:
-            continue
+    ops = sum(1 for t in flat if t in _BINARY_OPS)
+    nums = sum(1 for t in flat if _NUM.fullmatch(t))
+    if len(flat) < 3 or ops + nums < len(flat) or not ops or nums < 2:
+        return None  # not an expression of numbers and operators only
+    for seg in filter(None, segments):
         kinds = ["op" if t in _BINARY_OPS else "num" for t in seg]
-        if kinds[0] == "op" or kinds[-1] == "op":
+        if kinds[0] == "op" or kinds[-1] == "op" or any(
+                ka == kb and not (ka == "num" and len(b) == 3 and b.isdigit())  # "1 000": a thousands group
+                for (ka, kb), b in zip(itertools.pairwise(kinds), seg[1:], strict=True)):
             return " ".join(flat)
-        for (_, ka), (b, kb) in itertools.pairwise(zip(seg, kinds, strict=True)):
-            if ka == kb == "num" and not (len(b) == 3 and b.isdigit()):
-                return " ".join(flat)
-            if ka == kb == "op":
-                return " ".join(flat)
     return None
 
 
@@ -885,20 +881,21 @@ def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
                             f"({len(variants)} variants, {share:.0%} of its words)",
                             " | ".join(" ".join(b) for b in group[:3])[:160])]
     # 4) a list of short items written again and again: its item sequence repeats with a period
-    hit = _periodic_items(prose, th) or _repeated_passage(text)
+    hit = _periodic_items(prose, th) or _repeated_passage(text, th)
     return [hit] if hit else []
 
 
-def _repeated_passage(text: str, k: int = 8, min_words: int = 120, min_share: float = 0.7,
-                      min_period: int = 40) -> Finding | None:
+def _repeated_passage(text: str, th: DetectorThresholds) -> Finding | None:
     """Most of a long answer is one long passage written three times and more, copies varied or not, code
     included ("```python def fibonacci(n): …``` This function works by …" six times over). On the words
-    (numbers and punctuation left out): every run of k words that occurs three times or more is marked;
-    the marked words are min_share of the text and the copies are min_period words apart or more (median).
-    Sentence splitting cannot see this when the copies hold code or their fences no longer pair up. Table
-    rows, test-log lines and refrain lines repeat with a short period; a back-to-back loop is ngram_loop's."""
+    (numbers and punctuation left out): every run of th.passage_run_words words that occurs three times or
+    more is marked; the marked words are th.passage_min_share of the text and the copies stand
+    th.passage_min_period words apart or more (median). Sentence splitting cannot see this when the copies
+    hold code or their fences no longer pair up. Table rows, test-log lines and refrain lines repeat with a
+    short period; a back-to-back loop is ngram_loop's."""
     words = re.findall(r"[^\W\d_]+", text.lower())
-    if len(words) < min_words:
+    k = th.passage_run_words
+    if len(words) < th.passage_min_words:
         return None
     where: dict[tuple[str, ...], list[int]] = {}
     for i in range(len(words) - k + 1):
@@ -911,9 +908,9 @@ def _repeated_passage(text: str, k: int = 8, min_words: int = 120, min_share: fl
                 marked[i:i + k] = [True] * k
             gaps += [b - a for a, b in itertools.pairwise(pos)]
     share = sum(marked) / len(words)
-    if share < min_share or not gaps or sorted(gaps)[len(gaps) // 2] < min_period:
+    period = statistics.median_low(gaps) if gaps else 0
+    if share < th.passage_min_share or period < th.passage_min_period:
         return None
-    period = sorted(gaps)[len(gaps) // 2]
     return Finding("near_repeat", f"{share:.0%} of {len(words)} words are copies of one passage of about {period} "
                    "words (written three times or more)", " ".join(words[:12]))
 

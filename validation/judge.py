@@ -159,7 +159,7 @@ class FluencyJudge:
 
     def __init__(self, cfg: Any, log_dir: str | Path | None = None) -> None:
         self.cfg = cfg
-        self.model_path = prepared_model(judge_model_path(cfg.model_path), getattr(cfg, "weights", "q8_0"))
+        self.model_path = prepared_model(judge_model_path(cfg.model_path), cfg.weights)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="judge-"))
