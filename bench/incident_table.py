@@ -14,6 +14,7 @@ from typing import Any
 
 CORRUPTION = ("char_run", "ngram_loop", "token_soup", "bad_chars", "script_salad", "collapse", "subword_repeat",
               "mojibake", "word_order", "near_repeat", "empty", "fluency")
+REFERENCE_CHECKS = ("lossless_t0", "long_copy", "determinism_sequential", "determinism_concurrent")
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -107,6 +108,17 @@ def render(doc: dict[str, Any], path: str | None = None) -> str:
                 "check):", "", "| server | check | message |", "|---|---|---|", *rows]
     else:
         out += ["", "No corruption detector failed at T=0 on any server the gate could reach."]
+    # where no corruption detector fires (the unpatched build at budget 7 reads as English), the checks that
+    # compare against the target itself are what stops it: quote them for every failing speculative build
+    refs = []
+    for s in servers:
+        for c in _failed(s):
+            if c["name"] in REFERENCE_CHECKS and s["name"] != "base":
+                msg = (c.get("message") or "").replace("|", "/").replace("\n", " ")[:240]
+                refs.append(f"| {s['name']} | {c['name']} | {msg} |")
+    if refs:
+        out += ["", "What the checks against the target itself said where they failed (first 240 characters):", "",
+                "| server | check | message |", "|---|---|---|", *refs]
     died = [s for s in servers if s.get("up_s") and s.get("error")]
     for s in died:
         out += ["", f"{s['name']} stopped serving: {s['error'][:300]}"]

@@ -23,3 +23,19 @@ def test_counts_are_read_as_numbers_and_old_messages_still_render() -> None:
     assert _lossless(_server({"ok": True, "message": old})) == "4/8 identical, 4 near-tie (3 re-anchored to the end)"
     assert _lossless(_server({"ok": False, "counts": counts})) == "FAIL"
     assert _lossless({"gate": {"cases": []}}) == "—"
+
+
+def test_a_build_stopped_only_by_the_reference_checks_has_their_words_quoted() -> None:
+    """The unpatched build at budget 7 (2026-12-02, H200) reads as English: lossless_t0 and long_copy are what
+    failed it, and the rendered table must quote them, not only the corruption detectors."""
+    import json
+
+    from bench.incident_table import render
+
+    raw = Path(__file__).resolve().parents[1] / "docs/results/incident-smollm2-gated-2026-12-02.json"
+    out = render(json.loads(raw.read_text()))
+    ref = out.split("What the checks against the target itself said")[1]
+    rows = [ln for ln in ref.splitlines() if ln.startswith("| unpatched-b7-k4 |")]
+    assert {r.split(" | ")[1] for r in rows} == {"lossless_t0", "long_copy"}
+    assert "diverges at char 56" in next(r for r in rows if "lossless_t0" in r)
+    assert not [ln for ln in ref.splitlines() if ln.startswith("| patched-b16-k4 |")]  # passed: nothing quoted

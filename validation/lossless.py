@@ -240,7 +240,8 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
                              stop | end_tokens_of([(c.logprobs, c.text)]) if c.logprobs and stop else stop)
         if cmp.verdict == "diverged" and rest.startswith(c.text):  # and not at a near-tie with its end of turn
             return Comparison("diverged", f"{at}: the target-only server ends here (finish_reason "
-                              f"{c.finish_reason!r}), the candidate goes on: {_quote(rest[len(c.text):])}",
+                              f"{c.finish_reason!r}), the candidate goes on: {_quote(rest[len(c.text):])}"
+                              f"{_why(cmp.detail)}",
                               char=len(prefix) + len(c.text), reanchors=steps)
         if cmp.verdict == "near_tie" and cmp.ended:
             return Comparison("reanchored", f"the whole answer is the target's own greedy text: {steps} near-tie"
@@ -251,6 +252,12 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
             continue
         return Comparison("diverged", f"{at}: {cmp.detail}", char=len(prefix) + (cmp.char or 0), token=cmp.token,
                           gap_nats=cmp.gap_nats, reanchors=steps)
+
+
+def _why(detail: str) -> str:
+    """The reason part of a divergence's detail (its last parenthesised clause), or nothing."""
+    at = detail.rfind(" (")
+    return f" {detail[at + 1:]}" if at >= 0 and detail.endswith(")") else ""
 
 
 def _replace(c: Comparison, **kw: Any) -> Comparison:
