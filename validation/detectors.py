@@ -438,8 +438,21 @@ def detect_collapse(text: str, th: DetectorThresholds) -> list[Finding]:
 
 
 _UNIT_LOOP = re.compile(r"([^\W\d_]{2,8}?)\1{3,}", re.U)
+# a unit that mixes letters with '_' or digits ("b_rb_rb_rb_r", "x1x1x1x1"): no word or identifier is one
+_MIXED_UNIT_LOOP = re.compile(r"(\w{2,8}?)\1{3,}", re.U)
 # a word glued to itself by '_' or '-' six times and more ("last_last_last_…", an identifier looped by the engine)
 _JOINED_LOOP = re.compile(r"(?<![^\W_])([^\W\d_]{3,12})(?:[_-]\1){5,}", re.U)
+
+
+_HEX_LITERAL = re.compile(r"0[xX][0-9a-fA-F]+")
+
+
+def _word_at(text: str, i: int) -> str:
+    """The run of word characters around position i."""
+    a = i
+    while a > 0 and (text[a - 1].isalnum() or text[a - 1] == "_"):
+        a -= 1
+    return re.match(r"\w*", text[a:]).group(0)  # type: ignore[union-attr]
 
 
 def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
@@ -457,7 +470,19 @@ def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
         while a > 0 and text[a - 1].isalpha():
             a -= 1
         word = re.match(r"[^\W\d_]*", text[a:]).group(0)  # type: ignore[union-attr]
-        if in_lexicon(word, "en", th.lexicon_size):
+        if in_lexicon(word, "en", th.lexicon_size) or _HEX_LITERAL.fullmatch(_word_at(text, m.start())):
+            continue
+        return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
+                        + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
+    for m in _MIXED_UNIT_LOOP.finditer(text):
+        unit, span = m.group(1), m.group(0)
+        if not any(c.isalpha() for c in unit) or unit.isalpha():
+            continue  # numbers and underscores alone are char_run's; letter-only units are handled above
+        if _HEX_LITERAL.fullmatch(_word_at(text, m.start())):
+            continue  # a repeating mask: 0x0F0F0F0F0F0F0F0F
+        in_code = any(a <= m.start() < b for a, b in code)
+        if len(span) < (th.subword_min_chars_code if in_code else th.subword_min_chars) or \
+                len(span) // len(unit) < th.subword_min_repeats:
             continue
         return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
                         + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
@@ -638,6 +663,8 @@ def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
         shuffled = _shuffled_sentence(prose.split(), st_lang, th.lexicon_size) if st_lang == "en" else None
         if shuffled:
             events.append(shuffled)
+    else:  # a longer answer: each sentence whose sum lost its order is one anomaly
+        events += _mixed_broken_expressions(prose.split())
     # a short answer ("of Paris. The is capital France") has room for one anomaly only: there one is enough
     need = 1 if words <= th.word_order_short_words else th.word_order_min_events
     if len(events) >= need and len(events) / words >= th.word_order_min_rate:
@@ -723,6 +750,9 @@ def _broken_expression(toks: list[str]) -> str | None:
     flat = [t for seg in segments for t in seg]
     ops = sum(1 for t in flat if t in _BINARY_OPS)
     nums = sum(1 for t in flat if _NUM.fullmatch(t))
+    if len(flat) >= 3 and ops and nums >= 2 and ops + nums < len(flat):
+        mixed = _mixed_broken_expressions(toks)
+        return mixed[0] if mixed else None
     if len(flat) < 3 or ops + nums < len(flat) or not ops or nums < 2:
         return None  # not an expression of numbers and operators only
     for seg in filter(None, segments):
@@ -732,6 +762,30 @@ def _broken_expression(toks: list[str]) -> str | None:
                 for (ka, kb), b in zip(itertools.pairwise(kinds), seg[1:], strict=True)):
             return " ".join(flat)
     return None
+
+
+def _mixed_broken_expressions(toks: list[str]) -> list[str]:
+    """A short answer of words around a sum whose numbers were shuffled ("12 + then 30 32.", "the 12 30 = 32"):
+    a clause (split at . ! ? : , ;) holding an operator and two numbers side by side with nothing between
+    them, two operators side by side, or ending in an operator. English writes two bare numbers in a row
+    only in a thousands group ("1 000"), and a clause with an operator and numbers in it is a sum, where an
+    operator always stands between two operands."""
+    sentences: list[list[str]] = [[]]
+    for t in toks:
+        core = t.rstrip(".!?:,;")
+        if core:
+            sentences[-1].append(core)
+        if t[-1:] in ".!?:,;":  # "Step 1: 12 + 30 = 42": the step's number ends its own clause
+            sentences.append([])
+    out = []
+    for sent in filter(None, sentences):
+        if not any(t in _BINARY_OPS for t in sent) or sum(1 for t in sent if _NUM.fullmatch(t)) < 2:
+            continue
+        if sent[-1] in _BINARY_OPS or any(  # "94 get + 88 182 =": a sum ends in an operand, never an operator
+                (_NUM.fullmatch(a) and _NUM.fullmatch(b) and not (len(b) == 3 and b.isdigit()))
+                or (a in _BINARY_OPS and b in _BINARY_OPS) for a, b in itertools.pairwise(sent)):
+            out.append(" ".join(sent))
+    return out
 
 
 # ---------------------------------------------------------------------------- repetition with small variations

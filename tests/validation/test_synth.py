@@ -415,3 +415,52 @@ def test_short_shuffled_sentences_are_mostly_caught_and_sentences_pass(seed: int
     for ok in ("I love The Beatles.", "What are you thinking of?", "pip install numpy",
                "The answer is in The Times of London.", "yes, that is right."):
         assert score_text(ok) == [], ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_unit_of_letters_and_underscores_or_digits_looped_fails_in_code_and_prose(seed: int) -> None:
+    """Held-out seed 20261210 passed 'raise ValueError("n b_rb_rb_rb_rb_r…' (a sub-word unit with an '_' in it
+    looped inside code): a unit mixing letters with '_' or digits repeated back to back is subword_repeat, in
+    code and prose. Identifiers, hex masks and version strings pass."""
+    rng = random.Random(seed)
+    for _ in range(30):
+        letters = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 3)))
+        other = rng.choice(["_", str(rng.randint(0, 9)), "_" + str(rng.randint(0, 9))])
+        unit = rng.choice([letters + other, other + letters, letters[:1] + other + letters[1:] or "z"])
+        loop = unit * max(rng.randint(9, 14), 26 // len(unit) + 1)  # code's minimum span is 24 characters
+        host = rng.choice([f'```python\ndef f(n):\n    raise ValueError("n {loop}', f"```js\nconst {loop} = 1;\n```",
+                           f"The value is {loop} now."])
+        assert "subword_repeat" in {f.check for f in score_text(host)}, host
+    for ok in ("```python\nmask = 0x0F0F0F0F0F0F0F0F\nv2_v3 = load(x1, y2)\n```", "Set the mask to 0x0F0F0F0F0F0F0F0F.",
+               "Upgrade from v1_2 to v1_3 and rerun test_a1_b2.", "```c\nuint8_t buf_a1[16];\n```"):
+        assert "subword_repeat" not in {f.check for f in score_text(ok)}, ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_sum_shuffled_among_words_fails_and_worded_sums_pass(seed: int) -> None:
+    """Held-out seed 20261210 passed '12 + then 30 32. 12 then + 30 = 32. the 12 30 = 32.': words around a sum
+    whose numbers were shuffled so that two stand side by side. A clause with an operator in it and two bare
+    numbers in a row is word_order, in short and long answers; worded sums, steps and thousands pass."""
+    rng = random.Random(seed)
+    fillers = ["then", "the", "so", "and", "is", "we", "get"]
+    ops = set("+=")
+    checked = 0
+    for _ in range(80):
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        toks = [str(a), "+", str(b), "=", str(a + b)]
+        rng.shuffle(toks)
+        toks.insert(rng.randrange(len(toks) + 1), rng.choice(fillers))
+        side_by_side = any((x.isdigit() and y.isdigit() and len(y) != 3) or (x in ops and y in ops)
+                           for x, y in itertools.pairwise(toks))  # "12 450" may be a thousands group
+        if not (side_by_side or toks[-1] in ops):
+            continue
+        checked += 1
+        bad = " ".join(toks) + "."
+        assert "word_order" in {f.check for f in score_text(bad)}, bad
+        longer = " ".join([bad] * 2 + ["We add the two numbers and write the total below them on the page."])
+        assert "word_order" in {f.check for f in score_text(longer)}, longer
+    assert checked >= 30
+    for ok in ("12 + 30 = 42. So the answer is 42.", "Step 1: 12 + 30 = 42. Step 2: 42 - 2 = 40.",
+               "In 2024, 12 + 30 = 42 still holds.", "The total is 1 000 + 2 000 = 3 000.",
+               "Add 2 3/4 + 1 1/4 = 4 cups of flour.", "Route 66 is 2 448 miles long, about 3 940 km."):
+        assert score_text(ok) == [], ok
