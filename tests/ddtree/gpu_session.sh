@@ -21,7 +21,8 @@
 #   proof        .carry/proof                           Triton: patched, unpatched, mutant at once
 #   proof-fi     .carry/sglang/p3 .carry/proof          FlashInfer (p3's fislim.tgz, JIT about 45 s): patched, unpatched
 #
-# Build the carries here first: bash ../shared/gpu/make-carry.sh; bash tests/ddtree/make_server_carry.sh;
+# Build the carries here first: bash ../shared/gpu/make-carry.sh; bash tests/ddtree/fit_carry.sh;
+# bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
 step=${1:?step: install1|install2|install3|gguf1|warm|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
