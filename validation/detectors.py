@@ -222,6 +222,18 @@ def detect_empty(text: str, th: DetectorThresholds) -> list[Finding]:
     return []
 
 
+def _word_at(text: str, i: int) -> str:
+    """The run of word characters around position i."""
+    a = i
+    while a > 0 and (text[a - 1].isalnum() or text[a - 1] == "_"):
+        a -= 1
+    return re.match(r"\w*", text[a:]).group(0)  # type: ignore[union-attr]
+
+
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_HEX_WORD = re.compile(r"0[xX][0-9a-fA-F]{1,32}(?:[uU]?[lL]{0,2})")  # C's ULL suffix included
+
+
 def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
     m = re.search(r"\n{" + str(th.max_newline_run + 1) + ",}", text)
     if m:  # checked on the raw text: a flood of blank lines is garbage inside code fences too
@@ -235,6 +247,8 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
                 return [hit]
     for m in re.finditer(r"(.)\1+", scan, re.S):
         ch, n = m.group(1), len(m.group(0))
+        if ch in _HEX_DIGITS and _HEX_WORD.fullmatch(_word_at(scan, m.start())):
+            continue  # a 64- or 128-bit hex literal: 0xFFFFFFFFFFFFFFFF, 0x0000000000000000
         if ch == "\n":
             limit = th.max_newline_run
         elif ch.isspace():
@@ -265,7 +279,8 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
 
 def _digit_flood(code: str, th: DetectorThresholds) -> Finding | None:
     """A run of one digit over max_digit_run inside a code block ("for 6666666666…"), except the zeros of a
-    number (1 followed by zeros, as in prose: up to max_zero_run) and binary literals (0b1111…, up to 64)."""
+    number (1 followed by zeros, as in prose: up to max_zero_run), binary literals (0b1111…, up to 64) and hex
+    literals of up to 32 digits."""
     for m in re.finditer(r"(\d)\1{" + str(th.max_digit_run) + ",}", code):
         ch, n = m.group(1), len(m.group(0))
         before, after = re.search(r"[\w.]*$", code[:m.start()]), re.match(r"[\w.]*", code[m.end():])
@@ -274,6 +289,8 @@ def _digit_flood(code: str, th: DetectorThresholds) -> Finding | None:
         limit = th.max_digit_run
         if re.fullmatch(r"0[bB][01_]+", word):
             limit = 64
+        elif _HEX_WORD.fullmatch(word):
+            continue  # a hex literal of up to 128 bits: 0x00000000000000000000000000000000
         elif ch == "0" and lead.isdigit() and lead != "0":
             limit = th.max_zero_run
         if n > limit:
@@ -444,17 +461,6 @@ _MIXED_UNIT_LOOP = re.compile(r"(\w{2,8}?)\1{3,}", re.U)
 _JOINED_LOOP = re.compile(r"(?<![^\W_])([^\W\d_]{3,12})(?:[_-]\1){5,}", re.U)
 
 
-_HEX_LITERAL = re.compile(r"0[xX][0-9a-fA-F]+")
-
-
-def _word_at(text: str, i: int) -> str:
-    """The run of word characters around position i."""
-    a = i
-    while a > 0 and (text[a - 1].isalnum() or text[a - 1] == "_"):
-        a -= 1
-    return re.match(r"\w*", text[a:]).group(0)  # type: ignore[union-attr]
-
-
 def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
     """A sub-word unit repeated without spaces ("refrefrefref"): a token id looped by the engine.
     Code is scanned too (a loop can start right after an opening fence), with a longer minimum span."""
@@ -470,7 +476,7 @@ def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
         while a > 0 and text[a - 1].isalpha():
             a -= 1
         word = re.match(r"[^\W\d_]*", text[a:]).group(0)  # type: ignore[union-attr]
-        if in_lexicon(word, "en", th.lexicon_size) or _HEX_LITERAL.fullmatch(_word_at(text, m.start())):
+        if in_lexicon(word, "en", th.lexicon_size) or _HEX_WORD.fullmatch(_word_at(text, m.start())):
             continue
         return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
                         + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
@@ -478,7 +484,7 @@ def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
         unit, span = m.group(1), m.group(0)
         if not any(c.isalpha() for c in unit) or unit.isalpha():
             continue  # numbers and underscores alone are char_run's; letter-only units are handled above
-        if _HEX_LITERAL.fullmatch(_word_at(text, m.start())):
+        if _HEX_WORD.fullmatch(_word_at(text, m.start())):
             continue  # a repeating mask: 0x0F0F0F0F0F0F0F0F
         in_code = any(a <= m.start() < b for a, b in code)
         if len(span) < (th.subword_min_chars_code if in_code else th.subword_min_chars) or \

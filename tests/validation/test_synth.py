@@ -464,3 +464,20 @@ def test_a_sum_shuffled_among_words_fails_and_worded_sums_pass(seed: int) -> Non
                "In 2024, 12 + 30 = 42 still holds.", "The total is 1 000 + 2 000 = 3 000.",
                "Add 2 3/4 + 1 1/4 = 4 cups of flour.", "Route 66 is 2 448 miles long, about 3 940 km."):
         assert score_text(ok) == [], ok
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_hex_literals_up_to_128_bits_pass_and_a_hex_flood_fails(seed: int) -> None:
+    """'0xFFFFFFFFFFFFFFFF' (UINT64_MAX) in an answer's prose or inline code was a 16-letter char_run: a hex
+    literal of up to 32 digits is a number, whatever its digits repeat; a longer one, or the same letters
+    without '0x', is still a flood."""
+    rng = random.Random(seed)
+    for _ in range(30):
+        digits = rng.choice("0FfAa5")
+        lit = "0x" + digits * rng.choice([8, 16, 32]) + rng.choice(["", "ULL", "u"])
+        host = rng.choice([f"The largest value is {lit}.", f"Mask it with `{lit}` first.",
+                           f"```c\nuint64_t m = {lit};\n```"])
+        assert score_text(host) == [], host
+        flood = "0x" + digits * rng.randint(40, 80)
+        assert {"char_run", "subword_repeat"} & {f.check for f in score_text(f"The value is {flood} now.")}, flood
+    assert "char_run" in {f.check for f in score_text("The value is FFFFFFFFFFFFFFFF now.")}
