@@ -247,8 +247,6 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
                 return [hit]
     for m in re.finditer(r"(.)\1+", scan, re.S):
         ch, n = m.group(1), len(m.group(0))
-        if ch in _HEX_DIGITS and _HEX_WORD.fullmatch(_word_at(scan, m.start())):
-            continue  # a 64- or 128-bit hex literal: 0xFFFFFFFFFFFFFFFF, 0x0000000000000000
         if ch == "\n":
             limit = th.max_newline_run
         elif ch.isspace():
@@ -272,7 +270,8 @@ def detect_char_run(text: str, th: DetectorThresholds) -> list[Finding]:
             limit = th.max_bracket_run
         else:
             limit = th.max_symbol_run
-        if n > limit:
+        if n > limit and not (ch in _HEX_DIGITS and _HEX_WORD.fullmatch(_word_at(scan, m.start()))):
+            # (a hex literal of up to 128 bits is a number: 0xFFFFFFFFFFFFFFFF, 0x0000000000000000)
             return [Finding("char_run", f"{n}x {ch!r} in a row (limit {limit})", excerpt(scan, m.start(), m.end()))]
     return []
 
@@ -466,32 +465,26 @@ def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
     Code is scanned too (a loop can start right after an opening fence), with a longer minimum span."""
     code = [(m.start(), m.end()) for m in _FENCE.finditer(text)] + [(m.start(), m.end())
                                                                    for m in _INLINE_CODE.finditer(text)]
-    for m in _UNIT_LOOP.finditer(text):
-        unit, span = m.group(1), m.group(0)
-        in_code = any(a <= m.start() < b for a, b in code)
-        need = th.subword_min_chars_code if in_code else th.subword_min_chars
-        if len(span) < need or len(span) // len(unit) < th.subword_min_repeats:
-            continue
-        a = m.start()
-        while a > 0 and text[a - 1].isalpha():
-            a -= 1
-        word = re.match(r"[^\W\d_]*", text[a:]).group(0)  # type: ignore[union-attr]
-        if in_lexicon(word, "en", th.lexicon_size) or _HEX_WORD.fullmatch(_word_at(text, m.start())):
-            continue
-        return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
-                        + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
-    for m in _MIXED_UNIT_LOOP.finditer(text):
-        unit, span = m.group(1), m.group(0)
-        if not any(c.isalpha() for c in unit) or unit.isalpha():
-            continue  # numbers and underscores alone are char_run's; letter-only units are handled above
-        if _HEX_WORD.fullmatch(_word_at(text, m.start())):
-            continue  # a repeating mask: 0x0F0F0F0F0F0F0F0F
-        in_code = any(a <= m.start() < b for a, b in code)
-        if len(span) < (th.subword_min_chars_code if in_code else th.subword_min_chars) or \
-                len(span) // len(unit) < th.subword_min_repeats:
-            continue
-        return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
-                        + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
+    for pattern, mixed in ((_UNIT_LOOP, False), (_MIXED_UNIT_LOOP, True)):
+        for m in pattern.finditer(text):
+            unit, span = m.group(1), m.group(0)
+            if mixed and (unit.isalpha() or not any(c.isalpha() for c in unit)):
+                continue  # letter-only units are the first pattern's; numbers and underscores alone char_run's
+            in_code = any(a <= m.start() < b for a, b in code)
+            need = th.subword_min_chars_code if in_code else th.subword_min_chars
+            if len(span) < need or len(span) // len(unit) < th.subword_min_repeats:
+                continue
+            if _HEX_WORD.fullmatch(_word_at(text, m.start())):
+                continue  # a repeating mask: 0x0F0F0F0F0F0F0F0F
+            if not mixed:  # a dictionary word that repeats a syllable passes
+                a = m.start()
+                while a > 0 and text[a - 1].isalpha():
+                    a -= 1
+                word = re.match(r"[^\W\d_]*", text[a:]).group(0)  # type: ignore[union-attr]
+                if in_lexicon(word, "en", th.lexicon_size):
+                    continue
+            return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
+                            + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
     m = _JOINED_LOOP.search(text)
     if m:
         return [Finding("subword_repeat", f"{m.group(1)!r} repeated {len(m.group(0)) // (len(m.group(1)) + 1) + 1}x, "
@@ -669,8 +662,7 @@ def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
         shuffled = _shuffled_sentence(prose.split(), st_lang, th.lexicon_size) if st_lang == "en" else None
         if shuffled:
             events.append(shuffled)
-    else:  # a longer answer: each sentence whose sum lost its order is one anomaly
-        events += _mixed_broken_expressions(prose.split())
+    events += _mixed_broken_expressions(prose.split())  # each clause whose sum lost its order, at any length
     # a short answer ("of Paris. The is capital France") has room for one anomaly only: there one is enough
     need = 1 if words <= th.word_order_short_words else th.word_order_min_events
     if len(events) >= need and len(events) / words >= th.word_order_min_rate:
@@ -756,9 +748,6 @@ def _broken_expression(toks: list[str]) -> str | None:
     flat = [t for seg in segments for t in seg]
     ops = sum(1 for t in flat if t in _BINARY_OPS)
     nums = sum(1 for t in flat if _NUM.fullmatch(t))
-    if len(flat) >= 3 and ops and nums >= 2 and ops + nums < len(flat):
-        mixed = _mixed_broken_expressions(toks)
-        return mixed[0] if mixed else None
     if len(flat) < 3 or ops + nums < len(flat) or not ops or nums < 2:
         return None  # not an expression of numbers and operators only
     for seg in filter(None, segments):
@@ -771,7 +760,7 @@ def _broken_expression(toks: list[str]) -> str | None:
 
 
 def _mixed_broken_expressions(toks: list[str]) -> list[str]:
-    """A short answer of words around a sum whose numbers were shuffled ("12 + then 30 32.", "the 12 30 = 32"):
+    """Clauses of words around a sum whose numbers were shuffled ("12 + then 30 32.", "the 12 30 = 32"):
     a clause (split at . ! ? : , ;) holding an operator and two numbers side by side with nothing between
     them, two operators side by side, or ending in an operator. English writes two bare numbers in a row
     only in a thousands group ("1 000"), and a clause with an operator and numbers in it is a sum, where an

@@ -96,6 +96,7 @@ class Comparison:
     cut_byte: int | None = None  # near_tie: the candidate's bytes up to and including its token there
     reanchors: int = 0  # near-ties the candidate's text was re-anchored at
     ended: bool = False  # near_tie: the candidate's token there was the end of turn (nothing follows)
+    why: str = ""  # diverged: why the difference is no near-tie (the detail's closing clause)
 
     @property
     def ok(self) -> bool:
@@ -124,8 +125,11 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
     i = next((k for k, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), min(len(got), len(ref)))
     where = (f"diverges at char {i}: got {_quote(got[max(0, i - 20):i + 60])} "
              f"baseline {_quote(ref[max(0, i - 20):i + 60])}")
+    def diverged(why: str, **kw: Any) -> Comparison:
+        return Comparison("diverged", f"{where} ({why})", char=i, why=why, **kw)
+
     if not ref_logprobs:
-        return Comparison("diverged", where + " (the baseline has no recorded log-probs: exact comparison)", char=i)
+        return diverged("the baseline has no recorded log-probs: exact comparison")
     ref_b, got_b = ref.encode(), got.encode()
     byte_i = len(ref[:i].encode())
     joined = b"".join(t for t, _, _ in ref_logprobs)
@@ -133,8 +137,7 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
     # through its end, with its end-of-turn token after it
     spelled_to = (joined[:byte_i + 1] == ref_b[:byte_i + 1]) if byte_i < len(ref_b) else (joined[:byte_i] == ref_b)
     if len(joined) <= byte_i or not spelled_to:
-        return Comparison("diverged", where + " (the baseline's recorded tokens do not spell its answer up to "
-                          "there: exact comparison)", char=i)
+        return diverged("the baseline's recorded tokens do not spell its answer up to there: exact comparison")
     starts, start = [], 0
     for tok, _, _ in ref_logprobs:
         if start > byte_i:
@@ -165,16 +168,15 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
     j, start = k, starts[k]
     shown = tok.decode(errors="replace")
     if took is None:
-        return Comparison("diverged", f"{where} (baseline token {j} {shown!r}: the candidate's token there is "
-                          f"not among the baseline's top {len(top)} alternatives)", char=i, token=j)
+        return diverged(f"baseline token {j} {shown!r}: the candidate's token there is not among the baseline's "
+                        f"top {len(top)} alternatives", token=j)
     gap = lp - took[1]
     tie = (f"baseline token {j} {shown!r} vs the candidate's {took[0].decode(errors='replace')!r}: "
            f"{gap:.3f} nats apart")
     if gap <= near_tie_nats:
         return Comparison("near_tie", f"{where}: a near-tie ({tie}{', the end of turn' if ended else ''})", char=i,
                           token=j, gap_nats=gap, cut_byte=None if ended else start + len(took[0]), ended=ended)
-    return Comparison("diverged", f"{where} ({tie}, above the near-tie limit {near_tie_nats:g})", char=i, token=j,
-                      gap_nats=gap)
+    return diverged(f"{tie}, above the near-tie limit {near_tie_nats:g}", token=j, gap_nats=gap)
 
 
 def _char_cut(data: bytes, cut: int) -> str | None:
@@ -241,7 +243,7 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
         if cmp.verdict == "diverged" and rest.startswith(c.text):  # and not at a near-tie with its end of turn
             return Comparison("diverged", f"{at}: the target-only server ends here (finish_reason "
                               f"{c.finish_reason!r}), the candidate goes on: {_quote(rest[len(c.text):])}"
-                              f"{_why(cmp.detail)}",
+                              f"{f' ({cmp.why})' if cmp.why else ''}",
                               char=len(prefix) + len(c.text), reanchors=steps)
         if cmp.verdict == "near_tie" and cmp.ended:
             return Comparison("reanchored", f"the whole answer is the target's own greedy text: {steps} near-tie"
@@ -252,12 +254,6 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
             continue
         return Comparison("diverged", f"{at}: {cmp.detail}", char=len(prefix) + (cmp.char or 0), token=cmp.token,
                           gap_nats=cmp.gap_nats, reanchors=steps)
-
-
-def _why(detail: str) -> str:
-    """The reason part of a divergence's detail (its last parenthesised clause), or nothing."""
-    at = detail.rfind(" (")
-    return f" {detail[at + 1:]}" if at >= 0 and detail.endswith(")") else ""
 
 
 def _replace(c: Comparison, **kw: Any) -> Comparison:

@@ -27,6 +27,8 @@ def sure(tok: str) -> tuple[str, float, list[tuple[str, float]]]:
     return (tok, -0.01, [(tok, -0.01), (" zzz", -6.0)])
 
 
+END = "<|im_end|>"
+
 # The target's greedy answer, and what it writes after each near-tie flip.
 BASE = rows(sure("The"), tie(" sea", " ocean"), sure(" is"), sure(" deep"), sure("."))
 REF = "The sea is deep."
@@ -51,7 +53,8 @@ class Target:
         lps = self.table.get(prefix)
         if lps is None:  # a server that ignores the prefix answers afresh
             return Continuation(REF, BASE, "stop")
-        return Continuation(b"".join(t for t, _, _ in lps).decode(), lps, "stop")
+        # like SGLang, the log-probs of an answer that stopped may list its end-of-turn token; the text has none
+        return Continuation(b"".join(t for t, _, _ in lps if t != END.encode()).decode(), lps, "stop")
 
 
 def test_a_near_tie_then_the_targets_own_text_is_reanchored_to_the_end() -> None:
@@ -237,36 +240,26 @@ def test_end_tokens_are_learned_from_answers_that_stopped() -> None:
     assert end_tokens_of([(BASE, REF)]) == frozenset()
 
 
-END = "<|im_end|>"
-
-
-class EndListingTarget(Target):
-    """Like SGLang: after an answer that stopped, its log-probs list the end-of-turn token with its own
-    alternatives (the text does not contain it)."""
-
-    def __init__(self, gap: float) -> None:
-        super().__init__({
-            "The ocean": rows(sure(" was"), tie(" calm", " wide"), sure(" today"), sure(".")),
-            "The ocean was wide": rows(sure(" and"), sure(" still"), sure("."), (END, -0.6, [(END, -0.6),
-                                                                                       (" And", -0.6 - gap)])),
-            "The ocean was wide and still. And": rows(sure(" more"), sure(END)),
-        })
-
-    def __call__(self, pid: str, prefix: str) -> Continuation:
-        self.asked.append(prefix)
-        lps = self.table[prefix]
-        return Continuation(b"".join(t for t, _, _ in lps if t != END.encode()).decode(), lps, "stop")
+def end_listing_target(gap: float) -> Target:
+    """The target stops after "The ocean was wide and still." with " And" `gap` nats behind its end of turn."""
+    return Target({
+        "The ocean": rows(sure(" was"), tie(" calm", " wide"), sure(" today"), sure(".")),
+        "The ocean was wide": rows(sure(" and"), sure(" still"), sure("."), (END, -0.6, [(END, -0.6),
+                                                                                   (" And", -0.6 - gap)])),
+        "The ocean was wide and still. And": rows(sure(" more"), sure(END)),
+    })
 
 
 def test_the_target_stopping_at_a_near_tie_with_the_candidates_next_token_is_reanchored_past_it() -> None:
     """Seen on the H200 (2026-12-02, DFLASH chain, `code`): the continuation stopped where the candidate went on.
     Where the end of turn and the candidate's token are a near-tie, the candidate's text is continued again."""
-    t = EndListingTarget(gap=0.1)
+    t = end_listing_target(gap=0.1)
     c = compare_path("p", "The ocean was wide and still. And more", "stop", REF, BASE, 0.25, t)
     assert c.verdict == "reanchored" and c.reanchors == 3, c.detail
     assert t.asked[-1] == "The ocean was wide and still. And"
 
 
 def test_the_target_stopping_far_from_the_candidates_token_fails_and_says_how_far() -> None:
-    c = compare_path("p", "The ocean was wide and still. And more", "stop", REF, BASE, 0.25, EndListingTarget(gap=2.0))
+    t = end_listing_target(gap=2.0)
+    c = compare_path("p", "The ocean was wide and still. And more", "stop", REF, BASE, 0.25, t)
     assert not c.ok and "ends here" in c.detail and "2.000 nats apart" in c.detail, c.detail
