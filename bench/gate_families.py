@@ -10,7 +10,8 @@ For one seed it builds, then scores with the gate's default config:
 - *generated coherent*: every coherent-but-tricky family of validation/synth.py (code, JSON, YAML,
   tables, lists, identifiers, numbers, non-English, emoji, legitimate repetition);
 - *corrupted*: every corruption family of validation/synth.py applied to the real answers and to
-  generated prose;
+  generated prose, each judged as a T=0 answer (the one temperature at which the judge may excuse a loop as
+  the reference model's own: the hardest case for the gate);
 - the labeled corpus tests/validation/corpus.jsonl (fixed; the same for every seed);
 - the real-output set tests/validation/real_outputs.jsonl (fixed): 50 answers of the target-only SGLang
   server of 2026-12-01 (coherent) and the mutant server's output with variations (garbled).
@@ -43,7 +44,7 @@ from pipeline.errors import TargetError  # noqa: E402
 from pipeline.reports import utc_now, write_json  # noqa: E402
 from validation.config import GateConfig  # noqa: E402
 from validation.detectors import score_text  # noqa: E402
-from validation.judge import FluencyJudge, threshold_for  # noqa: E402
+from validation.judge import FluencyJudge, judge_verdict, threshold_for  # noqa: E402
 from validation.suite import load_suite  # noqa: E402
 from validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt  # noqa: E402
 
@@ -114,7 +115,8 @@ def main() -> int:
     items: list[dict[str, Any]] = []
     for k, r in enumerate(real):
         items.append({"id": f"real-{k}", "label": "ok", "class": f"real_T{r['temperature']:g}", "source": "model",
-                      "prompt": r["prompt"], "category": r["category"], "text": r["text"]})
+                      "prompt": r["prompt"], "category": r["category"], "temperature": r["temperature"],
+                      "text": r["text"]})
     for fam, fn in COHERENT_FAMILIES.items():
         for i in range(args.n):
             items.append({"id": f"gen-ok-{fam}-{i}", "label": "ok", "class": fam, "source": "synth",
@@ -130,12 +132,13 @@ def main() -> int:
                 text = corrupt(COHERENT_FAMILIES["prose"](rng), fam, rng)
             items.append({"id": f"bad-{fam}-{i}", "label": "bad", "class": fam, "source": "model" if base else "synth",
                           "prompt": base["prompt"] if base else None, "category": base["category"] if base else "prose",
-                          "text": text})
+                          "temperature": 0.0, "text": text})
     corpus = REPO / "tests" / "validation" / "corpus.jsonl"
     for line in corpus.read_text().splitlines():
         o = json.loads(line)
         items.append({"id": f"corpus-{o['id']}", "label": o["label"], "class": f"corpus_{o['label']}",
-                      "source": "corpus", "category": "prose", "text": o["text"]})
+                      "source": "corpus", "category": "prose", "temperature": 0.0 if o["label"] == "bad" else None,
+                      "text": o["text"]})
     # real outputs of served models (tests/validation/make_real_outputs.py): the target-only SGLang
     # server's answers (coherent, judged after their suite prompt) and the mutant server's output (garbled)
     prompts = {p.id: p.prompt for p in load_suite(cfg.suite).prompts}
@@ -143,23 +146,23 @@ def main() -> int:
         o = json.loads(line)
         items.append({"id": f"realset-{o['id']}", "label": o["label"], "class": f"sglang_{o['class']}",
                       "source": o["source"], "prompt": prompts.get(o.get("prompt_id", "")),
-                      "category": o.get("prompt_class", "prose"), "text": o["text"]})
+                      "category": o.get("prompt_class", "prose"),
+                      "temperature": 0.0 if o["label"] == "bad" else o.get("temperature"), "text": o["text"]})
     t_judge0 = time.perf_counter()
     det_s = 0.0
     with FluencyJudge(cfg.judge) as judge:
         for it in items:
             t0 = time.perf_counter()
-            findings = [f"{f.check}: {f.reason}" for f in score_text(it["text"], cfg.thresholds)]
+            found = score_text(it["text"], cfg.thresholds)
             det_s += time.perf_counter() - t0
             sc = judge.score(it["text"], it.get("prompt")) if it["text"].strip() else None
             limit = threshold_for(cfg.judge, it["category"], prompted=bool(it.get("prompt")))
             it["judge"] = {**sc.as_dict(), "limit": limit} if sc else None
-            if sc and sc.error:
-                findings.append(f"fluency: not judged: {sc.error}")
-            elif sc and sc.judged >= cfg.judge.min_tokens and (sc.worst_window_nll or 0) > limit:
-                findings.append(f"fluency: worst window {sc.worst_window_nll:.2f} > {limit:.2f}")
-            it["findings"] = findings
-            it["flagged"] = bool(findings)
+            v = judge_verdict(found, sc, limit, cfg.judge, it.get("temperature"))
+            it["findings"] = [f"{f.check}: {f.reason}" for f in v.findings]
+            if v.excuse:
+                it["excused"] = {"findings": [f"{f.check}: {f.reason}" for f in v.excused], "why": v.excuse}
+            it["flagged"] = bool(v.findings)
         judge_busy = judge.busy_s
     t_judge = time.perf_counter() - t_judge0
     by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)

@@ -90,6 +90,10 @@ def _read_items(path: Path) -> list[dict[str, Any]]:
             items.append({"line": n, "id": None, "error": f"line {n}: no \"id\""})
         elif not isinstance(obj.get("text"), str):
             items.append({"line": n, "id": item_id, "error": f"line {n}: no string \"text\""})
+        elif "temperature" in obj and (isinstance(obj["temperature"], bool)
+                                       or not isinstance(obj["temperature"], int | float) or obj["temperature"] < 0):
+            items.append({"line": n, "id": item_id, "error": f"line {n}: \"temperature\" must be a number >= 0, "
+                          f"not {obj['temperature']!r}"})
         elif len(obj["text"]) > MAX_TEXT_CHARS:
             items.append({"line": n, "id": item_id, "error": f"line {n}: text of {len(obj['text'])} characters is "
                           f"over the {MAX_TEXT_CHARS}-character limit of one answer: not scored"})
@@ -122,19 +126,17 @@ def cmd_check_text(args: argparse.Namespace) -> int:
             findings = score_text(it["text"], cfg.thresholds)
             row: dict[str, Any] = {"id": it["id"], "ok": True, "reasons": []}
             if judge is not None:
-                from validation.judge import threshold_for
+                from validation.judge import judge_verdict, threshold_for
 
                 sc = judge.score(it["text"], it.get("prompt"))
                 cls = it.get("prompt_class") or it.get("category")
                 limit = threshold_for(cfg.judge, cls if isinstance(cls, str) else None,
                                       prompted=isinstance(it.get("prompt"), str) and bool(it.get("prompt")))
-                if sc.error:
-                    findings.append(_finding("fluency", f"not judged: {sc.error}"))
-                elif (sc.judged >= cfg.judge.min_tokens and sc.worst_window_nll is not None
-                      and sc.worst_window_nll > limit):
-                    findings.append(_finding("fluency", f"worst {cfg.judge.window}-token window has mean NLL "
-                                             f"{sc.worst_window_nll:.2f} nats > {limit:.2f}: "
-                                             f"{sc.worst_window_text[:60]!r}"))
+                t = it.get("temperature")
+                v = judge_verdict(findings, sc, limit, cfg.judge, float(t) if isinstance(t, int | float) else None)
+                findings = v.findings
+                if v.excuse:
+                    row["excused"] = {"reasons": [f"{f.check}: {f.reason}" for f in v.excused], "why": v.excuse}
                 if args.scores:
                     row["fluency"] = {**sc.as_dict(), "limit": limit}
             any_bad |= bool(findings)
@@ -147,12 +149,6 @@ def cmd_check_text(args: argparse.Namespace) -> int:
     if errors:
         raise UsageError(f"{len(errors)} bad input line(s) in {path} (reported per item above); first: {errors[0]}")
     return EXIT_FAIL if any_bad else EXIT_OK
-
-
-def _finding(check: str, reason: str) -> Any:
-    from validation.detectors import Finding
-
-    return Finding(check, reason)
 
 
 def cmd_record_baseline(args: argparse.Namespace) -> int:
@@ -236,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--speculative", action="store_true",
                    help="the deployment uses speculative decoding (spec.enabled: on): lossless baseline required")
     c = sub.add_parser("check-text", help="score texts offline: one JSON line per input line")
-    c.add_argument("file", help='JSONL: {"id", "text", optional "prompt", "prompt_class"} per line')
+    c.add_argument("file", help='JSONL: {"id", "text", optional "prompt", "prompt_class", "temperature"} per line '
+                   '(a T=0 loop the reference model writes itself is excused only when the temperature is given)')
     c.add_argument("--config")
     c.add_argument("--no-judge", action="store_true", help="text detectors only (no fluency judge)")
     c.add_argument("--scores", action="store_true", help="add the judge's scores to every row")

@@ -235,6 +235,10 @@ class JudgeConfig(StrictModel):
     # answers of the embedded model at T=0..1 scored <= 2.9, shuffled / soup answers >= 5.3. "text" is
     # for texts without a prompt (check-text): generated coherent families <= 6.9, shuffles >= 8.2.
     # A target that is not the reference model itself needs its own calibration (per-deployment file).
+    own_loop_max_gap: float | None = Field(
+        default=2.5, gt=0, description="a T=0 answer flagged only by loop checks (ngram_loop, near_repeat) whose "
+        "every token is within this many nats of the reference model's greedy choice is the model's own loop, "
+        "not the build's (validation/judge.py reference_own_loop); null: never excused")
     max_window_nll: dict[str, float] = Field(default_factory=lambda: {
         "prose": 5.0, "code": 5.0, "table": 5.0, "list": 5.0, "structured": 6.0, "text": 7.5})
     class_map: dict[str, str] = Field(default_factory=lambda: {

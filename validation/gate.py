@@ -38,7 +38,7 @@ from validation.coherence import (
 from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import DETECTORS, Finding, score_text
-from validation.judge import FluencyJudge, judge_model_path, prepared_model, threshold_for
+from validation.judge import FluencyJudge, judge_model_path, judge_verdict, prepared_model, threshold_for
 from validation.lossless import (
     Comparison,
     Continuation,
@@ -79,6 +79,7 @@ class Sample:
     draft_accepted: int | None = None
     category: str | None = None
     fluency: dict[str, Any] | None = None
+    reference_own: str | None = None  # why the judge excused this T=0 answer's loop findings (judge_verdict)
     logprobs: EncodedLogprobs | None = None  # T=0 answers of a baseline being recorded (validation/lossless.py)
 
     @property
@@ -320,19 +321,26 @@ class Gate:
                     continue
                 hits = [(s, f) for s in at_t for f in s.findings if f.check == det]
                 own = [(s, f) for s, f in hits if t == 0 and self._models_own(s)]
-                hits = [h for h in hits if h not in own]
+                ref_own = [(s, f) for s, f in hits if s.reference_own and (s, f) not in own]
+                hits = [h for h in hits if h not in own and h not in ref_own]
                 msg = "; ".join(f"{s.label}: {f.reason} — {f.excerpt or quote(s.text)}" for s, f in hits[:6])
                 if own:
                     msg = "; ".join(filter(None, [msg, f"{len(own)} hit(s) on answers proven to be the target's own "
                                                        "greedy text (lossless_t0 re-anchored them to their end), "
                                                        "the model's, not the build's: " + "; ".join(
                                                            f"{s.label}: {f.reason}" for s, f in own[:3])]))
+                if ref_own:
+                    msg = "; ".join(filter(None, [msg, f"{len(ref_own)} loop(s) excused, {ref_own[0][0].reference_own}"
+                                                       ": " + "; ".join(f"{s.label}: {f.reason}"
+                                                                        for s, f in ref_own[:3])]))
                 cases.append(Case(f"{det}@T{t:g}", "coherence", not hits,
                                   msg or f"{len(at_t)} answers clean",
                                   {"offending": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt,
                                                   "text": s.text[:2000]} for s, f in hits],
                                    "models_own": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt,
-                                                   "text": s.text[:2000]} for s, f in own]}))
+                                                   "text": s.text[:2000]} for s, f in own],
+                                   "reference_own": [{"sample": s.label, "reason": f.reason, "why": s.reference_own,
+                                                      "text": s.text[:2000]} for s, f in ref_own]}))
             cases.append(fluency_case(at_t, t, cfg))
         if not cfg.determinism.enabled:
             for name in ("determinism_sequential", "determinism_concurrent"):
@@ -678,13 +686,12 @@ def judge_samples(samples: list[Sample], cfg: GateConfig, prompts: dict[str, str
             d = {**sc.as_dict(), "limit": limit}
             for s in group:
                 s.fluency = d
-                if sc.error:
-                    s.findings.append(Finding("fluency", f"not judged: {sc.error}", ""))
-                elif sc.judged >= jc.min_tokens and sc.worst_window_nll is not None and sc.worst_window_nll > limit:
-                    s.findings.append(Finding("fluency", f"worst {jc.window}-token window has mean NLL "
-                                              f"{sc.worst_window_nll:.2f} nats > {limit:.2f} "
-                                              f"(class {jc.class_map.get(s.category or '', 'prose')})",
-                                              sc.worst_window_text))
+                v = judge_verdict(s.findings, sc, limit, jc, s.temperature)
+                if v.excuse:  # kept on the sample; the detector cases report them as excused, not as hits
+                    s.reference_own = v.excuse
+                    s.findings = v.excused
+                else:
+                    s.findings = v.findings
         busy = judge.busy_s
     console.print(f"[judge] {len(todo)} distinct answers judged in {time.perf_counter() - t0:.1f}s "
                   f"(busy {busy:.1f}s)", highlight=False, markup=False)

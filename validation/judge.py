@@ -128,6 +128,8 @@ class JudgeScore:
     worst_window_at: int | None = None   # token index of the worst window's start
     worst_window_text: str = ""
     truncated: bool = False
+    max_gap: float | None = None  # the widest margin (nats) by which a token trails the reference's greedy choice
+    max_gap_text: str = ""        # that token and the text before it
     error: str | None = None      # per-item reason (server answered garbage, text too long...)
     nll: list[float] = field(default_factory=list, repr=False)
 
@@ -240,12 +242,18 @@ class FluencyJudge:
 
     def _nll_from_hidden(self, h: Any, n_prefix: int, targets: list[int]) -> list[float]:
         """NLL of each target token: hidden state of position p (normed) x output embedding -> log-softmax."""
+        return self._nll_and_gap(h, n_prefix, targets)[0]
+
+    def _nll_and_gap(self, h: Any, n_prefix: int, targets: list[int]) -> tuple[list[float], list[float]]:
+        """(NLL, gap) of each target token; the gap is how many nats the token's log-prob trails the
+        reference's most likely token at that position (0 where the text is the reference's greedy choice)."""
         import numpy as np
 
         logits = h[n_prefix - 1 : n_prefix - 1 + len(targets)] @ self._w.T
         m = logits.max(axis=1)
         lse = np.log(np.exp(logits - m[:, None]).sum(axis=1)) + m
-        return [float(x) for x in lse - logits[np.arange(len(targets)), np.asarray(targets)]]
+        own = logits[np.arange(len(targets)), np.asarray(targets)]
+        return [float(x) for x in lse - own], [float(x) for x in m - own]
 
     def token_nll(self, prefix_ids: list[int], ids: list[int]) -> list[float]:
         """NLL (nats) of every token of ids after prefix_ids (at least one prefix token)."""
@@ -288,8 +296,12 @@ class FluencyJudge:
         finally:
             self.busy_s += time.perf_counter() - t0
         t1 = time.perf_counter()
-        nll = self._nll_from_hidden(h, len(prefix), [i for i, _ in toks])
+        nll, gap = self._nll_and_gap(h, len(prefix), [i for i, _ in toks])
         self.busy_s += time.perf_counter() - t1
+        if gap:
+            g = max(range(len(gap)), key=gap.__getitem__)
+            res.max_gap = gap[g]
+            res.max_gap_text = "".join(p for _, p in toks[max(0, g - 8):g + 1])[-80:]
         capped = [min(float(x), cfg.max_token_nll) for x in nll]
         keep = [k for k, (_, piece) in enumerate(toks) if not any(c.isdigit() for c in piece)]
         res.tokens, res.judged = len(toks), len(keep)
@@ -306,6 +318,59 @@ class FluencyJudge:
         if not all(math.isfinite(x) for x in capped):
             res.error = "non-finite log-likelihood from the judge"
         return res
+
+
+LOOP_CHECKS = ("ngram_loop", "near_repeat")
+
+
+def reference_own_loop(findings: list[Any], sc: JudgeScore | None, temperature: float | None, cfg: Any) -> str | None:
+    """Why a T=0 answer's loop findings are the reference model's own greedy loop, or None.
+
+    A small model at T=0 loops by itself ("A gentle rain, a gentle rain, ..."), and a loop the engine
+    writes reads the same; what tells them apart is whether the reference model, given the prompt and the
+    text so far, would have chosen every token itself. When every finding is a loop check, the answer was
+    sampled at T=0, was judged whole (not truncated, no error) and no token trails the reference's greedy
+    choice by more than `cfg.own_loop_max_gap` nats, the loop is the model's, not the build's. An engine
+    loop enters its block at a token the model would not pick (>= 3.9 nats on every development corruption,
+    real T=0 loops <= 1.9: docs/validation.md). Off with own_loop_max_gap: null. Only T=0: a sampled answer
+    trails the greedy choice by design."""
+    limit = cfg.own_loop_max_gap
+    if (limit is None or temperature is None or temperature != 0 or sc is None or sc.error or sc.truncated
+            or sc.max_gap is None or not findings or any(f.check not in LOOP_CHECKS for f in findings)):
+        return None
+    if sc.max_gap > limit:
+        return None
+    return (f"the reference model writes this loop itself: every token within {sc.max_gap:.2f} nats "
+            f"(limit {limit:g}) of its greedy choice")
+
+
+@dataclass
+class JudgedText:
+    """The detectors' findings after the judge: what fails the text, and what the judge excused (and why)."""
+
+    findings: list[Any]
+    excused: list[Any] = field(default_factory=list)
+    excuse: str | None = None
+
+
+def judge_verdict(findings: list[Any], sc: JudgeScore | None, limit: float, cfg: Any,
+                  temperature: float | None) -> JudgedText:
+    """One text's verdict from its detector findings and its judge score, the same in the gate, in
+    check-text and in the benchmarks: the fluency finding (worst window over `limit`, or the reason the text
+    could not be judged) is added, and loop findings on the reference model's own T=0 loop are excused."""
+    from validation.detectors import Finding
+
+    out = list(findings)
+    if sc is not None and sc.error:
+        out.append(Finding("fluency", f"not judged: {sc.error}", ""))
+    elif (sc is not None and sc.judged >= cfg.min_tokens and sc.worst_window_nll is not None
+          and sc.worst_window_nll > limit):
+        out.append(Finding("fluency", f"worst {cfg.window}-token window has mean NLL {sc.worst_window_nll:.2f} "
+                           f"nats > {limit:.2f}", sc.worst_window_text))
+    why = reference_own_loop(out, sc, temperature, cfg)
+    if why:
+        return JudgedText([], out, why)
+    return JudgedText(out)
 
 
 def threshold_for(cfg: Any, prompt_class: str | None, prompted: bool = True) -> float:

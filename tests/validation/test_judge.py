@@ -14,8 +14,18 @@ import pytest
 from pipeline.embedded import EmbeddedServer
 from pipeline.errors import UsageError
 from validation.config import GateConfig, JudgeConfig
-from validation.detectors import score_text
-from validation.judge import FluencyJudge, judge_model_path, prepared_model, threshold_for, windowed
+from validation.detectors import Finding, score_text
+from validation.judge import (
+    LOOP_CHECKS,
+    FluencyJudge,
+    JudgeScore,
+    judge_model_path,
+    judge_verdict,
+    prepared_model,
+    reference_own_loop,
+    threshold_for,
+    windowed,
+)
 from validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt, prose
 
 SEEDS = (101, 102)
@@ -153,3 +163,64 @@ def test_invalid_utf8_from_the_judge_server_is_a_per_item_reason(judge: FluencyJ
         judge.url = real
         srv.shutdown()
     assert sc.error is not None and "invalid UTF-8" in sc.error
+
+
+def _loop_findings() -> list[Finding]:
+    return [Finding("ngram_loop", "a 5-token block repeats 14x back to back", "| fish | fish |")]
+
+
+def test_reference_own_loop_needs_t0_loop_findings_only_and_a_whole_greedy_text() -> None:
+    cfg = JudgeConfig()
+    greedy = JudgeScore(tokens=100, judged=100, worst_window_nll=1.0, max_gap=1.2)
+    assert reference_own_loop(_loop_findings(), greedy, 0.0, cfg)
+    assert "1.20 nats" in (judge_verdict(_loop_findings(), greedy, 5.0, cfg, 0.0).excuse or "")
+    assert judge_verdict(_loop_findings(), greedy, 5.0, cfg, 0.0).findings == []
+    for temperature in (None, 0.6, 1.0):  # a sampled answer trails the greedy choice by design
+        assert reference_own_loop(_loop_findings(), greedy, temperature, cfg) is None
+    assert reference_own_loop([*_loop_findings(), Finding("token_soup", "x")], greedy, 0.0, cfg) is None
+    assert reference_own_loop([], greedy, 0.0, cfg) is None
+    far = JudgeScore(tokens=100, judged=100, worst_window_nll=1.0, max_gap=cfg.own_loop_max_gap + 0.01)
+    assert reference_own_loop(_loop_findings(), far, 0.0, cfg) is None
+    cut = JudgeScore(tokens=100, judged=100, worst_window_nll=1.0, max_gap=0.1, truncated=True)
+    assert reference_own_loop(_loop_findings(), cut, 0.0, cfg) is None
+    broken = JudgeScore(max_gap=0.1, error="fluency judge failed: x")
+    assert reference_own_loop(_loop_findings(), broken, 0.0, cfg) is None
+    assert reference_own_loop(_loop_findings(), greedy, 0.0, JudgeConfig(own_loop_max_gap=None)) is None
+    # a fluency finding is never excused: the window over the limit fails the text with its loop
+    v = judge_verdict(_loop_findings(), JudgeScore(tokens=100, judged=100, worst_window_nll=6.0, max_gap=0.5),
+                      5.0, cfg, 0.0)
+    assert v.excuse is None and {f.check for f in v.findings} == {"ngram_loop", "fluency"}
+
+
+LOOP_PROMPTS = ("Make a markdown table with two columns, Animal and Sound, with three rows.",
+                "Write a haiku about rain.", "Give a recipe for pancakes.", "Write a short poem about the ocean.")
+
+
+@pytest.mark.integration
+def test_the_models_own_t0_loop_is_excused_and_engine_loops_are_not(judge: FluencyJudge,
+                                                                     embedded_target: EmbeddedServer) -> None:
+    """The embedded model's own greedy loops (it is the reference model) are excused at T=0; every loop made
+    from them by the corruption families that write loops (a block repeated, a stutter, near-copies) is not."""
+    cfg = GateConfig()
+    own = []
+    for prompt in LOOP_PROMPTS:
+        r = httpx.post(embedded_target.url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": 120, "temperature": 0}).json()
+        text = r["choices"][0]["message"]["content"]
+        found = score_text(text, cfg.thresholds)
+        if found and all(f.check in LOOP_CHECKS for f in found):
+            own.append((prompt, text, found))
+    assert own, "none of the loop-prone prompts loops at T=0 any more: pick others"
+    rng = random.Random(20261202)
+    for prompt, text, found in own:
+        sc = judge.score(text, prompt)
+        limit = threshold_for(cfg.judge, "prose")
+        v = judge_verdict(found, sc, limit, cfg.judge, 0.0)
+        assert v.excuse and not v.findings, (prompt, text, sc.max_gap, sc.max_gap_text)
+        assert judge_verdict(found, sc, limit, cfg.judge, 0.8).findings == found
+        for fam in ("block_loop", "word_stutter", "near_repeat"):
+            for _ in range(4):
+                bad = corrupt(text, fam, rng)
+                bad_found = score_text(bad, cfg.thresholds)
+                bv = judge_verdict(bad_found, judge.score(bad, prompt), limit, cfg.judge, 0.0)
+                assert bv.findings and not bv.excuse, (fam, bad)
