@@ -31,7 +31,7 @@ from validation.judge import FluencyJudge, threshold_for  # noqa: E402
 
 def _score_all(weights: str, items: list[dict]) -> tuple[float, int, list[float | None]]:
     """(busy seconds of the scoring, tokens through the model, worst windows) for one judge."""
-    with FluencyJudge(JudgeConfig(weights=weights)) as judge:
+    with FluencyJudge(JudgeConfig(engine="llamacpp", weights=weights)) as judge:
         judge.score("A short warm-up sentence for the judge server.", prompt="hello")
         busy0 = judge.busy_s
         scores = [judge.score(it["text"], it.get("prompt")) for it in items]

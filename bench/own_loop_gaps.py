@@ -53,8 +53,6 @@ def longest_run(ids: list[int], max_period: int = 64) -> tuple[int, int, int] | 
 
 
 def main() -> int:
-    import numpy as np
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -65,9 +63,7 @@ def main() -> int:
             prefix = [i for i, _ in j.tokenize(CHAT_PREFIX.format(prompt=(x.get("prompt") or "")[:2000]))][-64:]
             toks = j.tokenize(x["text"])[-cfg.max_tokens:]
             ids = [i for i, _ in toks]
-            emb = j._post("/embedding", {"content": prefix + ids})
-            h = np.asarray(emb[0]["embedding"], dtype=np.float32)
-            _, gap = j._nll_and_gap(h, len(prefix), ids)
+            _, gap = j.nll_and_gap(prefix, ids)
             run = longest_run(ids)
             a, b = (run[2], min(len(ids), run[2] + 2 * run[1])) if run else (0, len(ids))
             out.append({"label": x["label"], "class": x["class"], "file": x["file"], "checks": x["checks"],

@@ -38,7 +38,7 @@ from validation.coherence import (
 from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import DETECTORS, Finding, score_text
-from validation.judge import FluencyJudge, judge_model_path, judge_verdict, prepared_model, threshold_for
+from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
 from validation.lossless import (
     Comparison,
     Continuation,
@@ -130,8 +130,8 @@ class Gate:
         self.console = console or Console(stderr=True)
         self.suite: Suite = load_suite(cfg.suite)
         if cfg.judge.enabled:
-            # one clear error naming what to install, before any request; the Q8_0 copy is made here (once)
-            prepared_model(judge_model_path(cfg.judge.model_path), cfg.judge.weights)
+            # one clear error naming what to install, before any request; the weight cache is made here (once)
+            prepare_judge(cfg.judge)
         self.judge_s: float | None = None
         # record-baseline (and a live baseline) ask for T=0 log-probs: the lossless check's near-ties
         self.t0_logprobs: int | None = None

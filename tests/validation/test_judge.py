@@ -19,13 +19,16 @@ from validation.judge import (
     LOOP_CHECKS,
     FluencyJudge,
     JudgeScore,
+    judge_cache_dir,
     judge_model_path,
     judge_verdict,
+    prepare_judge,
     prepared_model,
     reference_own_loop,
     threshold_for,
     windowed,
 )
+from validation.refmodel import ReferenceLM, cached_weights
 from validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt, prose
 
 SEEDS = (101, 102)
@@ -56,21 +59,74 @@ def judge() -> Iterator[FluencyJudge]:
 
 @pytest.mark.integration
 def test_log_probs_match_the_engine(judge: FluencyJudge, embedded_target: EmbeddedServer) -> None:
-    """The judge's next-token log-prob equals llama.cpp's own (completion endpoint) when both serve the same
-    GGUF file; the default judge serves its Q8_0 copy, whose log-probs stay within quantization noise."""
+    """The judge's next-token log-prob equals llama.cpp's own (completion endpoint): exactly when the llamacpp
+    engine serves the same GGUF file; the default numpy engine (float32 over the same weights, where llama.cpp
+    rounds activations to 8 bits) and the llamacpp engine's Q8_0 copy within quantization noise."""
     prompt = "The cat sat on the mat and"
     r = httpx.post(embedded_target.url + "/completion", json={"prompt": prompt, "n_predict": 1, "n_probs": 5,
                                                               "temperature": 0}, timeout=60).json()
     top = r["completion_probabilities"][0]["top_logprobs"]
-    with FluencyJudge(JudgeConfig(weights="as-shipped")) as same_file:
+    with FluencyJudge(JudgeConfig(engine="llamacpp", weights="as-shipped")) as same_file:
         assert same_file.model_path == judge_model_path()
         ids = [i for i, _ in same_file.tokenize(prompt)]
         for cand in top[:3]:
             nll = same_file.token_nll(ids, [cand["id"]])[0]
             assert abs(nll + cand["logprob"]) < 0.05, (cand, nll)
-    assert judge.model_path.endswith(".Q8_0.gguf")
+    with FluencyJudge(JudgeConfig(engine="llamacpp")) as q8:
+        assert q8.model_path.endswith(".Q8_0.gguf")
+        for cand in top[:3]:
+            assert abs(q8.token_nll(ids, [cand["id"]])[0] + cand["logprob"]) < 0.6, cand
+    assert judge.engine == "numpy" and judge.model_path == judge_model_path()
     for cand in top[:3]:
-        assert abs(judge.token_nll(ids, [cand["id"]])[0] + cand["logprob"]) < 0.6, cand
+        assert abs(judge.token_nll(ids, [cand["id"]])[0] + cand["logprob"]) < 0.3, cand
+
+
+@pytest.mark.integration
+def test_numpy_forward_matches_llamacpp_token_by_token(judge: FluencyJudge) -> None:
+    """validation/refmodel.py's forward pass against llama.cpp's on the same file, every token of coherent and
+    corrupted texts after a prompt: per-token NLL and the greedy gap agree within llama.cpp's 8-bit activation
+    noise, and so does the statistic the gate uses (worst window). A wrong rotary layout, mask, head grouping or
+    norm moves the mean difference by nats, not hundredths."""
+    rng = random.Random(7)
+    texts = [COHERENT_FAMILIES[f](rng) for f in sorted(COHERENT_FAMILIES)[:4]]
+    texts += [corrupt(prose(rng, 4), f, rng) for f in ("soup_tail", "word_shuffle", "block_loop")]
+    diffs, gaps = [], []
+    with FluencyJudge(JudgeConfig(engine="llamacpp", weights="as-shipped")) as ref:
+        prefix = [i for i, _ in ref.tokenize("<|im_start|>user\nWrite something.<|im_end|>\n<|im_start|>assistant\n")]
+        for text in texts:
+            ids = [i for i, _ in ref.tokenize(text)]
+            a_nll, a_gap = ref.nll_and_gap(prefix, ids)
+            b_nll, b_gap = judge.nll_and_gap(prefix, ids)
+            assert len(a_nll) == len(b_nll) == len(ids)
+            diffs += [abs(x - y) for x, y in zip(a_nll, b_nll, strict=True)]
+            gaps += [abs(x - y) for x, y in zip(a_gap, b_gap, strict=True)]
+            wa, wb = windowed(a_nll, 16)[0], windowed(b_nll, 16)[0]
+            assert abs(wa - wb) < 0.15, (text, wa, wb)
+    assert sum(diffs) / len(diffs) < 0.08 and max(diffs) < 1.0, (sum(diffs) / len(diffs), max(diffs))
+    assert sum(gaps) / len(gaps) < 0.08
+
+
+def test_the_float32_weight_cache_is_made_once_and_bad_files_leave_nothing(tmp_path) -> None:
+    """cached_weights: one directory per source file, reused (not rebuilt) on the next call; a file that is not
+    a llama GGUF is an error that leaves nothing behind, and prepare_judge turns it into one UsageError."""
+    src = judge_model_path()
+    d = cached_weights(src, judge_cache_dir())
+    meta = d / "meta.json"
+    before = meta.stat().st_mtime_ns
+    assert cached_weights(src, judge_cache_dir()) == d and meta.stat().st_mtime_ns == before
+    lm = ReferenceLM(d)
+    assert (lm.hp.n_layer, lm.hp.n_embd, lm.hp.n_vocab) == (30, 576, 49152)
+    assert lm.out_t.shape == (576, 49152) and lm.wqkv.shape == (30, 576, 576 + 2 * 192)
+    with pytest.raises(ValueError, match="out of range"):
+        lm.hidden([1, 49152])
+    bad = tmp_path / "src" / "broken.gguf"
+    bad.parent.mkdir()
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(ValueError):
+        cached_weights(bad, tmp_path / "c")
+    assert not list((tmp_path / "c").iterdir())
+    with pytest.raises(UsageError, match=r"judge\.engine: llamacpp"):
+        prepare_judge(JudgeConfig(model_path=str(bad)))
 
 
 def test_the_q8_0_copy_keeps_the_model_and_is_made_once(tmp_path) -> None:
