@@ -75,6 +75,8 @@ class DetectorThresholds(StrictModel):
     word_order_min_events: int = Field(default=2, ge=1)
     word_order_short_words: int = Field(default=12, ge=0, description="up to this many words one anomaly fails")
     word_order_min_rate: float = Field(default=0.02, ge=0, le=1)
+    stray_emphasis_min: int = Field(default=3, ge=1, description="markdown stars out of order (closing with no "
+                                    "opening, glued between words) that make a word_order finding")
     # near_repeat: one stem dominating a window; sentences that are near-copies of each other
     stutter_window: int = Field(default=16, ge=4)
     stutter_min_share: float = Field(default=0.4, gt=0, le=1)

@@ -621,14 +621,52 @@ def _glued_table(prose: str) -> Finding | None:
     return None
 
 
+_STAR_RUN = re.compile(r"\*+")
+_CLOSE_AFTER = frozenset(".,;:!?)]}\"'’”")
+_OPEN_BEFORE = frozenset("([{\"'‘“")
+_LINE_MARKER = re.compile(r"^(?:[*+-]|\d+[.)])\s+")
+
+
+def _stray_emphasis(prose: str) -> list[str]:
+    """Markdown stars that no writer puts there: a star glued between two words into a capitalised one
+    ("Chocolate*Ginger") and a closing star with no opening one before it on its line ("Apple* *Appetizer").
+    A list or emphasised text whose words were shuffled or glued leaves them; written markdown does not:
+    "**bold**", "*italic*", inline bullets that only open ("*Apples, *Pears"), a footnote mark or two, "2*3",
+    "*.txt" and censored words ("f*ck") give none. Table rows and each line's own bullet are left out."""
+    events: list[str] = []
+    for line in prose.splitlines():
+        s = _LINE_MARKER.sub("", line.strip())
+        if s.count("|") >= 2:
+            continue
+        is_open = False
+        for m in _STAR_RUN.finditer(s):
+            a, b = m.start(), m.end()
+            left = s[a - 1] if a else " "
+            right = s[b] if b < len(s) else " "
+            if left.isalpha() and right.isalpha() and right.isupper():
+                events.append(s[max(0, a - 12):b + 12])
+            elif right.isalnum() and (left.isspace() or left in _OPEN_BEFORE):
+                is_open = True
+            elif (left.isalpha() or left in _CLOSE_AFTER) and (right.isspace() or right in _CLOSE_AFTER):
+                if not is_open:
+                    events.append(s[max(0, a - 12):b + 12])
+                is_open = False
+    return events
+
+
 def detect_word_order(text: str, th: DetectorThresholds) -> list[Finding]:
     """Word order that English never produces: a determiner before a function word or a full stop ("the of",
     "a the", "the."), words glued at punctuation ("minutes,Milk") or to a capitalised function word
-    ("panInto", "andThenFlour"), a table's rows shuffled into one line."""
+    ("panInto", "andThenFlour"), a table's rows shuffled into one line, markdown stars out of order."""
     prose = prose_of(text)
     table = _glued_table(prose)
     if table:
         return [table]
+    stars = _stray_emphasis(prose)
+    if len(stars) >= th.stray_emphasis_min:
+        return [Finding("word_order", f"{len(stars)} markdown stars out of order (a closing star with no opening "
+                        f"one, a star glued between words; limit {th.stray_emphasis_min}): the words were "
+                        "shuffled or glued", "; ".join(stars[:4])[:160])]
     st_lang = word_stats(text, th.lexicon_size).lang
     events: list[str] = []
     if st_lang == "en":

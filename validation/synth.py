@@ -148,6 +148,22 @@ def bullet_list(rng: random.Random) -> str:
     return "\n".join(lines)
 
 
+def markdown_emphasis(rng: random.Random) -> str:
+    """Markdown that uses stars every legitimate way: bold labels, italics, inline bullets that only open, a
+    footnote mark or two with its note, a product of two numbers and a file glob."""
+    fruit = rng.sample(["Apple", "Banana", "Cherry", "Mango", "Orange", "Pear", "Kiwi", "Grape", "Plum", "Lemon"], 5)
+    notes = ["sweet and *crisp*", "best eaten *ripe*", "rich in vitamin C", "good in a *smoothie*", "keeps for a week"]
+    parts = [rng.choice(["Here are some fruits:", "**Fruits to try:**", "Five fruits, with a note each:"])]
+    parts += [f"{rng.choice(['- ', '* ', ''])}**{f}:** {n}." for f, n in zip(fruit, rng.sample(notes, 5), strict=True)]
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
+    extra = [f"Inline: *{fruit[0]}, *{fruit[1]}, *{fruit[2]}.",
+             f"**Note:** prices* change weekly; a box of {a} * {b} = {a * b} fruits.",
+             "Keep the lists in *.md files, the *originals* in *.txt.",
+             f"*{fruit[3]}* and _{fruit[4]}_ are in season.\n\n*Prices exclude delivery."]
+    parts += rng.sample(extra, rng.randint(1, len(extra)))
+    return "\n".join(parts)
+
+
 def numbered_steps(rng: random.Random) -> str:
     steps = ["Preheat the oven to 180°C.", "Mix the flour, sugar and eggs in a bowl.", "Pour the batter into a tin.",
              "Bake for 25 minutes.", "Let it cool on a rack.", "Dust with icing sugar and serve.",
@@ -240,7 +256,8 @@ def repeated_structure(rng: random.Random) -> str:
 
 COHERENT_FAMILIES: dict[str, Callable[[random.Random], str]] = {
     "prose": prose, "code_python": code_python, "code_js": code_js, "json": json_line, "yaml": yaml_doc,
-    "table": md_table, "list": bullet_list, "steps": numbered_steps, "identifiers": identifiers_prose,
+    "table": md_table, "list": bullet_list, "markdown_emphasis": markdown_emphasis, "steps": numbered_steps,
+    "identifiers": identifiers_prose,
     "numbers": numbers_text, "non_english": foreign, "emoji": emoji_text, "chorus": chorus, "test_log": test_log,
     "repeated_structure": repeated_structure,
 }

@@ -481,3 +481,19 @@ def test_hex_literals_up_to_128_bits_pass_and_a_hex_flood_fails(seed: int) -> No
         flood = "0x" + digits * rng.randint(40, 80)
         assert {"char_run", "subword_repeat"} & {f.check for f in score_text(f"The value is {flood} now.")}, flood
     assert "char_run" in {f.check for f in score_text("The value is FFFFFFFFFFFFFFFF now.")}
+
+
+def test_markdown_stars_out_of_order_fail_and_written_markdown_passes() -> None:
+    """Seen on held-out seed 20261212: a star list shuffled into one line leaves closing stars with no opening
+    one and stars glued between words; every legitimate use of a star gives none (markdown_emphasis family)."""
+    shuffled = ("Ice Chocolate*Ginger* Apple* *Appetizer: *Breakfast: *Mocha, Banana, *LemonSmokey* Banana, "
+                "*Smoone, Apple, *Smoke, Smoone* Strawberry* *Lemonade, *Dessert: Cream, *Lemon-Chilly*Baked* Apple*")
+    found = [f for f in score_text(shuffled) if f.check == "word_order"]
+    assert found and "stars out of order" in found[0].reason, score_text(shuffled)
+    for text in ("Fruits: *Apples, *Pears, *Plums, *Figs and *Kiwis.",            # inline bullets that only open
+                 "**Note:** *this* is **bold** and _that_ is *italic*.",
+                 "Prices* and delivery times* vary.\n\n*Prices exclude tax.",   # two footnote marks and the note
+                 "| Size* | Price* | Stock* |\n|---|---|---|\n| S | 3 | 9 |",    # marks in a table row
+                 "Delete *.tmp, *.log and *.bak files; 3*4 is 12; what the f*ck."):
+        assert score_text(text) == [], (text, score_text(text))
+    assert [f.check for f in score_text("Apple* Banana* Cherry*")] == ["word_order"]   # three closers, no opener
