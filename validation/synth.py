@@ -413,13 +413,20 @@ CORRUPTION_FAMILIES: dict[str, Callable[[str, random.Random], str]] = {
 }
 
 
+WORD_ORDER_FAMILIES = frozenset({"word_shuffle", "glued_shuffle"})
+
+
 def corrupt(base: str, family: str, rng: random.Random, tries: int = 5) -> str:
     """The base text corrupted the way `family` corrupts output.
 
     A corruption that leaves the text as it was (up to whitespace) is not one: a homoglyph swap on
     "12 + 30 = 32" has no letter to swap, and such a no-op was once scored as a garbled text that
     passed. It is drawn again (`tries` times), then refused with ValueError: the caller picks
-    another base."""
+    another base. Word-order families also refuse a base with fewer than three words of letters: the
+    order of "12 + 30 = 32" carries no sentence, and its shuffle "30 + 12 = 32" restates it (held-out seed
+    20261213 scored that as a garbled text that passed)."""
+    if family in WORD_ORDER_FAMILIES and sum(1 for w in base.split() if any(c.isalpha() for c in w)) < 3:
+        raise ValueError(f"corruption {family!r} needs a sentence to shuffle, not {base[:60]!r}")
     norm = " ".join(base.split())
     for _ in range(tries):
         out = CORRUPTION_FAMILIES[family](base, rng)

@@ -135,6 +135,10 @@ def test_a_corruption_that_changes_nothing_is_refused_not_scored_as_garbled() ->
         corrupt("12 + 30 = 32", "homoglyph", rng)
     out = corrupt("The capital of France is Paris.", "homoglyph", rng)
     assert out != "The capital of France is Paris."
+    for family in ("word_shuffle", "glued_shuffle"):  # 20261213: "30 + 12 = 32" restates "12 + 30 = 32"
+        with pytest.raises(ValueError, match="needs a sentence"):
+            corrupt("12 + 30 = 32", family, rng)
+        assert corrupt("Paris is the capital.", family, rng) != "Paris is the capital."
     answer = "A database index speeds up reads. It costs some space on disk."
     for family in CORRUPTION_FAMILIES:  # every family changes an ordinary answer
         assert " ".join(corrupt(answer, family, random.Random(3)).split()) != answer
