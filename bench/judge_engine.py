@@ -1,8 +1,9 @@
-"""The fluency judge's two forward-pass engines side by side in one run: numpy (validation/refmodel.py, the
-default) against llama.cpp's /embedding (its Q8_0 copy, the engine the limits were calibrated on).
+"""Two fluency-judge set-ups side by side in one run. By default the two forward-pass engines: numpy
+(validation/refmodel.py, the default) against llama.cpp's /embedding on its Q8_0 copy (the engine the limits
+were calibrated on); `--pair llamacpp-as-shipped,llamacpp-q8_0` compares the wheel's Q4_1 file with that copy.
 
-    python bench/judge_engine.py [--items docs/gate-heldout-seed20261212.json] [--n 120] [--reps 3]
-                                 [--out docs/judge-engine.json]
+    python bench/judge_engine.py [--pair numpy,llamacpp-q8_0] [--items docs/gate-heldout-seed20261212.json]
+                                 [--n 120] [--reps 3] [--out docs/judge-engine.json]
 
 Each judge is started (one at a time, so each has the 2 cores alone) and scores the same texts: the first --n
 items of a stored bench/gate_families.py result, each after its prompt when it has one. Speed: text tokens
@@ -30,7 +31,8 @@ sys.path.insert(0, str(REPO))
 from validation.config import JudgeConfig  # noqa: E402
 from validation.judge import FluencyJudge, JudgeScore, threshold_for  # noqa: E402
 
-ENGINES = {"numpy": JudgeConfig(engine="numpy"), "llamacpp-q8_0": JudgeConfig(engine="llamacpp", weights="q8_0")}
+ENGINES = {"numpy": JudgeConfig(engine="numpy"), "llamacpp-q8_0": JudgeConfig(engine="llamacpp", weights="q8_0"),
+           "llamacpp-as-shipped": JudgeConfig(engine="llamacpp", weights="as-shipped")}
 
 
 def _score_all(cfg: JudgeConfig, items: list[dict]) -> tuple[float, float, int, list[JudgeScore]]:
@@ -47,20 +49,24 @@ def _score_all(cfg: JudgeConfig, items: list[dict]) -> tuple[float, float, int, 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--pair", default="numpy,llamacpp-q8_0", help=f"two of {', '.join(ENGINES)}")
     ap.add_argument("--items", default="docs/gate-heldout-seed20261212.json")
     ap.add_argument("--n", type=int, default=120)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default="docs/judge-engine.json")
     args = ap.parse_args()
+    names = args.pair.split(",")
+    if len(names) != 2 or len(set(names)) != 2 or not set(names) <= set(ENGINES):
+        print(f"judge_engine: --pair takes two different of {', '.join(ENGINES)}, not {args.pair!r}", file=sys.stderr)
+        return 2
     items = [it for it in json.loads(Path(args.items).read_text())["items"] if it["text"].strip()][: args.n]
     if not items:
         print(f"judge_engine: no items in {args.items}", file=sys.stderr)
         return 2
     jc = JudgeConfig()
-    rates: dict[str, list[float]] = {e: [] for e in ENGINES}
-    starts: dict[str, list[float]] = {e: [] for e in ENGINES}
+    rates: dict[str, list[float]] = {e: [] for e in names}
+    starts: dict[str, list[float]] = {e: [] for e in names}
     scores: dict[str, list[JudgeScore]] = {}
-    names = list(ENGINES)
     for rep in range(args.reps):
         for e in (names if rep % 2 == 0 else names[::-1]):
             start, busy, tokens, sc = _score_all(ENGINES[e], items)
@@ -94,7 +100,8 @@ def main() -> int:
         "tokens_per_s": {e: [round(x, 1) for x in r] for e, r in rates.items()},
         "start_s": {e: [round(x, 2) for x in r] for e, r in starts.items()},
         "median_tokens_per_s": med,
-        "speedup_numpy": round(med[a_name] / med[b_name], 3),
+        "pair": names,
+        "speedup": round(med[a_name] / med[b_name], 3),   # the first against the second
         "worst_window_abs_diff": {"max": round(max(diffs), 3), "mean": round(sum(diffs) / len(diffs), 4),
                                   "n": len(diffs)},
         "max_gap_abs_diff": {"max": round(max(gap_diffs), 3), "mean": round(sum(gap_diffs) / len(gap_diffs), 4),
@@ -103,7 +110,7 @@ def main() -> int:
         "errors": errors,
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("median_tokens_per_s", "speedup_numpy", "worst_window_abs_diff",
+    print(json.dumps({k: result[k] for k in ("median_tokens_per_s", "speedup", "worst_window_abs_diff",
                                              "max_gap_abs_diff")}))
     print(f"[judge-engine] {len(flips)} verdict flips, {len(errors)} errors; raw result {args.out}")
     return 0
