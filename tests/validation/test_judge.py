@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pipeline.embedded import EmbeddedServer
 from pipeline.errors import UsageError
 from validation.config import GateConfig, JudgeConfig
 from validation.detectors import Finding, score_text
+from validation.gguf_tokenizer import cached_tokenizer
 from validation.judge import (
     LOOP_CHECKS,
     FluencyJudge,
@@ -104,6 +106,78 @@ def test_numpy_forward_matches_llamacpp_token_by_token(judge: FluencyJudge) -> N
             assert abs(wa - wb) < 0.15, (text, wa, wb)
     assert sum(diffs) / len(diffs) < 0.08 and max(diffs) < 1.0, (sum(diffs) / len(diffs), max(diffs))
     assert sum(gaps) / len(gaps) < 0.08
+
+
+def _tokenizer_texts() -> list[str]:
+    """Texts of every kind the judge sees: every generated family (coherent and corrupted), the labeled corpus,
+    real served outputs, the chat prefix with its control tokens, and random code points (any script, controls,
+    emoji, combining marks)."""
+    here = Path(__file__).parent
+    rng = random.Random(11)
+    texts = [COHERENT_FAMILIES[f](rng) for f in sorted(COHERENT_FAMILIES) for _ in range(3)]
+    texts += [corrupt(prose(rng, 5), f, rng) for f in CORRUPTION_FAMILIES for _ in range(3)]
+    for name in ("corpus.jsonl", "real_outputs.jsonl"):
+        texts += [json.loads(line)["text"] for line in (here / name).read_text().splitlines()]
+    texts += ["<|im_start|>user\nSay <|im_end|> 12345 back.<|im_end|>\n<|im_start|>assistant\n",
+              "  two leading, trailing   ", "a\n\n\nb\r\n\t", "don't 'S 'LL we'd", "1,234.5e-7 x²", "ﬁ é é 🙂👍🏽"]
+    texts += ["".join(chr(rng.choice([rng.randrange(0x20, 0x3000), rng.randrange(0x1F300, 0x1FAFF)]))
+                      for _ in range(rng.randint(1, 300))) for _ in range(60)]
+    return texts
+
+
+@pytest.mark.integration
+def test_in_process_tokenizer_is_llamacpps_token_for_token(judge: FluencyJudge, tmp_path: Path) -> None:
+    """validation/gguf_tokenizer.py rebuilds the GGUF file's byte-level BPE (digits split one by one, control
+    tokens whole): the same ids and pieces as llama.cpp's /tokenize on every text kind. The default judge runs
+    with it and no child process. A wrong pre-tokenizer (digits, the GPT-2 split) or a control token matched as
+    text changes ids here."""
+    assert judge.engine == "numpy" and judge.proc is None and judge._tk is not None
+    texts = _tokenizer_texts()
+    fresh = cached_tokenizer(judge_model_path(), tmp_path)  # built now from the GGUF file, not a cached build
+    assert fresh is not None
+    with FluencyJudge(JudgeConfig(engine="llamacpp", weights="as-shipped")) as ref:
+        assert ref._tk is None and ref.proc is not None
+        for text in texts:
+            want = ref.tokenize(text)
+            assert fresh.tokenize(text) == want, text[:120]
+            assert judge.tokenize(text) == want, text[:120]
+    assert len(texts) > 250 and judge.tokenize("<|im_start|>")[0][0] == 1 and len(judge.tokenize("2026")) == 4
+
+
+def test_the_tokenizer_cache_is_made_once_and_other_tokenizers_are_left_to_llamacpp(tmp_path) -> None:
+    """cached_tokenizer: built once per source file and reused; a GGUF file whose tokenizer is not rebuilt here
+    (another pre-tokenizer) gives None and a marker, so the judge tokenizes it with llama.cpp, parsed once; a file
+    that is no GGUF is a ValueError that leaves nothing behind."""
+    from gguf import GGUFWriter
+
+    src = judge_model_path()
+    tk = cached_tokenizer(src, tmp_path / "c")
+    made = list((tmp_path / "c").iterdir())
+    assert tk is not None and [p.suffix for p in made] == [".json"]
+    mtime = made[0].stat().st_mtime_ns
+    again = cached_tokenizer(src, tmp_path / "c")
+    assert again is not None and made[0].stat().st_mtime_ns == mtime
+    assert again.tokenize("Hello world 42") == tk.tokenize("Hello world 42")
+    other = tmp_path / "src" / "llama3.gguf"
+    other.parent.mkdir()
+    w = GGUFWriter(str(other), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(["a", "b", "ab"])
+    w.add_token_merges(["a b"])
+    w.add_token_types([1, 1, 1])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert cached_tokenizer(other, tmp_path / "o") is None
+    assert [p.name.endswith(".unsupported") for p in (tmp_path / "o").iterdir()] == [True]
+    assert cached_tokenizer(other, tmp_path / "o") is None
+    bad = tmp_path / "src" / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(ValueError, match="cannot read the tokenizer"):
+        cached_tokenizer(bad, tmp_path / "b")
+    assert not (tmp_path / "b").exists() or not list((tmp_path / "b").iterdir())
 
 
 def test_the_float32_weight_cache_is_made_once_and_bad_files_leave_nothing(tmp_path) -> None:
