@@ -4,6 +4,9 @@
 
 Replaces the text between `<!-- heldout-table:start -->` and `<!-- heldout-table:end -->` in the doc
 (nothing in that block is typed by hand); --check exits 1 when the doc is not what the JSON renders.
+Each seed's rates are split into its fresh items (generated at that seed: text no one had seen) and the
+fixed sets (the corpus and the stored SGLang answers, scored at every seed and seen while tuning), and a
+summary over all seeds ends the block.
 """
 
 from __future__ import annotations
@@ -16,9 +19,29 @@ from pathlib import Path
 START, END = "<!-- heldout-table:start -->", "<!-- heldout-table:end -->"
 
 
+FIXED = ("corpus_", "sglang_")  # classes of the fixed sets: the same items at every seed, seen in development
+
+
+def split(res: dict) -> dict[str, dict[str, int]]:
+    """Per part (fresh: generated at this seed, never seen before it ran; fixed: the labeled corpus and the
+    stored SGLang answers, the same at every seed and seen while tuning) and label: items and wrong verdicts."""
+    out = {part: {"ok": 0, "ok_wrong": 0, "bad": 0, "bad_wrong": 0} for part in ("fresh", "fixed")}
+    for it in res["items"]:
+        part = out["fixed" if it["class"].startswith(FIXED) else "fresh"]
+        part[it["label"]] += 1
+        part[it["label"] + "_wrong"] += int(it["flagged"] != (it["label"] == "bad"))
+    return out
+
+
+def _rate(k: int, n: int) -> str:
+    return f"{k / n:.1%}" if n else "–"
+
+
 def render(res: dict, src: str) -> str:
     s = res["summary"]
     t = res["timing_s"]
+    sp = split(res)
+    fr, fx = sp["fresh"], sp["fixed"]
     lines = [
         f"Raw result: `{src}` — command `{res['command']}`, {res['date']}, seed {res['seed']}, "
         f"load average {res['loadavg_start_end'][0]:.1f} → {res['loadavg_start_end'][-1]:.1f}.",
@@ -29,6 +52,14 @@ def render(res: dict, src: str) -> str:
         f"{s['false_fail_rate']:.1%} | |",
         f"| garbled (14 corruption families, corpus) | {s['garbled']} | {s['garbled'] - s['false_pass']} | | "
         f"{s['false_pass_rate']:.1%} |",
+        f"| of them fresh at this seed, coherent (real answers, generated families) | {fr['ok']} | {fr['ok_wrong']} | "
+        f"{_rate(fr['ok_wrong'], fr['ok'])} | |",
+        f"| of them fresh at this seed, garbled (corruptions) | {fr['bad']} | {fr['bad'] - fr['bad_wrong']} | | "
+        f"{_rate(fr['bad_wrong'], fr['bad'])} |",
+        f"| of them fixed, coherent (corpus, stored SGLang answers) | {fx['ok']} | {fx['ok_wrong']} | "
+        f"{_rate(fx['ok_wrong'], fx['ok'])} | |",
+        f"| of them fixed, garbled (corpus, mutant SGLang output) | {fx['bad']} | {fx['bad'] - fx['bad_wrong']} | | "
+        f"{_rate(fx['bad_wrong'], fx['bad'])} |",
         "",
         "| label / class | items | flagged | wrong |",
         "|---|---:|---:|---:|",
@@ -52,10 +83,19 @@ def main() -> int:
     ap.add_argument("--doc", default="docs/validation.md")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
-    blocks = []
+    blocks, rows = [], []
     for path in a.result:
         res = json.loads(Path(path).read_text())
         blocks.append(f"#### Seed {res['seed']}\n\n" + render(res, path))
+        sp = split(res)
+        fr, fx = sp["fresh"], sp["fixed"]
+        rows.append(f"| {res['seed']} | {res['date'][:10]} | {fr['ok_wrong']} of {fr['ok']} "
+                    f"({_rate(fr['ok_wrong'], fr['ok'])}) | {fr['bad_wrong']} of {fr['bad']} "
+                    f"({_rate(fr['bad_wrong'], fr['bad'])}) | {fx['ok_wrong']} of {fx['ok']} | "
+                    f"{fx['bad_wrong']} of {fx['bad']} | `{path}` |")
+    blocks.insert(0, "Every seed, each scored once on the code of its date (raw file in the last column):\n\n"
+                  "| seed | date | fresh coherent failed | fresh garbled passed | fixed coherent failed | "
+                  "fixed garbled passed | raw |\n|---|---|---:|---:|---:|---:|---|\n" + "\n".join(rows))
     doc = Path(a.doc).read_text()
     if START not in doc or END not in doc:
         print(f"error: {a.doc} has no {START} ... {END} block", file=sys.stderr)
