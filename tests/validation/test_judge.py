@@ -282,16 +282,19 @@ class _BadUtf8(BaseHTTPRequestHandler):
 
 
 @pytest.mark.integration
-def test_invalid_utf8_from_the_judge_server_is_a_per_item_reason(judge: FluencyJudge) -> None:
+def test_invalid_utf8_from_the_judge_server_is_a_per_item_reason() -> None:
+    """A judge that talks to llama.cpp (the llamacpp engine; the numpy engine tokenizes in process) turns a
+    server answer that is not UTF-8 into the item's reason, not a crash."""
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _BadUtf8)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    real = judge.url
-    judge.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    try:
-        sc = judge.score("Paris is the capital of France.")
-    finally:
-        judge.url = real
-        srv.shutdown()
+    with FluencyJudge(JudgeConfig(engine="llamacpp", weights="as-shipped")) as served:
+        real = served.url
+        served.url = f"http://127.0.0.1:{srv.server_address[1]}"
+        try:
+            sc = served.score("Paris is the capital of France.")
+        finally:
+            served.url = real
+            srv.shutdown()
     assert sc.error is not None and "invalid UTF-8" in sc.error
 
 
