@@ -15,10 +15,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-# llama.cpp's pre-tokenizer of each type, in `tokenizers` terms: each digit on its own (smollm), then the
-# GPT-2 byte-level split
-_DIGITS_THEN_GPT2 = {"smollm", "starcoder", "refact", "codeshell"}
-_GPT2 = {"gpt2", "default"}
+# The pre-tokenizers rebuilt here, each tested token for token against llama.cpp: smollm (each digit on its
+# own, then the GPT-2 byte-level split). Any other `tokenizer.ggml.pre` is left to llama.cpp.
+_DIGITS_THEN_GPT2 = {"smollm"}
 FORMAT = 1   # of the cached tokenizer file
 CONTROL = 3  # tokenizer.ggml.token_type of a control token (<|im_start|>): matched whole, as llama.cpp does
 
@@ -38,8 +37,9 @@ class GGUFTokenizer:
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-                             if pre in _DIGITS_THEN_GPT2 else byte_level)
+        if pre not in _DIGITS_THEN_GPT2:
+            raise ValueError(f"pre-tokenizer {pre!r} is not rebuilt in process")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
         tok.decoder = decoders.ByteLevel()
         tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                 for t, ty in zip(tokens, types, strict=True) if ty == CONTROL])
@@ -67,7 +67,7 @@ def _from_gguf(path: Path) -> GGUFTokenizer | None:
         return f.contents() if f is not None else None
 
     pre = field("tokenizer.ggml.pre") or "default"
-    if field("tokenizer.ggml.model") != "gpt2" or pre not in _DIGITS_THEN_GPT2 | _GPT2:
+    if field("tokenizer.ggml.model") != "gpt2" or pre not in _DIGITS_THEN_GPT2:
         return None
     tokens, merges = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.merges")
     types = field("tokenizer.ggml.token_type")
