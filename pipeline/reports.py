@@ -32,6 +32,7 @@ class Case:
     details: dict[str, Any] = field(default_factory=dict)
     time_s: float = 0.0
     skipped: bool = False
+    not_run: bool = False  # it could not run (requests failed, nothing to judge): never a pass, listed with why
 
 
 def redact(obj: Any) -> Any:
@@ -78,16 +79,19 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 def write_junit(path: str | Path, suite: str, cases: Sequence[Case]) -> Path:
     """JUnit XML: one <testsuite>, one <testcase> per Case; failures carry the message."""
-    failures = sum(1 for c in cases if not c.ok and not c.skipped)
+    errors = sum(1 for c in cases if c.not_run)
+    failures = sum(1 for c in cases if not c.ok and not c.skipped and not c.not_run)
     skipped = sum(1 for c in cases if c.skipped)
     root = ET.Element("testsuites")
     ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(cases)), failures=str(failures),
-                       errors="0", skipped=str(skipped), timestamp=utc_now(),
+                       errors=str(errors), skipped=str(skipped), timestamp=utc_now(),
                        time=f"{sum(c.time_s for c in cases):.3f}")
     for c in cases:
         tc = ET.SubElement(ts, "testcase", name=c.name, classname=f"{suite}.{c.group}", time=f"{c.time_s:.3f}")
         if c.skipped:
             ET.SubElement(tc, "skipped", message=c.message[:500])
+        elif c.not_run:
+            ET.SubElement(tc, "error", message=f"not run: {c.message}"[:500])
         elif not c.ok:
             f = ET.SubElement(tc, "failure", message=c.message[:500])
             f.text = json.dumps(redact(c.details), indent=1, default=str)[:20000]
@@ -135,7 +139,8 @@ def write_html(
     if cases:
         out.append("<h2>Checks</h2><table><tr><th>group</th><th>check</th><th>result</th><th>message</th></tr>")
         for c in cases:
-            res, cls = ("skip", "skip") if c.skipped else (("pass", "ok") if c.ok else ("FAIL", "fail"))
+            res, cls = ("skip", "skip") if c.skipped else (
+                ("NOT RUN", "fail") if c.not_run else (("pass", "ok") if c.ok else ("FAIL", "fail")))
             out.append(f"<tr><td>{e(c.group)}</td><td>{e(c.name)}</td><td class='{cls}'>{res}</td>"
                        f"<td><pre>{e(c.message)}</pre></td></tr>")
         out.append("</table>")

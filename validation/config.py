@@ -315,6 +315,9 @@ class GateConfig(StrictModel):
     coherence: CoherenceConfig = Field(default_factory=CoherenceConfig)
     baseline_url: str | None = Field(default=None, description="the same model served without speculation: "
                                      "speed comparison, and the lossless check when no baseline file is given")
+    backstop_tokens: list[str] = Field(default_factory=list, description="the model's own special tokens beyond the "
+                                       "chat-template families the backstop always knows (<|...|>, <｜...｜>, "
+                                       "[INST], <start_of_turn>): any of them in an answer fails it")
     # finish / usage sanity
     allowed_finish_reasons: list[str] = Field(default_factory=lambda: ["stop", "length"])
 

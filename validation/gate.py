@@ -17,7 +17,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +27,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pipeline.client import ChatResult, OpenAIClient
 from pipeline.errors import TargetError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
-from validation.coherence import (
-    BaselineSample,
-    baseline_samples_of,
-    hot_temperatures,
-    relative_coherence_cases,
-    suite_seeds,
-    uses_baseline,
-)
+from validation.backstop import Backstop
+from validation.checks import GateContext, LosslessData, run_checks
+from validation.coherence import hot_temperatures, suite_seeds
 from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
-from validation.detectors import DETECTORS, Finding, score_text
+from validation.detectors import score_text
 from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
 from validation.lossless import (
     Comparison,
     Continuation,
     Continue,
-    EncodedLogprobs,
     compare_answer,
     compare_path,
     control_reanchor,
@@ -52,40 +46,9 @@ from validation.lossless import (
     end_tokens_of,
     read_baseline,
 )
-from validation.spec import SpecReading, read_spec_metrics
+from validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
+from validation.spec import read_spec_metrics
 from validation.suite import Prompt, Suite, load_suite
-
-
-@dataclass
-class Sample:
-    """One generation and its verdicts."""
-
-    prompt_id: str
-    temperature: float
-    seed: int | None
-    purpose: str  # suite | determinism-seq | determinism-conc | variation | reproduce
-    max_tokens: int
-    text: str = ""
-    finish_reason: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    latency_s: float = 0.0
-    ttft_s: float | None = None
-    tokens_per_s: float | None = None
-    error: str | None = None
-    findings: list[Finding] = field(default_factory=list)
-    spec_accept_length: float | None = None
-    draft_n: int | None = None
-    draft_accepted: int | None = None
-    category: str | None = None
-    fluency: dict[str, Any] | None = None
-    reference_own: str | None = None  # why the judge excused this T=0 answer's loop findings (judge_verdict)
-    logprobs: EncodedLogprobs | None = None  # T=0 answers of a baseline being recorded (validation/lossless.py)
-
-    @property
-    def label(self) -> str:
-        s = f"{self.prompt_id}@T{self.temperature:g}"
-        return s + (f"/seed{self.seed}" if self.seed is not None and self.temperature > 0 else "")
 
 
 @dataclass
@@ -104,46 +67,37 @@ class GateResult:
         return [c for c in self.cases if not c.ok and not c.skipped]
 
 
-def quote(text: str, limit: int = 160) -> str:
-    t = text.replace("\n", "⏎")
-    return repr(t[:limit] + ("…" if len(t) > limit else ""))
-
-
 class Gate:
-    """Runs the suite against one target with one config.
+    """Runs the suite against one target with one config, then the registered checks (validation/checks.py).
 
-    `recording_baseline`: this target IS the baseline (`record-baseline`): with `coherence.reference:
-    baseline` its T>0 answers are sampled with `coherence.seeds` and judged with zero tolerance (they are
-    what is recorded), not compared against a baseline.
+    `recording_baseline`: this target IS the baseline (`record-baseline`): its answers are what is recorded,
+    not compared against a baseline.
     """
 
     def __init__(self, target: str, cfg: GateConfig, console: Console | None = None,
                  recording_baseline: bool = False) -> None:
         self.cfg = cfg
-        self.relative = uses_baseline(cfg) and not recording_baseline
-        if self.relative and not cfg.lossless.baseline and not cfg.baseline_url:
-            raise UsageError("coherence.reference is 'baseline' but there is no baseline to compare T>0 answers "
-                             "against: record one from the non-speculative deployment with this profile (python -m "
-                             "validation record-baseline --config PROFILE) and pass --baseline, or set baseline_url")
-        self.baseline_samples: list[BaselineSample] | None = None
+        self.recording_baseline = recording_baseline
         self.client = OpenAIClient(target, model=cfg.model, timeout_s=cfg.request_timeout_s)
         self.console = console or Console(stderr=True)
         self.suite: Suite = load_suite(cfg.suite)
-        if cfg.judge.enabled:
-            # one clear error naming what to install, before any request; the weight cache is made here (once)
-            prepare_judge(cfg.judge)
+        self.backstop = Backstop(tuple(cfg.backstop_tokens))
         self.judge_s: float | None = None
         # record-baseline (and a live baseline) ask for T=0 log-probs: the lossless check's near-ties
         self.t0_logprobs: int | None = None
         self.baseline_logprobs: dict[str, list[Any]] = {}  # a live baseline's, filled by _baseline_answers
-        # prompt -> the T=0 answer lossless_t0 proved to be the target's own greedy text (re-anchored to its end)
-        # where the baseline's own answer is clean: T=0 detector hits on it are the model's, not the build's
-        self.models_own: dict[str, str] = {}
         for pid in [*cfg.determinism.prompt_ids, *cfg.variation.prompt_ids]:
             try:
                 self.suite.get(pid)
             except KeyError:
                 raise UsageError(f"config names prompt '{pid}' which is not in suite {cfg.suite}") from None
+        self._judge_ready = False
+
+    def _prepare_judge(self) -> None:
+        """One clear error naming what to install, before any request; the weight cache is made here (once)."""
+        if self.cfg.judge.enabled and not self._judge_ready:
+            prepare_judge(self.cfg.judge)
+            self._judge_ready = True
 
     # ------------------------------------------------------------------ requests
     def _generate(self, p: Prompt, temperature: float, seed: int | None, purpose: str) -> Sample:
@@ -172,6 +126,7 @@ class Gate:
         if "draft_n" in timings:
             s.draft_n, s.draft_accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
         s.findings = score_text(s.text, cfg.thresholds)
+        s.backstop = self.backstop.findings(s.text, s.finish_reason)
         if r.logprobs is not None:
             s.logprobs = encode_logprobs(r.logprobs)
         return s
@@ -206,8 +161,13 @@ class Gate:
             if cfg.lossless.enabled:
                 baseline_answers, source = baseline_answers_of(doc, path), path
                 self.baseline_logprobs = baseline_logprobs_of(doc, path)
-            if self.relative:
-                self.baseline_samples = baseline_samples_of(doc, path, cfg)
+        oracle_t0 = cfg.lossless.enabled and bool(cfg.lossless.baseline or cfg.baseline_url) \
+            and not self.recording_baseline
+        likely = None if self.recording_baseline else self._likelihood_plan(model)
+        hot = hot_temperatures(cfg)
+        weak = [t for t in cfg.temperatures if (t == 0 and not oracle_t0) or (t > 0 and likely is None)]
+        if weak or self.recording_baseline:
+            self._prepare_judge()
         spec_before = read_spec_metrics(self.client, self.kind)
         samples: list[Sample] = []
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -229,27 +189,34 @@ class Gate:
                 if v.check_seed_reproducible:
                     jobs += [(self.suite.get(pid), v.temperature, v.seeds[0], "reproduce") for pid in v.prompt_ids]
                 samples += self._run_all(jobs, progress, "variation")
-            if baseline_answers is None and cfg.baseline_url and cfg.lossless.enabled:
+            if baseline_answers is None and cfg.baseline_url and cfg.lossless.enabled and oracle_t0:
                 baseline_answers, source = self._baseline_answers(progress), cfg.baseline_url
-            if self.relative and self.baseline_samples is None:
-                self.baseline_samples = self._baseline_hot_samples(progress)
+            verdicts: dict[float, Any] = {}
+            if likely is not None:
+                verdicts = self._likelihood_verdicts(likely, samples, hot, progress)
         spec_after = read_spec_metrics(self.client, self.kind)
         lossless = None
-        if baseline_answers is not None:  # before the detectors: T=0 hits on a proven target path are the model's
+        if baseline_answers is not None:
             comps, reanchor = self._lossless_paths(samples, baseline_answers)
-            self.models_own = models_own_texts(samples, comps, baseline_answers, cfg)
-            lossless = lossless_case(baseline_answers, cfg, source, comps, reanchor, self.baseline_logprobs)
+            lossless = LosslessData(baseline_answers, source, comps, reanchor, self.baseline_logprobs)
         if cfg.judge.enabled:
-            self.judge_s = judge_samples(samples, cfg, {p.id: p.prompt for p in self.suite.prompts}, self.console)
-        cases = self._judge(samples, spec_before, spec_after)
-        if lossless is not None:
-            cases.insert(next(i for i, c in enumerate(cases) if c.name == "throughput"), lossless)
-        else:
-            spec = next(c for c in cases if c.name == "spec_accept_length")
-            cases.append(lossless_missing_case(cfg, speculative=cfg.spec.enabled == "on" or not spec.skipped))
-        cases += self._depth_cases()
-        passed = all(c.ok or c.skipped for c in cases)
+            judged = [s for s in samples if s.temperature in weak or self.recording_baseline]
+            self.judge_s = judge_samples(judged, cfg, {p.id: p.prompt for p in self.suite.prompts}, self.console)
+        spec_on = cfg.spec.enabled == "on" or any(
+            s.spec_accept_length is not None or s.draft_n for s in samples) or bool(
+            spec_after and spec_after.accept_length is not None)
+        ctx = GateContext(cfg, self.kind, samples, spec_before, spec_after,
+                          seeds_ignored=self._seeds_ignored() if cfg.variation.enabled else None,
+                          lossless=lossless, speculative=spec_on, likelihood=verdicts,
+                          likelihood_off=self.likelihood_off, depth=self._depth_cases())
+        results = run_checks(ctx)
+        cases = [r.case() for r in results]
+        passed = all((c.ok or c.skipped) and not c.not_run for c in cases)
         ok_samples = [s for s in samples if not s.error]
+        modes = {f"T{t:g}": ("oracle: lossless_t0 against the target-only server" if t == 0 else
+                             "oracle: likelihood under the target model against the target-only server")
+                 if ctx.mode(t) == "oracle" else "detectors + judge (weaker: no target-only baseline)"
+                 for t in cfg.temperatures}
         summary = {
             "verdict": "PASS" if passed else "FAIL",
             "target": self.client.base_url,
@@ -257,10 +224,12 @@ class Gate:
             "server_kind": self.kind,
             "suite": f"{Path(cfg.suite).name} (v{self.suite.version})",
             "temperatures": cfg.temperatures,
+            "verdict_mode": modes,
             "requests": len(samples),
             "request_errors": sum(1 for s in samples if s.error),
             "checks": len(cases),
             "failed_checks": [c.name for c in cases if not c.ok and not c.skipped],
+            "not_run_checks": [{"name": c.name, "reason": c.message} for c in cases if c.not_run],
             "duration_s": round(time.perf_counter() - t_start, 2),
             "median_ttft_s": _median(s.ttft_s for s in ok_samples),
             "median_tokens_per_s": _median(s.tokens_per_s for s in ok_samples),
@@ -271,140 +240,21 @@ class Gate:
         }
         return GateResult(self.client.base_url, model, self.kind, passed, cases, samples, summary)
 
+    # ------------------------------------------------------------------ the target's likelihood at T>0
+    likelihood_off: str | None = None
+
+    def _likelihood_plan(self, model: str) -> Any:
+        """The scorer that judges T>0 answers under the target model, or None (reason in likelihood_off)."""
+        self.likelihood_off = "the likelihood verdict is not configured"
+        return None
+
+    def _likelihood_verdicts(self, plan: Any, samples: list[Sample], hot: list[float],
+                             progress: Progress) -> dict[float, Any]:
+        return {}
+
     # ------------------------------------------------------------------ judging
     def _seeds_ignored(self) -> str | None:
         return seeds_ignored_reason(self.kind, self.client.server_info() if self.kind == "sglang" else None)
-
-    def _judge(self, samples: list[Sample], spec_before: SpecReading | None,
-               spec_after: SpecReading | None) -> list[Case]:
-        cfg = self.cfg
-        cases: list[Case] = []
-        errs = [s for s in samples if s.error]
-        err_msg = "; ".join(f"{s.label}: {s.error}" for s in errs[:5])
-        cases.append(Case("request_errors", "transport", not errs, err_msg or f"{len(samples)} requests ok",
-                          {"errors": [asdict(s) for s in errs[:20]]}))
-        good = [s for s in samples if not s.error]
-        bad_fu = []
-        for s in good:
-            why = []
-            if s.finish_reason not in cfg.allowed_finish_reasons:
-                why.append(f"finish_reason={s.finish_reason!r}")
-            if not s.completion_tokens:
-                why.append(f"usage.completion_tokens={s.completion_tokens!r}")
-            elif s.finish_reason == "length" and s.completion_tokens != s.max_tokens:
-                why.append(f"finish_reason=length but {s.completion_tokens} tokens != max_tokens {s.max_tokens}")
-            elif s.completion_tokens > s.max_tokens:
-                why.append(f"{s.completion_tokens} tokens > max_tokens {s.max_tokens}")
-            if not s.prompt_tokens:
-                why.append(f"usage.prompt_tokens={s.prompt_tokens!r}")
-            if why:
-                bad_fu.append(f"{s.label}: {', '.join(why)}")
-        cases.append(Case("finish_usage", "sanity", not bad_fu, "; ".join(bad_fu[:8]) or "finish_reason and usage sane",
-                          {"problems": bad_fu}))
-        # Garbage detectors, one case per detector and temperature over every sample at that temperature.
-        temps = sorted({s.temperature for s in good})
-        relative: list[Case] = []
-        hot = hot_temperatures(cfg)
-        if self.relative:
-            assert self.baseline_samples is not None
-            relative = relative_coherence_cases(good, self.baseline_samples, cfg)
-            temps = sorted({*temps, *hot})
-        for t in temps:
-            at_t = [s for s in good if s.temperature == t]
-            if self.relative and t in hot:  # counted against the baseline (validation/coherence.py)
-                cases += [c for c in relative if c.name.endswith(f"@T{t:g}")]
-                cases.append(fluency_case(at_t, t, cfg))
-                continue
-            for det in DETECTORS:
-                if det in cfg.thresholds.disabled:
-                    cases.append(Case(f"{det}@T{t:g}", "coherence", True, "disabled by config", skipped=True))
-                    continue
-                hits = [(s, f) for s in at_t for f in s.findings if f.check == det]
-                own = [(s, f) for s, f in hits if t == 0 and self._models_own(s)]
-                ref_own = [(s, f) for s, f in hits if s.reference_own and (s, f) not in own]
-                hits = [h for h in hits if h not in own and h not in ref_own]
-                msg = "; ".join(f"{s.label}: {f.reason} — {f.excerpt or quote(s.text)}" for s, f in hits[:6])
-                if own:
-                    msg = "; ".join(filter(None, [msg, f"{len(own)} hit(s) on answers proven to be the target's own "
-                                                       "greedy text (lossless_t0 re-anchored them to their end), "
-                                                       "the model's, not the build's: " + "; ".join(
-                                                           f"{s.label}: {f.reason}" for s, f in own[:3])]))
-                if ref_own:
-                    msg = "; ".join(filter(None, [msg, f"{len(ref_own)} loop(s) excused, {ref_own[0][0].reference_own}"
-                                                       ": " + "; ".join(f"{s.label}: {f.reason}"
-                                                                        for s, f in ref_own[:3])]))
-                cases.append(Case(f"{det}@T{t:g}", "coherence", not hits,
-                                  msg or f"{len(at_t)} answers clean",
-                                  {"offending": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt,
-                                                  "text": s.text[:2000]} for s, f in hits],
-                                   "models_own": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt,
-                                                   "text": s.text[:2000]} for s, f in own],
-                                   "reference_own": [{"sample": s.label, "reason": f.reason, "why": s.reference_own,
-                                                      "text": s.text[:2000]} for s, f in ref_own]}))
-            cases.append(fluency_case(at_t, t, cfg))
-        if not cfg.determinism.enabled:
-            for name in ("determinism_sequential", "determinism_concurrent"):
-                cases.append(Case(name, "determinism", True, "disabled by config (determinism.enabled: false)",
-                                  skipped=True))
-        if not cfg.variation.enabled:
-            for name in ("variation_distinct", "seed_reproducible"):
-                cases.append(Case(name, "variation", True, "disabled by config (variation.enabled: false)",
-                                  skipped=True))
-        elif not cfg.variation.check_seed_reproducible:
-            cases.append(Case("seed_reproducible", "variation", True,
-                              "disabled by config (variation.check_seed_reproducible: false)", skipped=True))
-        if cfg.determinism.enabled:
-            for purpose, name in (("determinism-seq", "determinism_sequential"),
-                                  ("determinism-conc", "determinism_concurrent")):
-                msgs, ok = [], True
-                for pid in cfg.determinism.prompt_ids:
-                    texts = [s.text for s in good if s.purpose == purpose and s.prompt_id == pid]
-                    base = [s.text for s in good if s.purpose == "suite" and s.prompt_id == pid and s.temperature == 0]
-                    texts = base + texts
-                    distinct = list(dict.fromkeys(texts))
-                    if len(texts) < 2:
-                        ok = False
-                        msgs.append(f"{pid}: too few successful repeats")
-                    elif len(distinct) > 1:
-                        ok = False
-                        msgs.append(f"{pid}: {len(distinct)} different T=0 answers in {len(texts)}: "
-                                    + " vs ".join(quote(d, 80) for d in distinct[:3]))
-                cases.append(Case(name, "determinism", ok, "; ".join(msgs) or "identical T=0 answers"))
-        if cfg.variation.enabled:
-            v = cfg.variation
-            msgs, ok = [], True
-            for pid in v.prompt_ids:
-                texts = [s.text for s in good if s.purpose == "variation" and s.prompt_id == pid]
-                if len(set(texts)) < v.min_distinct:
-                    ok = False
-                    msgs.append(f"{pid}: only {len(set(texts))} distinct answers from seeds {v.seeds} "
-                                f"at T={v.temperature}")
-            cases.append(Case("variation_distinct", "variation", ok, "; ".join(msgs) or "seeds give different answers"))
-            ignored = self._seeds_ignored() if v.check_seed_reproducible else None
-            if ignored:
-                cases.append(Case("seed_reproducible", "variation", True, ignored, skipped=True))
-            elif v.check_seed_reproducible:
-                msgs, ok = [], True
-                for pid in v.prompt_ids:
-                    first = [s.text for s in good if s.purpose == "variation" and s.prompt_id == pid
-                             and s.seed == v.seeds[0]]
-                    again = [s.text for s in good if s.purpose == "reproduce" and s.prompt_id == pid]
-                    if not first or not again or first[0] != again[0]:
-                        ok = False
-                        msgs.append(f"{pid}: same seed {v.seeds[0]} gave different answers: "
-                                    + " vs ".join(quote(t, 80) for t in first[:1] + again[:1]))
-                cases.append(Case("seed_reproducible", "variation", ok, "; ".join(msgs) or "same seed, same answer"))
-        cases.append(self._spec_case(good, spec_before, spec_after))
-        tps = [s.tokens_per_s for s in good if s.tokens_per_s]
-        ttft = [s.ttft_s for s in good if s.ttft_s is not None]
-        cases.append(Case("throughput", "performance", True,
-                          f"median TTFT {_fmt(_median(ttft))} s, median decode {_fmt(_median(tps))} tok/s over "
-                          f"{len(good)} requests (recorded, not gated)",
-                          {"ttft_s": ttft, "tokens_per_s": tps}))
-        return cases
-
-    def _models_own(self, s: Sample) -> bool:
-        return self.models_own.get(s.prompt_id) == s.text
 
     def _reanchor_fn(self) -> tuple[Continue | None, str]:
         """The target-only continuation the lossless check re-anchors near-ties on, or why there is none."""
@@ -493,21 +343,6 @@ class Gate:
         self.baseline_logprobs = {s.prompt_id: decode_logprobs(s.logprobs) for s in got if s.logprobs}
         return {s.prompt_id: s.text for s in got}
 
-    def _baseline_hot_samples(self, progress: Progress) -> list[BaselineSample]:
-        """T>0 suite answers of the live baseline deployment, with the seeds the candidate used."""
-        base = self._baseline_client()
-        cfg = self.cfg
-        saved, self.client = self.client, base
-        try:
-            got = self._run_all([(p, t, seed, "suite") for t in hot_temperatures(cfg) for seed in suite_seeds(cfg, t)
-                                 for p in self.suite.prompts], progress, "baseline T>0")
-        finally:
-            self.client = saved
-        errs = [s for s in got if s.error]
-        if errs:
-            raise TargetError(f"baseline {cfg.baseline_url} failed: {errs[0].error}")
-        return [BaselineSample(s.prompt_id, s.temperature, s.seed, s.text) for s in got]
-
     def _depth_cases(self) -> list[Case]:
         cfg = self.cfg
         cases: list[Case] = []
@@ -531,38 +366,6 @@ class Gate:
             cases.append(Case("speed_vs_baseline", "speed", True, "no baseline_url configured: nothing to compare "
                               "tok/s against", skipped=True))
         return cases
-
-    def _spec_case(self, good: list[Sample], before: SpecReading | None, after: SpecReading | None) -> Case:
-        cfg = self.cfg.spec
-        per_req = [s.spec_accept_length for s in good if s.spec_accept_length is not None]
-        drafted = [(s.completion_tokens or 0, s.draft_accepted or 0) for s in good if s.draft_n]
-        lengths = list(per_req)
-        for toks, acc in drafted:
-            steps = toks - acc
-            if steps > 0:
-                lengths.append(toks / steps)
-        server_len = after.accept_length if after else None
-        reported = bool(lengths) or server_len is not None
-        if cfg.enabled == "off" or (cfg.enabled == "auto" and not reported):
-            return Case("spec_accept_length", "speculative", True,
-                        "server reports no speculative decoding" if not reported else "disabled", skipped=True)
-        if not reported:
-            return Case("spec_accept_length", "speculative", False,
-                        "spec.enabled=on but the server reports no accept length (responses, /server_info, /metrics)")
-        mean = statistics.fmean(lengths) if lengths else server_len
-        assert mean is not None
-        rate = None
-        if drafted:
-            total_draft = sum(s.draft_n or 0 for s in good)
-            rate = sum(a for _, a in drafted) / total_draft if total_draft else 0.0
-        ok = mean >= cfg.min_accept_length and (rate is None or rate >= cfg.min_accept_rate)
-        msg = (f"mean accept length {mean:.2f} tokens/step (floor {cfg.min_accept_length})"
-               + (f", draft accept rate {rate:.0%} (floor {cfg.min_accept_rate:.0%})" if rate is not None else "")
-               + (f", server {server_len:.2f}" if server_len is not None else ""))
-        dist = {"min": min(lengths), "p50": statistics.median(lengths), "max": max(lengths)} if lengths else {}
-        return Case("spec_accept_length", "speculative", ok, msg,
-                    {"per_request": lengths, "distribution": dist, "server": after.as_dict() if after else None,
-                     "server_before": before.as_dict() if before else None})
 
 
 def load_baseline(path: str, model: str, cfg: GateConfig) -> dict[str, str]:
@@ -630,15 +433,6 @@ def _t0_suite(samples: list[Sample]) -> dict[str, Sample]:
     return {s.prompt_id: s for s in samples if not s.error and s.purpose == "suite" and s.temperature == 0}
 
 
-def models_own_texts(samples: list[Sample], comps: dict[str, Comparison], ref: dict[str, str],
-                     cfg: GateConfig) -> dict[str, str]:
-    """Prompt -> the T=0 answer re-anchored to its end (the target's own greedy text), where the baseline's
-    own answer to that prompt is clean: a detector hit on it is the model's, not the build's."""
-    mine = _t0_suite(samples)
-    return {pid: mine[pid].text for pid, c in comps.items()
-            if c.verdict == "reanchored" and pid in mine and not score_text(ref[pid], cfg.thresholds)}
-
-
 def lossless_case(ref: dict[str, str], cfg: GateConfig, source: str, comps: dict[str, Comparison],
                   reanchor: dict[str, Any], ref_logprobs: dict[str, list[Any]] | None = None) -> Case:
     """T=0 answers must equal those of the non-speculative deployment (file or live), up to near-ties
@@ -696,20 +490,6 @@ def judge_samples(samples: list[Sample], cfg: GateConfig, prompts: dict[str, str
     console.print(f"[judge] {len(todo)} distinct answers judged in {time.perf_counter() - t0:.1f}s "
                   f"(busy {busy:.1f}s)", highlight=False, markup=False)
     return time.perf_counter() - t0
-
-
-def fluency_case(at_t: list[Sample], t: float, cfg: GateConfig) -> Case:
-    name = f"fluency@T{t:g}"
-    if not cfg.judge.enabled:
-        return Case(name, "coherence", True, "disabled by config (judge.enabled: false)", skipped=True)
-    hits = [(s, f) for s in at_t for f in s.findings if f.check == "fluency"]
-    short = sum(1 for s in at_t if s.fluency and s.fluency.get("judged", 0) < cfg.judge.min_tokens)
-    msg = "; ".join(f"{s.label}: {f.reason} — {f.excerpt!r}" for s, f in hits[:6])
-    return Case(name, "coherence", not hits,
-                msg or f"{len(at_t)} answers judged fluent" + (f" ({short} too short to judge)" if short else ""),
-                {"offending": [{"sample": s.label, "reason": f.reason, "excerpt": f.excerpt, "text": s.text[:2000]}
-                               for s, f in hits],
-                 "scores": {s.label: s.fluency for s in at_t}})
 
 
 def _median(xs: Iterable[float | None]) -> float | None:

@@ -137,60 +137,50 @@ CLEAN_REF = "The sea is deep."
 
 
 def gate_with(table: dict[str, list], ref_text: str = CLEAN_REF) -> tuple[dict, dict, dict]:
+    """The gate's T=0 verdict on one looping answer after a near-tie, in oracle mode (a baseline is there)."""
+    from validation.backstop import backstop_findings
+    from validation.checks import GateContext, LosslessData, run_checks
     from validation.config import GateConfig
     from validation.detectors import score_text
-    from validation.gate import Gate, Sample, models_own_texts
+    from validation.gate import Gate, Sample
 
     cfg = GateConfig(judge={"enabled": False}, determinism={"enabled": False}, variation={"enabled": False},
-                     temperatures=[0.0], lossless={"reanchor_url": "http://127.0.0.1:9"})
+                     temperatures=[0.0], lossless={"reanchor_url": "http://127.0.0.1:9"},
+                     quality={"enabled": False}, long_copy={"enabled": False})
     gate = Gate("http://127.0.0.1:9", cfg)
     gate.baseline_logprobs = {"poem": BASE}
     gate._reanchor_fn = lambda: (Target(table), "http://127.0.0.1:9")  # the continuation, as above
     s = Sample("poem", 0.0, cfg.seed, "suite", 64, text=LOOPING, finish_reason="length", prompt_tokens=5,
-               completion_tokens=64, findings=score_text(LOOPING))
+               completion_tokens=64, findings=score_text(LOOPING), backstop=backstop_findings(LOOPING, "length"))
     comps, info = gate._lossless_paths([s], {"poem": ref_text})
-    gate.models_own = models_own_texts([s], comps, {"poem": ref_text}, cfg)  # as Gate.run sets it
-    return comps, info, {c.name: c for c in gate._judge([s], None, None)}
+    ctx = GateContext(cfg, "sglang", [s], lossless=LosslessData({"poem": ref_text}, "base.json", comps, info,
+                                                                 {"poem": BASE}))
+    return comps, info, {c.label: c for c in run_checks(ctx)}
 
 
 LOOP_TOKENS = [sure(" is"), sure(" blue."), sure(" The"), sure(" sea")]
 
 
-def test_a_loop_the_target_itself_writes_after_the_near_tie_is_the_models_not_the_builds() -> None:
-    comps, info, cases = gate_with({**TARGET, "The ocean": rows(*LOOP_TOKENS * 31)})
+def test_a_loop_the_target_itself_writes_after_the_near_tie_passes_and_the_detectors_only_explain() -> None:
+    from validation.checks import Status
+
+    comps, info, res = gate_with({**TARGET, "The ocean": rows(*LOOP_TOKENS * 31)})
     assert comps["poem"].verdict == "reanchored" and info["control"].startswith("poem: the baseline's answer")
-    hit = [c for n, c in cases.items() if n.endswith("@T0") and c.details.get("models_own")]
-    assert hit and all(c.ok for c in hit) and "the model's, not the build's" in hit[0].message
+    assert res["lossless_t0"].status is Status.PASS
+    det = res["detectors@T0"]  # oracle mode at T=0: the loop is listed, it does not decide
+    assert det.status is Status.SKIP and det.mode == "oracle" and "ngram_loop" in det.message
+    assert res["backstop@T0"].status is Status.PASS
+    assert "ngram_loop@T0" not in res
 
 
-def test_a_loop_the_target_does_not_write_still_fails_the_t0_detectors() -> None:
-    comps, _, cases = gate_with({**TARGET, "The ocean": rows(sure(" is"), sure(" blue."), sure(" And"), sure(" x."))})
+def test_a_loop_the_target_does_not_write_fails_lossless_and_is_explained_by_the_detectors() -> None:
+    from validation.checks import Status
+
+    comps, _, res = gate_with({**TARGET, "The ocean": rows(sure(" is"), sure(" blue."), sure(" And"), sure(" x."))})
     assert comps["poem"].verdict == "diverged"
-    failed = [n for n, c in cases.items() if n.endswith("@T0") and not c.ok]
-    assert failed and all(not cases[n].details.get("models_own") for n in failed)
-
-
-def test_no_attribution_when_the_baselines_own_answer_is_not_clean() -> None:
-    from validation.detectors import score_text
-
-    comps, _, _ = gate_with({**TARGET, "The ocean": rows(*LOOP_TOKENS * 31)})
-    assert comps["poem"].verdict == "reanchored"
-    dirty = "The sea" + " is blue. The sea" * 30
-    assert score_text(dirty)
-    from validation.config import GateConfig
-    from validation.gate import Gate, Sample, models_own_texts
-
-    cfg = GateConfig(judge={"enabled": False})
-    gate = Gate("http://127.0.0.1:9", cfg)
-    s = Sample("poem", 0.0, 1, "suite", 64, text=LOOPING, finish_reason="length")
-    gate.models_own = models_own_texts([s], comps, {"poem": CLEAN_REF}, cfg)
-    assert gate._models_own(s)
-    # the target's own answer loops too: nothing shows the loop is a flip's
-    gate.models_own = models_own_texts([s], comps, {"poem": dirty}, cfg)
-    assert not gate._models_own(s)
-    other = Sample("poem", 0.0, 1, "determinism-seq", 64, text=LOOPING + " again", finish_reason="length")
-    gate.models_own = models_own_texts([s], comps, {"poem": CLEAN_REF}, cfg)
-    assert not gate._models_own(other)  # another text than the one re-anchored
+    verdict = res["lossless_t0"]
+    assert verdict.status is Status.FAIL and "what the diverging answers hold" in verdict.message
+    assert "ngram_loop" in verdict.evidence["explanations"]
 
 
 def test_the_control_accepts_a_baseline_whose_tokens_end_with_the_end_of_turn_token() -> None:
