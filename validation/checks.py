@@ -102,7 +102,8 @@ class GateContext:
     lossless: LosslessData | None = None
     speculative: bool = False
     likelihood: dict[float, Any] = field(default_factory=dict)  # T -> LikelihoodVerdict (validation/likelihood.py)
-    likelihood_off: str | None = None  # why T>0 is not judged by the target's likelihood
+    likelihood_off: str | None = None  # why T>0 is not judged by the target's likelihood (detectors mode)
+    likelihood_error: str | None = None  # the likelihood verdict should have run and could not (not_run)
     depth: list[Case] = field(default_factory=list)  # quality / long copy / speed, run by the gate (requests)
 
     @property
@@ -116,7 +117,7 @@ class GateContext:
     def mode(self, t: float) -> str:
         if t == 0:
             return ORACLE if self.lossless is not None else DETECTORS_MODE
-        return ORACLE if t in self.likelihood else DETECTORS_MODE
+        return ORACLE if t in self.likelihood or self.likelihood_error else DETECTORS_MODE
 
     def at(self, t: float, purpose: str | None = None) -> list[Sample]:
         return [s for s in self.good if s.temperature == t and (purpose is None or s.purpose == purpose)]
@@ -270,6 +271,8 @@ def _lossless(ctx: GateContext, t: float | None) -> list[CheckResult]:
 @register("likelihood", "coherence", hot_only)
 def _likelihood(ctx: GateContext, t: float | None) -> list[CheckResult]:
     assert t is not None
+    if ctx.likelihood_error:
+        return [CheckResult("likelihood", "coherence", Status.NOT_RUN, ctx.likelihood_error, t, mode=ORACLE)]
     if t not in ctx.likelihood:
         why = ctx.likelihood_off or "no target-only baseline to score against"
         return [CheckResult("likelihood", "coherence", Status.SKIP, f"{why}: T={t:g} is judged in the {WEAKER}",

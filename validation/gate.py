@@ -1,13 +1,14 @@
-"""The pre-promotion gate: run the prompt suite against a target and judge every answer.
+"""The pre-promotion gate: run the prompt suite against a target, then every registered check over the answers.
 
     result = run_gate("http://127.0.0.1:30000", load_gate_config("deploy.yaml"), out_dir="runs/gate")
     result.passed  -> bool; result.cases -> named checks; reports written into out_dir
 
-Checks (each its own JUnit case, grouped by temperature where that applies):
-  request_errors, finish_usage, <detector>@T<t> for every garbage detector, determinism_sequential,
-  determinism_concurrent, variation_distinct, seed_reproducible, spec_accept_length, lossless_t0,
-  throughput (recorded, informational); with `coherence.reference: baseline` also
-  coherence_vs_baseline@T<t> for every T>0 (validation/coherence.py).
+The Gate sends the requests (the suite at every temperature, determinism repeats, seed variation, the
+target-only baseline's answers where one is live), measures what needs more requests (lossless re-anchoring,
+the target's likelihood of every T>0 answer, quality, long copy, speed) and hands it all to the registry of
+checks (validation/checks.py), which decides. The verdict comes from the target itself where a target-only
+baseline is available (oracle mode: lossless_t0 at T=0, likelihood@T at T>0), else from the detectors and
+the fluency judge (the weaker mode, labelled in every report); the backstop is zero tolerance in both.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from pipeline.client import ChatResult, OpenAIClient
 from pipeline.errors import TargetError, UsageError
 from pipeline.reports import Case, write_html, write_json, write_junit
 from validation.backstop import Backstop
+from validation.baseline import BaselineSample, hot_temperatures
+from validation.baseline import samples_of as baseline_samples_of
 from validation.checks import GateContext, LosslessData, run_checks
-from validation.coherence import hot_temperatures, suite_seeds
 from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import score_text
 from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
+from validation.likelihood import likelihood_test, make_scorer, score_answer
 from validation.lossless import (
     Comparison,
     Continuation,
@@ -49,6 +52,12 @@ from validation.lossless import (
 from validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
 from validation.spec import read_spec_metrics
 from validation.suite import Prompt, Suite, load_suite
+
+
+@dataclass(frozen=True)
+class _LikelihoodPlan:
+    scorer: Any  # validation.likelihood.Scorer
+    baseline: list[BaselineSample] | None  # recorded T>0 answers; None: sampled live from baseline_url
 
 
 @dataclass
@@ -172,7 +181,7 @@ class Gate:
         samples: list[Sample] = []
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=self.console, transient=False) as progress:
-            jobs = [(p, t, seed, "suite") for t in cfg.temperatures for seed in suite_seeds(cfg, t)
+            jobs = [(p, t, seed, "suite") for t in cfg.temperatures for seed in self.seeds(t, likely is not None)
                     for p in self.suite.prompts]
             samples += self._run_all(jobs, progress, "suite")
             if cfg.determinism.enabled:
@@ -208,7 +217,8 @@ class Gate:
         ctx = GateContext(cfg, self.kind, samples, spec_before, spec_after,
                           seeds_ignored=self._seeds_ignored() if cfg.variation.enabled else None,
                           lossless=lossless, speculative=spec_on, likelihood=verdicts,
-                          likelihood_off=self.likelihood_off, depth=self._depth_cases())
+                          likelihood_off=self.likelihood_off, likelihood_error=self.likelihood_error,
+                          depth=self._depth_cases())
         results = run_checks(ctx)
         cases = [r.case() for r in results]
         passed = all((c.ok or c.skipped) and not c.not_run for c in cases)
@@ -241,16 +251,87 @@ class Gate:
         return GateResult(self.client.base_url, model, self.kind, passed, cases, samples, summary)
 
     # ------------------------------------------------------------------ the target's likelihood at T>0
-    likelihood_off: str | None = None
+    likelihood_off: str | None = None  # why T>0 is not judged by the target's likelihood (detectors mode)
+    likelihood_error: str | None = None  # why the likelihood verdict could not run (not_run, never a pass)
 
-    def _likelihood_plan(self, model: str) -> Any:
-        """The scorer that judges T>0 answers under the target model, or None (reason in likelihood_off)."""
-        self.likelihood_off = "the likelihood verdict is not configured"
-        return None
+    def _likelihood_plan(self, model: str) -> _LikelihoodPlan | None:
+        """The scorer and the baseline's T>0 answers that judge T>0 under the target model, or None with the
+        reason in likelihood_off. A scorer that cannot score is a UsageError here, before any gate request."""
+        cfg = self.cfg
+        lc = cfg.likelihood
+        if not hot_temperatures(cfg):
+            self.likelihood_off = "no T>0 temperature configured"
+            return None
+        if not lc.enabled:
+            self.likelihood_off = "disabled by config (likelihood.enabled: false)"
+            return None
+        rows = None
+        if cfg.lossless.baseline:
+            doc = read_baseline(cfg.lossless.baseline, model, cfg.suite, cfg.max_tokens)
+            if doc.get("samples") or not cfg.baseline_url:
+                rows = baseline_samples_of(doc, cfg.lossless.baseline, cfg)
+        if rows is None and not cfg.baseline_url:
+            self.likelihood_off = ("no target-only baseline (baseline_url, or a baseline file recorded with T>0 "
+                                   "samples by record-baseline)")
+            return None
+        scorer = make_scorer(cfg, self.client, self.kind)
+        return _LikelihoodPlan(scorer, rows)
 
-    def _likelihood_verdicts(self, plan: Any, samples: list[Sample], hot: list[float],
+    def _likelihood_verdicts(self, plan: _LikelihoodPlan, samples: list[Sample], hot: list[float],
                              progress: Progress) -> dict[float, Any]:
-        return {}
+        """Every T>0 suite answer of the candidate and of the baseline scored under the target model, then one
+        two-sample verdict per temperature (validation/likelihood.py)."""
+        cfg = self.cfg
+        prompts = {p.id: p for p in self.suite.prompts}
+        base = plan.baseline
+        if base is None:
+            base = self._baseline_hot_answers(progress)
+        mine = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error and s.text.strip()]
+        todo = [(s.prompt_id, s.temperature, s.seed, s.text, s) for s in mine] + [
+            (b.prompt_id, b.temperature, b.seed, b.text, None) for b in base if b.text.strip()]
+        task = progress.add_task(f"likelihood: scoring under {plan.scorer.name}", total=len(todo))
+        cand: dict[float, list[Any]] = {t: [] for t in hot}
+        ref: dict[float, list[Any]] = {t: [] for t in hot}
+        t0 = time.perf_counter()
+        try:
+            for pid, t, seed, text, sample in todo:
+                sc = score_answer(plan.scorer, prompts[pid].messages(), text, t, pid, seed)
+                (cand if sample is not None else ref).setdefault(t, []).append(sc)
+                if sample is not None:
+                    sample.score = sc
+                progress.advance(task)
+        except TargetError as exc:
+            self.likelihood_error = f"scoring failed on {plan.scorer.name}: {str(exc)[:300]}"
+            return {}
+        self.console.print(f"[likelihood] {len(todo)} answers scored in {time.perf_counter() - t0:.1f}s",
+                           highlight=False, markup=False)
+        return {t: likelihood_test(cand[t], ref[t], cfg.likelihood, len(hot)) for t in hot}
+
+    def _baseline_hot_answers(self, progress: Progress) -> list[BaselineSample]:
+        """T>0 suite answers of the live baseline deployment, with `likelihood.baseline_seeds`."""
+        base = self._baseline_client()
+        cfg = self.cfg
+        saved, self.client = self.client, base
+        try:
+            got = self._run_all([(p, t, seed, "suite") for t in hot_temperatures(cfg)
+                                 for seed in cfg.likelihood.baseline_seeds for p in self.suite.prompts],
+                                progress, "baseline T>0")
+        finally:
+            self.client = saved
+        errs = [s for s in got if s.error]
+        if errs:
+            raise TargetError(f"baseline {cfg.baseline_url} failed: {errs[0].error}")
+        return [BaselineSample(s.prompt_id, s.temperature, s.seed, s.text, s.finish_reason) for s in got]
+
+    def seeds(self, t: float, oracle_hot: bool) -> list[int]:
+        """The suite's seeds at one temperature: `seed` at T=0 and in detectors mode; at T>0 in oracle mode the
+        candidate's `likelihood.seeds`, and while recording a baseline `likelihood.baseline_seeds`."""
+        cfg = self.cfg
+        if t == 0:
+            return [cfg.seed]
+        if self.recording_baseline and cfg.likelihood.enabled:
+            return list(cfg.likelihood.baseline_seeds)
+        return list(cfg.likelihood.seeds) if oracle_hot else [cfg.seed]
 
     # ------------------------------------------------------------------ judging
     def _seeds_ignored(self) -> str | None:

@@ -1,0 +1,80 @@
+"""The target-only baseline's sampled (T>0) answers: what `record-baseline` keeps and the gate compares against.
+
+The T>0 verdict in oracle mode (validation/likelihood.py) compares the candidate's sampled answers with
+the target-only server's own, sampled at the same prompts and temperatures with `likelihood.baseline_seeds`
+(disjoint from the candidate's `likelihood.seeds`, so the comparison never rests on a seeded identity).
+They come live from `baseline_url` or from a file written by `record-baseline` (its `samples` key, texts
+only: every answer is scored at gate time by the same scorer as the candidate's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import UsageError
+from validation.config import GateConfig
+
+if TYPE_CHECKING:
+    from validation.samples import Sample
+
+RERECORD = "re-record the baseline with this profile (python -m validation record-baseline --config PROFILE)"
+
+
+@dataclass(frozen=True)
+class BaselineSample:
+    """One T>0 suite answer of the target-only deployment."""
+
+    prompt_id: str
+    temperature: float
+    seed: int | None
+    text: str
+    finish_reason: str | None = None
+
+
+def hot_temperatures(cfg: GateConfig) -> list[float]:
+    return sorted({t for t in cfg.temperatures if t > 0})
+
+
+def samples_record(samples: list[Sample]) -> list[dict[str, Any]]:
+    """The `samples` key of a baseline file: the T>0 suite answers, texts only."""
+    return [{"prompt_id": s.prompt_id, "temperature": s.temperature, "seed": s.seed, "text": s.text,
+             "finish_reason": s.finish_reason}
+            for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
+
+
+def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[BaselineSample]:
+    """The T>0 answers of a baseline document already read (and checked) by lossless.read_baseline, checked to
+    hold every (prompt, temperature, baseline seed) this config compares. UsageError otherwise."""
+    rows = doc.get("samples")
+    try:
+        samples = [] if rows is None else [
+            BaselineSample(str(r["prompt_id"]), float(r["temperature"]), r.get("seed"), str(r["text"]),
+                           r.get("finish_reason")) for r in rows]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"cannot read baseline samples from {path}: {type(exc).__name__}") from None
+    if not samples:
+        raise UsageError(f"baseline {path} has no T>0 samples to compare the candidate's sampled answers against: "
+                         f"{RERECORD}")
+    have = {(s.prompt_id, s.temperature, s.seed) for s in samples}
+    from validation.suite import load_suite
+
+    need = [(p.id, t, seed) for t in hot_temperatures(cfg) for seed in cfg.likelihood.baseline_seeds
+            for p in load_suite(cfg.suite).prompts]
+    missing = [n for n in need if n not in have]
+    if missing:
+        shown = ", ".join(f"{pid}@T{t:g}/seed{seed}" for pid, t, seed in missing[:4])
+        raise UsageError(f"baseline {path} lacks {len(missing)} of the {len(need)} T>0 samples this profile "
+                         f"compares against ({shown}{', …' if len(missing) > 4 else ''}): {RERECORD}")
+    return [s for s in samples if (s.prompt_id, s.temperature, s.seed) in set(need)]
+
+
+def from_report(report: dict[str, Any]) -> list[BaselineSample]:
+    """Baseline samples from a gate report of the target-only server (its T>0 suite answers)."""
+    return [BaselineSample(r["prompt_id"], float(r["temperature"]), r.get("seed"), r.get("text") or "",
+                           r.get("finish_reason"))
+            for r in report.get("samples") or []
+            if r.get("purpose") == "suite" and float(r["temperature"]) > 0 and not r.get("error")]
+
+
+__all__ = ["RERECORD", "BaselineSample", "from_report", "hot_temperatures", "samples_of", "samples_record"]
