@@ -7,11 +7,12 @@ for the embedded llama.cpp target, the in-process numpy forward pass of the same
 validation/refmodel.py). Per temperature T:
 
 1. **Support.** p_T = softmax(logits / T). A correct sampler at T with top_p <= 1 (top_p, top-k and min-p
-   only remove candidates) draws a token with p_T(tok) < eps with probability below eps / top_p, so over N
-   candidate tokens it emits one with probability below N * eps / top_p. Every candidate token with
-   log p_T < log(eps) fails the temperature; eps is the configured limit, lowered at gate time until that
-   bound is within the support's share of alpha. Token-level corruption (a foreign KV slot, a wrong row)
-   emits exactly such tokens.
+   only remove candidates, and keep at least top_p of the mass) gives any one token at most p_T(tok) / top_p.
+   At one position the tokens with p_T < eps hold less than V * eps of the mass (V the vocabulary size: all
+   of them may lie below eps at once), so over N candidate tokens a correct sampler emits one with
+   probability below N * V * eps / top_p. Every candidate token with log p_T < log(eps) fails the
+   temperature; eps is the configured limit, lowered at gate time until that bound is within the support's
+   share of alpha. Token-level corruption (a foreign KV slot, a wrong row) emits exactly such tokens.
 2. **Distribution.** Per answer, the mean NLL at T (-mean log p_T) and the worst `window`-token window of
    it. A stratified (by prompt) two-sample permutation test compares the candidate's answers with the
    baseline's: the statistic is the sum over prompts of (candidate mean - baseline mean) / the prompt's
@@ -65,6 +66,7 @@ class AnswerScore:
     window: int = 16
     error: str | None = None                     # why this answer could not be scored
     exact_support: bool = True                   # False: p_T's normaliser from top-k only (over-estimated)
+    vocab: int = 262_144                         # the model's vocabulary size (the support bound's V)
 
     @property
     def n_tokens(self) -> int:
@@ -214,7 +216,7 @@ class ReferenceScorer:
         logits = self._judge.logits(self.prompt_ids(messages), ids)
         lp1, lpt = _support_from_logits(logits, ids, temperature)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp1.tolist()), tuple(lpt.tolist()), tuple(pieces),
-                           self.window)
+                           self.window, vocab=int(logits.shape[1]))
 
     def close(self) -> None:
         self._judge.stop()
@@ -523,12 +525,12 @@ def _alphas(lc: Any, n_temperatures: int) -> tuple[float, float, float]:
     return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share) / len(STATS)
 
 
-def support_limit(lc: Any, n_tokens: int, top_p: float, a_support: float) -> tuple[float, float]:
-    """(log eps, the false-fail bound N * eps / top_p) for N candidate tokens."""
+def support_limit(lc: Any, n_tokens: int, top_p: float, a_support: float, vocab: int) -> tuple[float, float]:
+    """(log eps, the false-fail bound N * V * eps / top_p) for N candidate tokens over a vocabulary of V."""
     log_eps = lc.support_log_eps
     if n_tokens > 0:
-        log_eps = min(log_eps, math.log(a_support * top_p / n_tokens))
-    return log_eps, n_tokens * math.exp(log_eps) / top_p
+        log_eps = min(log_eps, math.log(a_support * top_p / (n_tokens * vocab)))
+    return log_eps, n_tokens * vocab * math.exp(log_eps) / top_p
 
 
 def _impossible(answers: list[AnswerScore], log_eps: float) -> list[dict[str, Any]]:
@@ -577,13 +579,15 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
     cand = [a for a in candidate if not (a.error or a.n_tokens == 0)]
     base = [a for a in baseline if not (a.error or a.n_tokens == 0)]
     n_tok = sum(a.n_tokens for a in cand)
-    log_eps, bound = support_limit(lc, n_tok, top_p, a_sup)
+    vocab = max([a.vocab for a in cand], default=AnswerScore.__dataclass_fields__["vocab"].default)
+    log_eps, bound = support_limit(lc, n_tok, top_p, a_sup, vocab)
     method = (f"stratified two-sided permutation test ({lc.permutations} permutations, seed {lc.rng_seed}) of the "
               f"per-answer mean NLL and worst {lc.window}-token-window NLL at T under the target model, by prompt; "
               f"alpha {lc.alpha:g} over {n_temperatures} T>0 temperatures -> {a_t:.3g} at T={t:g}: "
               f"{a_sup:.3g} to the support check (no token with log p_T < {log_eps:.2f}, false-fail bound "
-              f"N*eps/top_p), {a_stat:.3g} to each statistic")
-    sup: dict[str, Any] = {"log_eps": log_eps, "eps": math.exp(log_eps), "n_tokens": n_tok, "top_p": top_p,
+              f"N*V*eps/top_p), {a_stat:.3g} to each statistic")
+    sup: dict[str, Any] = {"log_eps": log_eps, "eps": math.exp(log_eps), "n_tokens": n_tok, "vocab": vocab,
+                           "top_p": top_p,
                            "bound": bound, "alpha": a_sup, "exact": all(a.exact_support for a in cand),
                            "impossible": [], "min_log_p_T": None}
     sl = [min(a.support_logprobs) for a in cand if a.support_logprobs]
