@@ -292,6 +292,64 @@ class CoherenceConfig(StrictModel):
         return self
 
 
+class LikelihoodConfig(StrictModel):
+    """The T>0 verdict from the target's own likelihood (validation/likelihood.py).
+
+    Every T>0 prompt is sampled once per seed of `seeds` on the candidate and once per seed of
+    `baseline_seeds` on the target-only baseline (disjoint by default, so the test never rests on a
+    seeded identity), every answer is scored token by token under the target model, and per temperature
+    (a) the support check fails any candidate token with log p_T < the support limit and (b) a stratified
+    two-sample permutation test compares the per-answer mean and worst-window NLL at T. `alpha` is the
+    false-fail rate of the whole T>0 verdict: split over the T>0 temperatures (Bonferroni), then
+    `support_share` of it to the support check and the rest halved over the two statistics.
+    """
+
+    enabled: bool = True
+    scorer: str | None = Field(default=None, description="'reference' (the in-process numpy model, for the "
+                               "embedded llama.cpp target) or the URL of the target-only SGLang server; "
+                               "default: baseline_url when set, else reference")
+    seeds: list[int] = Field(default_factory=lambda: [1234, 2345, 3456], description="candidate seeds per prompt")
+    baseline_seeds: list[int] = Field(default_factory=lambda: [4321, 5432, 6543],
+                                      description="target-only baseline seeds per prompt")
+    allow_shared_seeds: bool = Field(default=False, description="let baseline_seeds overlap seeds")
+    alpha: float = Field(default=0.01, gt=0, lt=0.5, description="false-fail rate of the whole T>0 verdict")
+    support_share: float = Field(default=0.2, gt=0, lt=1, description="share of each temperature's alpha "
+                                 "spent on the support check")
+    support_log_eps: float = Field(default=-18.0, lt=0, description="largest support limit log(eps), natural "
+                                   "log; lowered at gate time when N*eps/top_p would exceed the support's alpha")
+    window: int = Field(default=16, ge=2, description="tokens per window of the worst-window NLL")
+    permutations: int = Field(default=4000, ge=200, le=200_000)
+    rng_seed: int = 20261203
+    min_answers: int = Field(default=6, ge=2, description="per side and temperature; fewer never pass")
+    sd_floor: float = Field(default=0.05, gt=0, description="nats; floor of a prompt's pooled spread")
+    top_logprobs: int = Field(default=20, ge=1, le=100, description="SGLang scorer: alternatives per position")
+    power_rates: list[float] = Field(default_factory=lambda: [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0])
+    power_reps: int = Field(default=200, ge=0, le=5000, description="Monte Carlo draws per rate; 0: no power")
+    power_permutations: int = Field(default=500, ge=100)
+    power_target: float = Field(default=0.8, gt=0, lt=1)
+    power_families: list[str] = Field(default_factory=lambda: ["soup_tail", "block_loop", "word_shuffle"],
+                                      description="validation/synth.py corruption families of the power estimate")
+    request_timeout_s: float = Field(default=120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> LikelihoodConfig:
+        for name, v in (("seeds", self.seeds), ("baseline_seeds", self.baseline_seeds)):
+            if not v or len(set(v)) != len(v):
+                raise ValueError(f"likelihood.{name} must be non-empty and distinct, got {v}")
+        shared = sorted(set(self.seeds) & set(self.baseline_seeds))
+        if shared and not self.allow_shared_seeds:
+            raise ValueError(f"likelihood.seeds and baseline_seeds share {shared}: the test would rest on seeded "
+                             "identity (set allow_shared_seeds: true to allow)")
+        if any(not 0 < r <= 1 for r in self.power_rates):
+            raise ValueError("likelihood.power_rates must lie in (0, 1]")
+        from validation.synth import CORRUPTION_FAMILIES
+
+        unknown = sorted(set(self.power_families) - set(CORRUPTION_FAMILIES))
+        if unknown:
+            raise ValueError(f"unknown likelihood.power_families {unknown}; known: {sorted(CORRUPTION_FAMILIES)}")
+        return self
+
+
 class GateConfig(StrictModel):
     """The whole gate. Defaults are what an SGLang production deployment is gated with."""
 
@@ -313,6 +371,7 @@ class GateConfig(StrictModel):
     long_copy: LongCopyConfig = Field(default_factory=LongCopyConfig)
     speed: SpeedConfig = Field(default_factory=SpeedConfig)
     coherence: CoherenceConfig = Field(default_factory=CoherenceConfig)
+    likelihood: LikelihoodConfig = Field(default_factory=LikelihoodConfig)
     baseline_url: str | None = Field(default=None, description="the same model served without speculation: "
                                      "speed comparison, and the lossless check when no baseline file is given")
     backstop_tokens: list[str] = Field(default_factory=list, description="the model's own special tokens beyond the "

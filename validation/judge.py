@@ -318,6 +318,22 @@ class FluencyJudge:
         nll, gap = nll_and_gap(h[n - 1 : n - 1 + len(ids)], self._out_t, ids)
         return nll.tolist(), gap.tolist()
 
+    def prefix_ids(self, prompt: str | None) -> list[int]:
+        """The token ids of the judge's chat prefix for prompt (its last 64 tokens: score() bounds the cost)."""
+        return [i for i, _ in self.tokenize(CHAT_PREFIX.format(prompt=(prompt or "")[:2000]))][-64:]
+
+    def logits(self, prefix_ids: list[int], ids: list[int]) -> Any:
+        """The (len(ids), n_vocab) float32 logits before every token of ids after prefix_ids (at least one
+        prefix token): row k is the model's next-token logits after prefix_ids + ids[:k]."""
+        import numpy as np
+
+        if not prefix_ids:
+            raise ValueError("logits needs at least one prefix token")
+        with self._lock:
+            h = self._hidden(prefix_ids + ids)
+        n = len(prefix_ids)
+        return np.asarray(h[n - 1 : n - 1 + len(ids)], dtype=np.float32) @ self._out_t
+
     def token_nll(self, prefix_ids: list[int], ids: list[int]) -> list[float]:
         """NLL (nats) of every token of ids after prefix_ids (at least one prefix token)."""
         return self.nll_and_gap(prefix_ids, ids)[0]
@@ -333,14 +349,13 @@ class FluencyJudge:
         t0 = time.perf_counter()
         try:
             with self._lock:
-                prefix = [i for i, _ in self.tokenize(CHAT_PREFIX.format(prompt=(prompt or "")[:2000]))]
+                prefix = self.prefix_ids(prompt)
                 toks = self.tokenize(text)
                 if not toks:
                     res.error = "no tokens"
                     return res
                 if len(toks) > cfg.max_tokens:  # cost bound: judge the tail, where a collapse lives
                     toks, res.truncated = toks[-cfg.max_tokens:], True
-                prefix = prefix[-64:]
                 nll, gap = self.nll_and_gap(prefix, [i for i, _ in toks])
         except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
             res.error = f"fluency judge failed: {exc}"

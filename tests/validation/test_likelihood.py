@@ -1,0 +1,266 @@
+"""The T>0 likelihood verdict (validation/likelihood.py): the test's statistics on synthetic scores, the
+support bound, the reference scorer on the real numpy model, and the scorer's bad-input probes against real
+local servers (the embedded llama.cpp target, which cannot return input log-probs)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from pipeline.errors import UsageError
+from validation.config import GateConfig, LikelihoodConfig
+from validation.likelihood import (
+    AnswerScore,
+    _support_from_logits,
+    likelihood_test,
+    make_scorer,
+    permutation_test,
+    support_from_topk,
+    support_limit,
+)
+
+PROMPTS = ("poem", "prose", "code", "factual", "list", "table", "arithmetic", "long")
+LC = LikelihoodConfig(permutations=1000, power_reps=0)
+
+
+def fake_answer(pid: str, t: float, seed: int, rng: np.random.Generator, shift: float = 0.0, n: int = 40,
+                level: float = 1.0) -> AnswerScore:
+    """Per-token log p_T drawn from a per-prompt law (an exchangeable stand-in for a scored answer)."""
+    lp = -(rng.gamma(2.0, level / 2.0, size=n) + shift)
+    return AnswerScore(pid, t, seed, tuple((lp * t).tolist()), tuple(lp.tolist()), tuple("x" for _ in range(n)), 16)
+
+
+def sides(rng: np.random.Generator, k: int = 3, shift: float = 0.0, t: float = 0.8,
+          ) -> tuple[list[AnswerScore], list[AnswerScore]]:
+    levels = {p: 0.3 + 0.2 * i for i, p in enumerate(PROMPTS)}   # prompts differ: the test is stratified
+    cand = [fake_answer(p, t, 100 + s, rng, shift, level=levels[p]) for p in PROMPTS for s in range(k)]
+    base = [fake_answer(p, t, 200 + s, rng, level=levels[p]) for p in PROMPTS for s in range(k)]
+    return cand, base
+
+
+def test_p_values_on_exchangeable_samples_are_uniform() -> None:
+    ps = []
+    for seed in range(300):
+        cand, base = sides(np.random.default_rng(seed))
+        by = lambda xs: {p: np.array([a.mean_nll for a in xs if a.prompt_id == p]) for p in PROMPTS}  # noqa: E731
+        ps.append(permutation_test(by(cand), by(base), 400, seed, 0.05)["p_value"])
+    ps = np.array(ps)
+    # uniform on (0, 1]: each decile holds about 10 %, the 5 % tail about 5 %
+    hist = np.histogram(ps, bins=5, range=(0, 1))[0] / len(ps)
+    assert all(0.12 <= h <= 0.28 for h in hist), hist
+    assert 0.01 <= float(np.mean(ps < 0.05)) <= 0.10
+    assert 0.42 <= float(ps.mean()) <= 0.58
+
+
+def test_the_verdict_passes_exchangeable_samples_at_about_alpha() -> None:
+    fails = sum(not likelihood_test(*sides(np.random.default_rng(1000 + i)), LC, 3, top_p=0.95).ok
+                for i in range(150))
+    assert fails <= 4  # alpha per temperature is 0.0033: 0.5 expected; 4 or more has probability < 0.2 %
+
+
+@pytest.mark.parametrize("shift", [0.6, -0.6])
+def test_shifted_samples_are_rejected_either_way(shift: float) -> None:
+    # a corruption that raises the NLL (garbage) or lowers it (a loop the model predicts)
+    v = likelihood_test(*sides(np.random.default_rng(7), shift=shift), LC, 3, top_p=0.95)
+    assert not v.ok and v.p_value < v.statistic["alpha_per_statistic"]
+    assert v.statistic["mean_nll"]["z"] * shift > 0
+    assert v.evidence and "z" in v.evidence[0]
+
+
+def test_the_test_is_deterministic() -> None:
+    a = likelihood_test(*sides(np.random.default_rng(3)), LC, 3, top_p=0.95)
+    b = likelihood_test(*sides(np.random.default_rng(3)), LC, 3, top_p=0.95)
+    assert a.p_value == b.p_value and a.statistic["mean_nll"]["S"] == b.statistic["mean_nll"]["S"]
+
+
+def test_zero_answers_never_pass() -> None:
+    cand, base = sides(np.random.default_rng(1))
+    for c, b in (([], base), (cand, []), ([], [])):
+        v = likelihood_test(c, b, LC, 3, top_p=0.95)
+        assert not v.ok and "never pass" in v.reason
+    few = likelihood_test(cand[:LC.min_answers - 1], base, LC, 3, top_p=0.95)
+    assert not few.ok
+
+
+def test_an_unscorable_candidate_answer_fails() -> None:
+    cand, base = sides(np.random.default_rng(2))
+    broken = AnswerScore("poem", 0.8, 9, (), None, (), 16, error="server answered HTTP 500")
+    v = likelihood_test([*cand, broken], base, LC, 3, top_p=0.95)
+    assert not v.ok and "could not be scored" in v.reason and v.evidence[0]["answer"] == "poem@T0.8/seed9"
+
+
+def test_one_impossible_token_fails_with_its_position_and_the_bound() -> None:
+    rng = np.random.default_rng(5)
+    cand, base = sides(rng)
+    a = cand[4]
+    lp = list(a.support_logprobs)
+    lp[17] = -60.0
+    cand[4] = AnswerScore(a.prompt_id, a.temperature, a.seed, a.token_logprobs, tuple(lp), a.pieces, 16)
+    v = likelihood_test(cand, base, LC, 3, top_p=0.95)
+    assert not v.ok
+    bad = v.support["impossible"]
+    assert len(bad) == 1 and bad[0]["position"] == 17 and bad[0]["answer"] == cand[4].label
+    assert bad[0]["p_T"] == pytest.approx(math.exp(-60.0))
+    # the stated bound is the support's share of this temperature's alpha, or below
+    assert v.support["bound"] <= LC.alpha / 3 * LC.support_share * (1 + 1e-9)
+    assert v.evidence[0]["impossible_token"]["position"] == 17
+
+
+def test_the_support_limit_keeps_its_bound_at_any_token_count() -> None:
+    a_sup = LC.alpha / 3 * LC.support_share
+    for n in (10, 3_000, 10**6, 10**9):
+        log_eps, bound = support_limit(LC, n, 0.95, a_sup, 49152)
+        assert log_eps <= LC.support_log_eps
+        assert bound <= a_sup * (1 + 1e-9)
+        assert bound == pytest.approx(n * 49152 * math.exp(log_eps) / 0.95)
+
+
+def test_the_support_bound_holds_for_a_real_sampler() -> None:
+    # a sampler drawing from p_T emits a token below eps at a rate <= the mass below eps <= V * eps
+    rng = np.random.default_rng(0)
+    V, t, eps = 300, 0.7, 2e-3
+    logits = rng.normal(0, 3, size=(4000, V))
+    p = np.exp(logits / t - np.logaddexp.reduce(logits / t, axis=1, keepdims=True))
+    ids = [int(rng.choice(V, p=row)) for row in p]
+    _, lpt = _support_from_logits(logits, ids, t)
+    assert np.allclose(lpt, np.log(p[np.arange(len(ids)), ids]))
+    below = float(np.mean(lpt < math.log(eps)))
+    mass = float(np.mean(np.where(p < eps, p, 0).sum(axis=1)))
+    assert mass <= V * eps
+    assert below <= mass + 4 * math.sqrt(mass / len(ids)) + 1e-3  # what was drawn matches the mass below eps
+
+
+def test_top_k_support_never_underestimates_p_t() -> None:
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        lg = rng.normal(0, 3, size=500)
+        lp1 = lg - np.logaddexp.reduce(lg)
+        tok = int(rng.integers(500))
+        t = float(rng.choice([0.5, 0.7, 1.3]))
+        exact = lg[tok] / t - np.logaddexp.reduce(lg / t)
+        top = [(float(lp1[i]), int(i)) for i in np.argsort(-lp1)[:20]]
+        assert support_from_topk(float(lp1[tok]), top, tok, t) >= exact - 1e-9
+
+
+def test_seeds_must_be_disjoint_unless_allowed() -> None:
+    with pytest.raises(ValidationError, match="seeded identity"):
+        LikelihoodConfig(seeds=[1, 2], baseline_seeds=[2, 3])
+    assert LikelihoodConfig(seeds=[1, 2], baseline_seeds=[2, 3], allow_shared_seeds=True)
+    with pytest.raises(ValidationError, match="power_families"):
+        LikelihoodConfig(power_families=["nope"])
+
+
+# ---------------------------------------------------------------------------- the real numpy model
+
+
+@pytest.fixture(scope="module")
+def scorer() -> Iterator:
+    s = make_scorer("reference", GateConfig(), model="smollm2-135m-instruct")
+    yield s
+    s.close()
+
+
+MSG = [{"role": "user", "content": "Write a short poem about the ocean."}]
+
+
+def greedy(scorer, n: int = 24) -> str:
+    j = scorer._judge
+    prefix = scorer.prompt_ids(MSG)
+    ids: list[int] = []
+    for _ in range(n):
+        row = j.logits(prefix, [*ids, 0])[-1]   # the logits after prefix + ids
+        ids.append(int(np.argmax(row)))
+    return j._tk._tok.decode(ids)
+
+
+def test_the_prompt_is_the_models_own_chat_template(scorer) -> None:
+    text = scorer._judge._tk._tok.decode(scorer.prompt_ids(MSG), skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    assert "Write a short poem about the ocean.<|im_end|>" in text
+
+
+def test_a_greedy_answer_scores_near_zero_and_a_shuffled_one_worse(scorer) -> None:
+    text = greedy(scorer)
+    g = scorer.score(MSG, text, 0.2, prompt_id="poem", seed=1)
+    assert g.n_tokens >= 10 and g.error is None
+    nll_t, nll_1 = -np.asarray(g.support_logprobs), -np.asarray(g.token_logprobs)
+    assert g.mean_nll < 0.25 and float(np.median(nll_t)) < 0.01   # at T=0.2 the argmax holds most of p_T
+    assert np.all(nll_t <= nll_1 + 1e-9)   # sharpening (T<1) only raises the most likely token's probability
+    words = text.split()
+    random.Random(0).shuffle(words)
+    s = scorer.score(MSG, " ".join(words), 0.2, prompt_id="poem", seed=1)
+    assert s.mean_nll > g.mean_nll + 2.0
+    assert s.worst_window_nll > g.worst_window_nll
+    # the end-of-turn token is scored when the answer stopped
+    st = scorer.score(MSG, text, 1.0, prompt_id="poem", seed=1, stop=True)
+    assert st.n_tokens == g.n_tokens + 1 and st.pieces[-1] == "<|im_end|>"
+
+
+def test_t0_is_refused(scorer) -> None:
+    with pytest.raises(ValueError, match="T>0"):
+        scorer.score(MSG, "hello", 0.0)
+
+
+def test_reference_scorer_refuses_another_model() -> None:
+    with pytest.raises(UsageError, match="another model"):
+        make_scorer("reference", GateConfig(), model="meta-llama/Llama-3.1-8B-Instruct")
+
+
+def test_unknown_scorer_kind_is_bad_input() -> None:
+    with pytest.raises(UsageError, match="'reference' or an http"):
+        make_scorer("ftp://x", GateConfig())
+
+
+def test_a_server_without_input_logprobs_cannot_score(embedded_target) -> None:
+    # llama.cpp's server lists a model and tokenizes, but has no /generate with prompt log-probs
+    with pytest.raises(UsageError, match="cannot return input log-probs"):
+        make_scorer(embedded_target.url, GateConfig())
+    with pytest.raises(UsageError, match=r"serves .* not the candidate's model 'other-model'"):
+        make_scorer(embedded_target.url, GateConfig(), model="other-model")
+
+
+def test_the_embedded_candidate_is_the_reference_models_own(embedded_target) -> None:
+    # the llama.cpp candidate's /props names the reference model's file and /tokenize agrees token for token
+    s = make_scorer("reference", GateConfig(), model="smollm2-135m-instruct", candidate_url=embedded_target.url)
+    s.close()
+
+
+@pytest.fixture
+def other_tokenizer_server() -> Iterator[str]:
+    """A real local server whose /tokenize is another tokenizer (byte-level: one token per UTF-8 byte)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            text = body.get("content") or body.get("prompt") or ""
+            out = json.dumps({"tokens": list(text.encode())}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(out)
+
+        def do_GET(self) -> None:
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+@pytest.mark.integration
+def test_a_candidate_with_another_tokenizer_is_refused(other_tokenizer_server: str) -> None:
+    with pytest.raises(UsageError, match="another tokenizer"):
+        make_scorer("reference", GateConfig(), model="smollm2-135m-instruct", candidate_url=other_tokenizer_server)

@@ -1,0 +1,709 @@
+"""The T>0 verdict from the target's own likelihood: candidate answers against target-only answers.
+
+A speculative decoder is correct exactly when, at every temperature, it samples from the target model's
+own distribution. At T>0 no single answer proves that, but the target can score every answer: each token's
+log-probability under the target (the target-only SGLang server's `/generate` with input log-probs, or,
+for the embedded llama.cpp target, the in-process numpy forward pass of the same model,
+validation/refmodel.py). Per temperature T:
+
+1. **Support.** p_T = softmax(logits / T). A correct sampler at T with top_p <= 1 (top_p, top-k and min-p
+   only remove candidates, and keep at least top_p of the mass) gives any one token at most p_T(tok) / top_p.
+   At one position the tokens with p_T < eps hold less than V * eps of the mass (V the vocabulary size: all
+   of them may lie below eps at once), so over N candidate tokens a correct sampler emits one with
+   probability below N * V * eps / top_p. Every candidate token with log p_T < log(eps) fails the
+   temperature; eps is the configured limit, lowered at gate time until that bound is within the support's
+   share of alpha. Token-level corruption (a foreign KV slot, a wrong row) emits exactly such tokens.
+2. **Distribution.** Per answer, the mean NLL at T (-mean log p_T) and the worst `window`-token window of
+   it. A stratified (by prompt) two-sample permutation test compares the candidate's answers with the
+   baseline's: the statistic is the sum over prompts of (candidate mean - baseline mean) / the prompt's
+   pooled spread, labels are permuted within each prompt, p = (1 + #{|S*| >= |S|}) / (1 + permutations),
+   a fixed RNG seed. Two-sided: a corruption that loops lowers the NLL (the model predicts its own
+   repetition), garbage raises it.
+3. **Alpha.** `alpha` is the false-fail rate of the whole T>0 verdict: alpha / (number of T>0 temperatures)
+   per temperature (Bonferroni), `support_share` of that to the support check, the rest halved over the two
+   statistics.
+4. **Power.** From the baseline's own scored answers and corrupted variants of them (validation/synth.py,
+   scored by the same scorer), Monte Carlo draws of a candidate whose answers are corrupted with rate r give
+   the rejection probability at this sample count; the verdict reports the smallest r rejected with
+   probability >= power_target.
+
+    scorer = make_scorer("reference", gate_cfg, model=name, candidate_url=url)   # or the baseline's URL
+    a = scorer.score(messages, answer_text, temperature, stop=True)            # AnswerScore
+    verdict = likelihood_test(candidate_scores, baseline_scores, gate_cfg, n_temperatures=3, variants=v)
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipeline.errors import UsageError
+
+PROBE_TEXT = ("The quick brown fox jumps over the lazy dog. Numbers 12345 and symbols: #@!; "
+              "déjà vu, naïve café, 東京, emoji 🙂\n\n```python\ndef f(x):\n    return x * 2\n```")
+PROBE_MESSAGES = [{"role": "user", "content": "Say hello."}]
+
+
+# ---------------------------------------------------------------------------- scores
+
+
+@dataclass(frozen=True)
+class AnswerScore:
+    """One answer scored under the target model, token by token (natural log)."""
+
+    prompt_id: str
+    temperature: float
+    seed: int | None
+    token_logprobs: tuple[float, ...]            # log p(token | prompt, previous) at T=1
+    support_logprobs: tuple[float, ...] | None   # log p_T(token) under softmax(logits / T)
+    pieces: tuple[str, ...] = ()
+    window: int = 16
+    error: str | None = None                     # why this answer could not be scored
+    exact_support: bool = True                   # False: p_T's normaliser from top-k only (over-estimated)
+    vocab: int = 262_144                         # the model's vocabulary size (the support bound's V)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_logprobs)
+
+    @property
+    def label(self) -> str:
+        return f"{self.prompt_id}@T{self.temperature:g}" + (f"/seed{self.seed}" if self.seed is not None else "")
+
+    def _nll_t(self) -> np.ndarray:
+        lp = self.support_logprobs if self.support_logprobs is not None else self.token_logprobs
+        return -np.asarray(lp, dtype=np.float64)
+
+    @property
+    def mean_nll(self) -> float | None:
+        """Mean NLL at T (nats per token); None when nothing was scored."""
+        v = self._nll_t()
+        return float(v.mean()) if v.size else None
+
+    def worst_window(self) -> tuple[float | None, int]:
+        """(the highest mean NLL at T over `window` consecutive tokens, its start); the mean when shorter."""
+        v = self._nll_t()
+        if not v.size:
+            return None, 0
+        if v.size <= self.window:
+            return float(v.mean()), 0
+        c = np.concatenate([[0.0], np.cumsum(v)])
+        w = (c[self.window:] - c[:-self.window]) / self.window
+        at = int(np.argmax(w))
+        return float(w[at]), at
+
+    @property
+    def worst_window_nll(self) -> float | None:
+        return self.worst_window()[0]
+
+    def text_at(self, start: int, n: int) -> str:
+        return "".join(self.pieces[max(0, start):start + n])
+
+
+class Scorer(Protocol):
+    name: str
+    method: str
+
+    def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
+              seed: int | None = None, stop: bool = False) -> AnswerScore: ...
+
+    def close(self) -> None: ...
+
+
+def _support_from_logits(logits: np.ndarray, ids: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:
+    """(log p_1, log p_T) of ids[k] under row k of logits, exact (full vocabulary), in float64."""
+    n = len(ids)
+    lp1, lpt = np.empty(n), np.empty(n)
+    tg = np.asarray(ids, dtype=np.int64)
+    for a in range(0, n, 128):
+        b = min(n, a + 128)
+        x = np.asarray(logits[a:b], dtype=np.float64)
+        rows = np.arange(b - a)
+        for out, scale in ((lp1, 1.0), (lpt, 1.0 / temperature)):
+            y = x * scale
+            m = y.max(axis=1)
+            lse = m + np.log(np.exp(y - m[:, None]).sum(axis=1))
+            out[a:b] = y[rows, tg[a:b]] - lse
+    return lp1, lpt
+
+
+def support_from_topk(own: float, top: list[tuple[float, int]], own_id: int, temperature: float) -> float:
+    """log p_T of a token from its T=1 log-prob and the top-k alternatives' (log p_1, id).
+
+    log p_T(tok) = log p_1(tok) / T - log sum_j p_1(j)^(1/T). The sum runs over the alternatives seen (and the
+    token itself): it is at most the true normaliser, so the result is at least the true log p_T (a
+    conservative support check: it can only miss an impossible token, never invent one)."""
+    vals = {i: v for v, i in top}
+    vals[own_id] = own
+    a = np.asarray(list(vals.values()), dtype=np.float64) / temperature
+    m = a.max()
+    return float(own / temperature - (m + math.log(np.exp(a - m).sum())))
+
+
+# ---------------------------------------------------------------------------- the reference scorer
+
+
+def render_chat(template: str, messages: list[dict[str, str]], bos: str = "", eos: str = "") -> str:
+    """The model's own chat template (GGUF tokenizer.chat_template, Jinja) applied with the generation prompt."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False)
+
+    def raise_exception(msg: str) -> None:
+        raise UsageError(f"chat template: {msg}")
+
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True, bos_token=bos,
+                                            eos_token=eos)
+
+
+class ReferenceScorer:
+    """The in-process numpy forward pass of the embedded target's own model (the judge's reference model),
+    with the model's own chat template (from its GGUF file, as llama.cpp applies it). Full logits: p_T exact."""
+
+    name = "reference"
+
+    def __init__(self, judge_cfg: Any, window: int) -> None:
+        from validation.judge import FluencyJudge, judge_model_path
+
+        self.model_path = judge_model_path(judge_cfg.model_path)
+        self.window = window
+        self._judge = FluencyJudge(judge_cfg.model_copy(update={"engine": "numpy"})).start()
+        from gguf import GGUFReader
+
+        fields = GGUFReader(self.model_path).fields
+
+        def field_(key: str) -> Any:
+            f = fields.get(key)
+            return f.contents() if f is not None else None
+
+        self.template = field_("tokenizer.chat_template")
+        self.model_name = " ".join(str(field_(k) or "") for k in ("general.basename", "general.size_label")).strip()
+        tokens = field_("tokenizer.ggml.tokens") or []
+        eos = field_("tokenizer.ggml.eos_token_id")
+        bos = field_("tokenizer.ggml.bos_token_id")
+        self.eos_id = int(eos) if eos is not None else None
+        self._bos = tokens[int(bos)] if bos is not None and int(bos) < len(tokens) else ""
+        self._eos = tokens[self.eos_id] if self.eos_id is not None and self.eos_id < len(tokens) else ""
+        if not self.template:
+            raise UsageError(f"{self.model_path} has no chat template: the reference scorer cannot build the prompt")
+        self.method = ("reference model in process (numpy forward pass of the GGUF weights in float32), the "
+                       "model's own chat template; log p_T exact over the full vocabulary")
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return [i for i, _ in self._judge.tokenize(render_chat(self.template, messages, self._bos, self._eos))]
+
+    def tokenize(self, text: str) -> list[int]:
+        return [i for i, _ in self._judge.tokenize(text)]
+
+    def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
+              seed: int | None = None, stop: bool = False) -> AnswerScore:
+        if temperature <= 0:
+            raise ValueError("the likelihood test scores T>0 answers")
+        toks = self._judge.tokenize(answer)
+        ids, pieces = [i for i, _ in toks], [p for _, p in toks]
+        if stop and self.eos_id is not None:
+            ids.append(self.eos_id)
+            pieces.append(self._eos)
+        if not ids:
+            return AnswerScore(prompt_id, temperature, seed, (), (), (), self.window, error="empty answer")
+        logits = self._judge.logits(self.prompt_ids(messages), ids)
+        lp1, lpt = _support_from_logits(logits, ids, temperature)
+        return AnswerScore(prompt_id, temperature, seed, tuple(lp1.tolist()), tuple(lpt.tolist()), tuple(pieces),
+                           self.window, vocab=int(logits.shape[1]))
+
+    def close(self) -> None:
+        self._judge.stop()
+
+
+# ---------------------------------------------------------------------------- the SGLang scorer
+
+
+class SGLangScorer:
+    """The target-only SGLang server scores each answer: the prompt as sglang renders it (`/tokenize` with
+    the messages: the server's own chat template), the answer's ids (`/tokenize`), then `/generate` over
+    prompt + answer with `max_new_tokens: 0`, `return_logprob`, `logprob_start_len` = prompt length - 1
+    and `top_logprobs_num`. SGLang's input log-probs are log_softmax of the raw logits (T=1; temperature
+    only scales the sampled positions' logprobs: sglang/srt/layers/logprob_processor.py), so log p_T is
+    rebuilt from them: exact log p_1, and log p_T with the normaliser summed over the top-k alternatives
+    only, which over-estimates p_T (conservative)."""
+
+    name = "sglang"
+
+    def __init__(self, url: str, top_k: int, window: int, timeout_s: float, model: str | None = None) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.top_k = top_k
+        self.window = window
+        self.model = model
+        self._http = httpx.Client(timeout=timeout_s)
+        self.eos_id: int | None = None
+        self.method = (f"target-only SGLang server {self.url}: /generate input log-probs (T=1, exact); log p_T "
+                       f"normalised over the top-{top_k} alternatives only, so p_T is over-estimated "
+                       "(conservative: the support check can miss an impossible token, never invent one)")
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        import httpx
+
+        try:
+            r = self._http.post(self.url + path, json=body)
+        except httpx.HTTPError as exc:
+            raise ValueError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from None
+        if r.status_code != 200:
+            raise ValueError(f"{self.url}{path} answered HTTP {r.status_code}: {r.text[:160]}")
+        try:
+            return r.json()
+        except ValueError:
+            raise ValueError(f"{self.url}{path} answered non-JSON") from None
+
+    def tokenize(self, text: str) -> list[int]:
+        got = self._post("/tokenize", {"prompt": text, "add_special_tokens": False,
+                                       **({"model": self.model} if self.model else {})})
+        return [int(i) for i in got["tokens"]]
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        got = self._post("/tokenize", {"messages": messages, **({"model": self.model} if self.model else {})})
+        return [int(i) for i in got["tokens"]]
+
+    def learn_eos(self) -> None:
+        """The end-of-turn token the chat template writes after an assistant message (None: not scored)."""
+        try:
+            p = self.prompt_ids(PROBE_MESSAGES)
+            full = self._post("/tokenize", {"messages": [*PROBE_MESSAGES, {"role": "assistant", "content": "Hi"}],
+                                            "add_generation_prompt": False,
+                                            **({"model": self.model} if self.model else {})})["tokens"]
+            hi = self.tokenize("Hi")
+            if full[:len(p)] == p and full[len(p):len(p) + len(hi)] == hi and len(full) > len(p) + len(hi):
+                self.eos_id = int(full[len(p) + len(hi)])
+        except (ValueError, KeyError, TypeError):
+            self.eos_id = None
+
+    def logprobs(self, prompt: list[int], ids: list[int]) -> tuple[list[float], list[list[tuple[float, int]]]]:
+        """(log p_1 of each id, its top-k alternatives) after prompt, from one /generate call."""
+        body = {"input_ids": prompt + ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True, "logprob_start_len": len(prompt) - 1, "top_logprobs_num": self.top_k,
+                "return_text_in_logprobs": False}
+        got = self._post("/generate", body)
+        if isinstance(got, list):
+            got = got[0]
+        meta = got.get("meta_info") or {}
+        rows, tops = meta.get("input_token_logprobs"), meta.get("input_top_logprobs")
+        if not isinstance(rows, list) or len(rows) != len(ids) + 1:
+            raise ValueError(f"/generate returned {len(rows) if isinstance(rows, list) else 'no'} input log-probs "
+                             f"for {len(ids) + 1} positions")
+        rows, tops = rows[1:], (tops or [None] * (len(ids) + 1))[1:]
+        lp, alts = [], []
+        for k, (row, top) in enumerate(zip(rows, tops, strict=True)):
+            if row is None or row[0] is None or int(row[1]) != ids[k]:
+                raise ValueError(f"/generate input log-prob {k} is {row!r}, not token {ids[k]}")
+            lp.append(float(row[0]))
+            alts.append([(float(t[0]), int(t[1])) for t in (top or []) if t and t[0] is not None])
+        return lp, alts
+
+    def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
+              seed: int | None = None, stop: bool = False) -> AnswerScore:
+        if temperature <= 0:
+            raise ValueError("the likelihood test scores T>0 answers")
+        try:
+            ids = self.tokenize(answer)
+            if stop and self.eos_id is not None:
+                ids.append(self.eos_id)
+            if not ids:
+                return AnswerScore(prompt_id, temperature, seed, (), (), (), self.window, error="empty answer",
+                                   exact_support=False)
+            lp, alts = self.logprobs(self.prompt_ids(messages), ids)
+        except (ValueError, KeyError, TypeError) as exc:
+            return AnswerScore(prompt_id, temperature, seed, (), None, (), self.window, error=str(exc),
+                               exact_support=False)
+        lpt = [x if temperature == 1.0 else support_from_topk(x, a, i, temperature)
+               for x, a, i in zip(lp, alts, ids, strict=True)]
+        pieces = self._pieces(ids)
+        return AnswerScore(prompt_id, temperature, seed, tuple(lp), tuple(lpt), pieces, self.window,
+                           exact_support=temperature == 1.0)
+
+    def _pieces(self, ids: list[int]) -> tuple[str, ...]:
+        try:
+            got = self._post("/detokenize", {"tokens": ids, **({"model": self.model} if self.model else {})})
+            text = got.get("text")
+            if isinstance(text, list) and len(text) == len(ids):
+                return tuple(str(t) for t in text)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass
+        return tuple(f"<{i}>" for i in ids)
+
+    def close(self) -> None:
+        self._http.close()
+
+
+# ---------------------------------------------------------------------------- make_scorer and its probes
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _served_models(url: str, timeout_s: float) -> list[str]:
+    import httpx
+
+    try:
+        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        return [str(m["id"]) for m in r.json()["data"]] if r.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return []
+
+
+def server_tokenize(url: str, text: str, timeout_s: float = 30.0) -> list[int] | None:
+    """A server's own token ids of text (llama.cpp `/tokenize {content}`, SGLang `/tokenize {prompt}`), or None."""
+    import httpx
+
+    for body in ({"prompt": text, "add_special_tokens": False}, {"content": text, "add_special": False}):
+        try:
+            r = httpx.post(url.rstrip("/") + "/tokenize", json=body, timeout=timeout_s)
+            if r.status_code == 200:
+                toks = r.json().get("tokens")
+                if isinstance(toks, list) and toks:
+                    return [int(t["id"]) if isinstance(t, dict) else int(t) for t in toks]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def make_scorer(kind_or_url: str | None, cfg: Any, *, model: str | None = None,
+                candidate_url: str | None = None) -> Scorer:
+    """The scorer of the target model, probed once; UsageError before any gate request when it cannot score.
+
+    kind_or_url: "reference" (the in-process numpy model: the embedded llama.cpp target), or the URL of the
+    target-only SGLang server; None: cfg.likelihood.scorer, else cfg.baseline_url, else reference.
+    `model`: the candidate's served model name; `candidate_url`: the candidate, whose tokenizer must be the
+    scorer's (the same probe text must give the same token ids)."""
+    lc = cfg.likelihood
+    kind = kind_or_url or lc.scorer or cfg.baseline_url or "reference"
+    scorer: Any
+    if kind == "reference":
+        scorer = ReferenceScorer(cfg.judge, lc.window)
+        _check_reference_model(scorer, model, candidate_url, lc.request_timeout_s)
+    elif kind.startswith(("http://", "https://")):
+        scorer = SGLangScorer(kind, lc.top_logprobs, lc.window, lc.request_timeout_s, model=None)
+        served = _served_models(kind, lc.request_timeout_s)
+        if not served:
+            scorer.close()
+            raise UsageError(f"likelihood scorer {kind} lists no model on /v1/models: not a serving target-only server")
+        if model is not None and model not in served:
+            scorer.close()
+            raise UsageError(f"likelihood scorer {kind} serves {served}, not the candidate's model {model!r}: "
+                             "it would score the answers under another model")
+        scorer.model = model or served[0]
+        try:
+            ids = scorer.tokenize(PROBE_TEXT)
+        except (ValueError, KeyError, TypeError) as exc:
+            scorer.close()
+            raise UsageError(f"likelihood scorer {kind} cannot tokenize ({exc}): not an SGLang server") from None
+        try:
+            lp, _ = scorer.logprobs(scorer.prompt_ids(PROBE_MESSAGES), ids)
+        except (ValueError, KeyError, TypeError) as exc:
+            scorer.close()
+            raise UsageError(f"likelihood scorer {kind} cannot return input log-probs ({exc}): it needs /generate "
+                             "with return_logprob and logprob_start_len (a target-only SGLang server)") from None
+        if not all(math.isfinite(x) and x <= 1e-6 for x in lp):
+            scorer.close()
+            raise UsageError(f"likelihood scorer {kind} returned log-probs that are not log-probabilities")
+        scorer.learn_eos()
+    else:
+        raise UsageError(f"likelihood scorer must be 'reference' or an http(s) URL, not {kind!r}")
+    if candidate_url:
+        theirs = server_tokenize(candidate_url, PROBE_TEXT, lc.request_timeout_s)
+        mine = scorer.tokenize(PROBE_TEXT)
+        if theirs is not None and theirs != mine:
+            scorer.close()
+            raise UsageError(f"the candidate {candidate_url} tokenizes the probe text into {len(theirs)} tokens, the "
+                             f"likelihood scorer ({scorer.name}) into {len(mine)}"
+                             + ("" if len(theirs) != len(mine) else " with other ids")
+                             + ": another tokenizer, so its answers cannot be scored token by token")
+    return scorer
+
+
+def _check_reference_model(scorer: ReferenceScorer, model: str | None, candidate_url: str | None,
+                           timeout_s: float) -> None:
+    """The candidate must serve the reference model itself: its llama.cpp /props model file, else its name."""
+    import httpx
+
+    if candidate_url:
+        try:
+            r = httpx.get(candidate_url.rstrip("/") + "/props", timeout=timeout_s)
+            path = r.json().get("model_path") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            path = None
+        if isinstance(path, str) and path:
+            from pathlib import Path
+
+            a, b = Path(path), Path(scorer.model_path)
+            same = a.is_file() and (a.resolve() == b.resolve() or (a.stat().st_size == b.stat().st_size
+                                                                   and a.name == b.name))
+            if not same:
+                scorer.close()
+                raise UsageError(f"the candidate serves {path}, the reference scorer's model is {scorer.model_path}: "
+                                 "it would score the answers under another model (set likelihood.scorer to the "
+                                 "target-only server's URL)")
+            return
+    if model is not None:
+        want = [_norm(w) for w in scorer.model_name.split()]
+        if not want or not all(w in _norm(model) for w in want):
+            scorer.close()
+            raise UsageError(f"the candidate serves {model!r}, the reference scorer's model is {scorer.model_name!r}: "
+                             "it would score the answers under another model (set likelihood.scorer to the "
+                             "target-only server's URL)")
+
+
+# ---------------------------------------------------------------------------- the test
+
+
+@dataclass
+class LikelihoodVerdict:
+    """One temperature's likelihood test."""
+
+    temperature: float
+    ok: bool
+    alpha: float                 # this temperature's share of the family-wise alpha
+    p_value: float               # the smallest p of the two statistics (1.0 when not tested)
+    n_candidate: int
+    n_baseline: int
+    statistic: dict[str, Any]
+    support: dict[str, Any]
+    power: dict[str, Any]
+    method: str
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+STATS = ("mean_nll", "worst_window_nll")
+
+
+def _stat(a: AnswerScore, name: str) -> float:
+    v = a.mean_nll if name == "mean_nll" else a.worst_window_nll
+    return float(v) if v is not None else float("nan")
+
+
+def permutation_test(cand: dict[str, np.ndarray], base: dict[str, np.ndarray], permutations: int, seed: int,
+                     sd_floor: float) -> dict[str, Any]:
+    """Stratified two-sided permutation test: S = sum over strata of (mean_c - mean_b) / pooled sd, labels
+    permuted within each stratum; p = (1 + #{|S*| >= |S|}) / (1 + permutations)."""
+    rng = np.random.default_rng(seed)
+    strata = sorted(set(cand) & set(base))
+    obs = 0.0
+    perm = np.zeros(permutations)
+    per: dict[str, Any] = {}
+    for s in strata:
+        c, b = cand[s], base[s]
+        x = np.concatenate([c, b])
+        sd = max(float(x.std()), sd_floor)
+        d = (c.mean() - b.mean()) / sd
+        obs += d
+        keys = rng.random((permutations, x.size))
+        idx = np.argsort(keys, axis=1)[:, :c.size]
+        mc = x[idx].mean(axis=1)
+        mb = (x.sum() - c.size * mc) / b.size
+        perm += (mc - mb) / sd
+        per[s] = {"candidate_mean": float(c.mean()), "baseline_mean": float(b.mean()), "sd": sd,
+                  "shift_sd": float(d), "n_candidate": int(c.size), "n_baseline": int(b.size)}
+    p = (1 + int(np.sum(np.abs(perm) >= abs(obs) - 1e-12))) / (1 + permutations)
+    z = obs / float(perm.std()) if perm.std() > 0 else 0.0
+    return {"S": float(obs), "z": float(z), "p_value": float(p), "strata": per}
+
+
+def _alphas(lc: Any, n_temperatures: int) -> tuple[float, float, float]:
+    a_t = lc.alpha / max(1, n_temperatures)
+    return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share) / len(STATS)
+
+
+def support_limit(lc: Any, n_tokens: int, top_p: float, a_support: float, vocab: int) -> tuple[float, float]:
+    """(log eps, the false-fail bound N * V * eps / top_p) for N candidate tokens over a vocabulary of V."""
+    log_eps = lc.support_log_eps
+    if n_tokens > 0:
+        log_eps = min(log_eps, math.log(a_support * top_p / (n_tokens * vocab)))
+    return log_eps, n_tokens * vocab * math.exp(log_eps) / top_p
+
+
+def _impossible(answers: list[AnswerScore], log_eps: float) -> list[dict[str, Any]]:
+    out = []
+    for a in answers:
+        if a.support_logprobs is None:
+            continue
+        for k, v in enumerate(a.support_logprobs):
+            if v < log_eps:
+                out.append({"answer": a.label, "position": k, "token": a.pieces[k] if k < len(a.pieces) else "",
+                            "log_p_T": v, "p_T": math.exp(v), "log_p_1": a.token_logprobs[k],
+                            "context": a.text_at(k - 12, 12)[-60:]})
+    return out
+
+
+def _by_prompt(answers: list[AnswerScore], name: str) -> dict[str, np.ndarray]:
+    g: dict[str, list[float]] = defaultdict(list)
+    for a in answers:
+        g[a.prompt_id].append(_stat(a, name))
+    return {k: np.asarray(v) for k, v in g.items()}
+
+
+def _decide(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, log_eps: float, a_stat: float,
+            permutations: int) -> tuple[bool, dict[str, Any], list[dict[str, Any]]]:
+    bad = _impossible(cand, log_eps)
+    stats = {n: permutation_test(_by_prompt(cand, n), _by_prompt(base, n), permutations, lc.rng_seed, lc.sd_floor)
+             for n in STATS}
+    ok = not bad and all(s["p_value"] >= a_stat for s in stats.values())
+    return ok, stats, bad
+
+
+def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], cfg: Any, n_temperatures: int,
+                    variants: list[AnswerScore] | None = None, top_p: float | None = None) -> LikelihoodVerdict:
+    """One temperature's verdict (every answer given must be at one T). cfg: a GateConfig (its likelihood and
+    sampling.top_p) or a LikelihoodConfig with top_p given. variants: scored corruptions of the baseline's
+    answers (make_variants) for the power estimate."""
+    lc = getattr(cfg, "likelihood", cfg)
+    if top_p is None:
+        top_p = getattr(getattr(cfg, "sampling", None), "top_p", None) or 1.0
+    temps = {a.temperature for a in candidate} | {a.temperature for a in baseline}
+    if len(temps) > 1:
+        raise ValueError(f"likelihood_test takes one temperature's answers, got {sorted(temps)}")
+    t = temps.pop() if temps else float("nan")
+    a_t, a_sup, a_stat = _alphas(lc, n_temperatures)
+    unscored = [a for a in candidate if a.error or a.n_tokens == 0]
+    cand = [a for a in candidate if not (a.error or a.n_tokens == 0)]
+    base = [a for a in baseline if not (a.error or a.n_tokens == 0)]
+    n_tok = sum(a.n_tokens for a in cand)
+    vocab = max([a.vocab for a in cand], default=AnswerScore.__dataclass_fields__["vocab"].default)
+    log_eps, bound = support_limit(lc, n_tok, top_p, a_sup, vocab)
+    method = (f"stratified two-sided permutation test ({lc.permutations} permutations, seed {lc.rng_seed}) of the "
+              f"per-answer mean NLL and worst {lc.window}-token-window NLL at T under the target model, by prompt; "
+              f"alpha {lc.alpha:g} over {n_temperatures} T>0 temperatures -> {a_t:.3g} at T={t:g}: "
+              f"{a_sup:.3g} to the support check (no token with log p_T < {log_eps:.2f}, false-fail bound "
+              f"N*V*eps/top_p), {a_stat:.3g} to each statistic")
+    sup: dict[str, Any] = {"log_eps": log_eps, "eps": math.exp(log_eps), "n_tokens": n_tok, "vocab": vocab,
+                           "top_p": top_p,
+                           "bound": bound, "alpha": a_sup, "exact": all(a.exact_support for a in cand),
+                           "impossible": [], "min_log_p_T": None}
+    sl = [min(a.support_logprobs) for a in cand if a.support_logprobs]
+    sup["min_log_p_T"] = min(sl) if sl else None
+    common = sorted({a.prompt_id for a in cand} & {a.prompt_id for a in base})
+    v = LikelihoodVerdict(t, False, a_t, 1.0, len(cand), len(base), {"alpha_per_statistic": a_stat}, sup, {}, method)
+    if unscored:
+        v.reason = (f"{len(unscored)} candidate answer(s) could not be scored: "
+                    + "; ".join(f"{a.label}: {a.error or 'no tokens'}" for a in unscored[:4]))
+        v.evidence = [{"answer": a.label, "error": a.error or "no tokens"} for a in unscored]
+        return v
+    if len(cand) < lc.min_answers or len(base) < lc.min_answers or not common:
+        v.reason = (f"{len(cand)} candidate and {len(base)} baseline answers scored at T={t:g} over "
+                    f"{len(common)} shared prompts: fewer than likelihood.min_answers={lc.min_answers} per side "
+                    "never pass")
+        return v
+    ok, stats, bad = _decide(cand, base, lc, log_eps, a_stat, lc.permutations)
+    sup["impossible"] = bad
+    v.statistic.update(stats)
+    v.statistic["prompts"] = common
+    v.statistic["prompts_not_shared"] = sorted(({a.prompt_id for a in cand} | {a.prompt_id for a in base})
+                                               - set(common))
+    v.p_value = min(s["p_value"] for s in stats.values())
+    v.ok = ok
+    v.power = estimate_power(base, variants, lc, log_eps, a_stat, {p: sum(1 for a in cand if a.prompt_id == p)
+                                                                   for p in common})
+    if not ok:
+        parts = []
+        if bad:
+            parts.append(f"{len(bad)} candidate token(s) with log p_T < {log_eps:.2f} (a correct sampler emits one "
+                         f"with probability < {bound:.2g})")
+        for n, s in stats.items():
+            if s["p_value"] < a_stat:
+                parts.append(f"{n} shifted by {s['z']:+.1f} sd (p={s['p_value']:.2g} < {a_stat:.2g})")
+        v.reason = "; ".join(parts)
+        v.evidence = _evidence(cand, stats, bad)
+    else:
+        v.reason = (f"no impossible token (min log p_T {sup['min_log_p_T']:.2f} >= {log_eps:.2f}); "
+                    + ", ".join(f"{n} p={s['p_value']:.3g}" for n, s in stats.items()))
+    return v
+
+
+def _evidence(cand: list[AnswerScore], stats: dict[str, Any], bad: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for a in cand:
+        zs = {}
+        for n in STATS:
+            st = stats[n]["strata"].get(a.prompt_id)
+            if st:
+                zs[n] = (_stat(a, n) - st["baseline_mean"]) / st["sd"]
+        if not zs:
+            continue
+        w, at = a.worst_window()
+        rows.append({"answer": a.label, "z": zs, "mean_nll": a.mean_nll, "worst_window_nll": w,
+                     "worst_window_text": a.text_at(at, a.window)[:160], "key": max(abs(x) for x in zs.values())})
+    rows.sort(key=lambda r: -r["key"])
+    for r in rows:
+        r.pop("key")
+    return [{"impossible_token": b} for b in bad[:12]] + rows[:6]
+
+
+# ---------------------------------------------------------------------------- power
+
+
+def make_variants(baseline: list[tuple[AnswerScore, list[dict[str, str]], str]], scorer: Scorer, lc: Any,
+                  seed: int | None = None) -> list[AnswerScore]:
+    """Corrupted variants of the baseline's own answers (one per family of lc.power_families, where the family
+    can corrupt the text), scored by the same scorer at the answer's temperature. baseline: (its score, the
+    prompt's messages, its text)."""
+    from validation.synth import corrupt
+
+    rng = random.Random(lc.rng_seed if seed is None else seed)
+    out = []
+    for a, messages, text in baseline:
+        for fam in lc.power_families:
+            try:
+                bad = corrupt(text, fam, rng)
+            except ValueError:
+                continue
+            s = scorer.score(messages, bad, a.temperature, prompt_id=a.prompt_id, seed=a.seed)
+            if not s.error and s.n_tokens:
+                out.append(s)
+    return out
+
+
+def estimate_power(base: list[AnswerScore], variants: list[AnswerScore] | None, lc: Any, log_eps: float,
+                   a_stat: float, n_per_prompt: dict[str, int]) -> dict[str, Any]:
+    """Monte Carlo rejection rate of the whole decision when a fraction r of the candidate's answers are
+    corrupted: per prompt, n candidate answers drawn with replacement from the baseline's answers, each
+    replaced with probability r by a corrupted variant (of that prompt), tested against the baseline."""
+    if not variants or lc.power_reps == 0:
+        return {"estimated": False, "why": "no scored corrupted variants" if lc.power_reps else "power_reps is 0"}
+    rng = np.random.default_rng(lc.rng_seed + 1)
+    bp: dict[str, list[AnswerScore]] = defaultdict(list)
+    vp: dict[str, list[AnswerScore]] = defaultdict(list)
+    for a in base:
+        bp[a.prompt_id].append(a)
+    for a in variants:
+        vp[a.prompt_id].append(a)
+    prompts = [p for p in n_per_prompt if bp.get(p)]
+    rates = sorted(lc.power_rates)
+    table = {}
+    for r in [0.0, *rates]:
+        rejected = 0
+        for _ in range(lc.power_reps):
+            cand = []
+            for p in prompts:
+                for _k in range(n_per_prompt[p]):
+                    pool = vp[p] if vp.get(p) and rng.random() < r else bp[p]
+                    cand.append(pool[int(rng.integers(len(pool)))])
+            ok, _, _ = _decide(cand, base, lc.model_copy(update={"rng_seed": int(rng.integers(1 << 30))}),
+                               log_eps, a_stat, lc.power_permutations)
+            rejected += not ok
+        table[f"{r:g}"] = rejected / lc.power_reps
+    hit = [r for r in rates if table[f"{r:g}"] >= lc.power_target]
+    return {"estimated": True, "reps": lc.power_reps, "rejection_rate": table, "target": lc.power_target,
+            "min_detectable_rate": hit[0] if hit else None, "families": list(lc.power_families),
+            "n_variants": len(variants),
+            "note": "candidate answers resampled from the baseline's own (rate 0 is the resampled null)"}
