@@ -280,11 +280,16 @@ def _likelihood(ctx: GateContext, t: float | None) -> list[CheckResult]:
     v = ctx.likelihood[t]
     if not v.n_candidate:
         return [_no_answers("likelihood", "coherence", ctx, t, ORACLE)]
-    ev = v.as_dict() if hasattr(v, "as_dict") else asdict(v)
-    msg = v.message if hasattr(v, "message") else f"p={v.p_value:.3g} (alpha {v.alpha:g})"
+    ev = v.as_dict()
+    pw = v.power or {}
+    power = (f"; power: a candidate with {pw['min_detectable_rate']:.0%} of its answers corrupted is refused with "
+             f"probability >= {pw['target']:.0%}" if pw.get("min_detectable_rate") is not None else
+             ("; power: no corruption rate tried reaches the target probability" if pw.get("estimated") else ""))
+    msg = (f"{v.n_candidate} candidate vs {v.n_baseline} target-only answers scored under the target: "
+           f"{v.reason}{power}")
     if not v.ok:
-        flagged = {(e.get("prompt_id"), e.get("seed")) for e in ev.get("evidence") or [] if isinstance(e, dict)}
-        why = explain([s for s in ctx.at(t, "suite") if (s.prompt_id, s.seed) in flagged])
+        flagged = {e.get("answer") or (e.get("impossible_token") or {}).get("answer") for e in v.evidence}
+        why = explain([s for s in ctx.at(t, "suite") if s.label in flagged])
         if why:
             msg += f"; what those answers hold: {why}"
             ev["explanations"] = why

@@ -262,36 +262,6 @@ class JudgeConfig(StrictModel):
         return v
 
 
-class CoherenceConfig(StrictModel):
-    """How the garbage detectors' hits at T>0 are judged (validation/coherence.py).
-
-    reference "none" (the default, production): zero tolerance, any hit of any detector fails its
-    `<detector>@T<t>` case — a production-size model never trips a detector. reference "baseline":
-    for a small model that loops or emits soup at T>0 by itself, every T>0 prompt is sampled once per
-    seed in `seeds`, and the candidate's flagged-sample count per temperature is compared with the
-    target-only baseline's (recorded by `record-baseline` with this profile, or the live
-    `baseline_url`): it fails when it is significantly higher (one-sided Fisher exact test,
-    p < alpha / number of T>0 temperatures) or above `max_rate` whatever the baseline did.
-    T=0 stays one sample per prompt with zero tolerance.
-    """
-
-    reference: Literal["none", "baseline"] = "none"
-    seeds: list[int] = Field(default_factory=lambda: [1234, 2345, 3456],
-                             description="T>0 sampling seeds per prompt when reference is 'baseline'")
-    alpha: float = Field(default=0.01, gt=0, lt=1, description="family-wise, split over the T>0 temperatures")
-    max_rate: float = Field(default=0.34, gt=0, le=1,
-                            description="hard cap on the candidate's flagged-sample share at any T>0")
-
-    @model_validator(mode="after")
-    def _seeds(self) -> CoherenceConfig:
-        if self.reference == "baseline":
-            if not self.seeds:
-                raise ValueError("coherence.seeds must not be empty when coherence.reference is 'baseline'")
-            if len(set(self.seeds)) != len(self.seeds):
-                raise ValueError(f"coherence.seeds must be distinct, got {self.seeds}")
-        return self
-
-
 class LikelihoodConfig(StrictModel):
     """The T>0 verdict from the target's own likelihood (validation/likelihood.py).
 
@@ -370,7 +340,6 @@ class GateConfig(StrictModel):
     quality: QualityConfig = Field(default_factory=QualityConfig)
     long_copy: LongCopyConfig = Field(default_factory=LongCopyConfig)
     speed: SpeedConfig = Field(default_factory=SpeedConfig)
-    coherence: CoherenceConfig = Field(default_factory=CoherenceConfig)
     likelihood: LikelihoodConfig = Field(default_factory=LikelihoodConfig)
     baseline_url: str | None = Field(default=None, description="the same model served without speculation: "
                                      "speed comparison, and the lossless check when no baseline file is given")

@@ -36,7 +36,7 @@ from validation.config import GateConfig, lossless_requirement
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import score_text
 from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
-from validation.likelihood import likelihood_test, make_scorer, score_answer
+from validation.likelihood import likelihood_test, make_scorer, make_variants
 from validation.lossless import (
     Comparison,
     Continuation,
@@ -274,7 +274,7 @@ class Gate:
             self.likelihood_off = ("no target-only baseline (baseline_url, or a baseline file recorded with T>0 "
                                    "samples by record-baseline)")
             return None
-        scorer = make_scorer(cfg, self.client, self.kind)
+        scorer = make_scorer(None, cfg, model=model, candidate_url=self.client.base_url)
         return _LikelihoodPlan(scorer, rows)
 
     def _likelihood_verdicts(self, plan: _LikelihoodPlan, samples: list[Sample], hot: list[float],
@@ -287,25 +287,40 @@ class Gate:
         if base is None:
             base = self._baseline_hot_answers(progress)
         mine = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error and s.text.strip()]
-        todo = [(s.prompt_id, s.temperature, s.seed, s.text, s) for s in mine] + [
-            (b.prompt_id, b.temperature, b.seed, b.text, None) for b in base if b.text.strip()]
-        task = progress.add_task(f"likelihood: scoring under {plan.scorer.name}", total=len(todo))
+        todo = [(s.prompt_id, s.temperature, s.seed, s.text, s.finish_reason, s) for s in mine] + [
+            (b.prompt_id, b.temperature, b.seed, b.text, b.finish_reason, None) for b in base if b.text.strip()]
+        lc = cfg.likelihood
+        # the power estimate's corrupted variants: of one baseline answer per prompt and temperature
+        firsts = {(b.prompt_id, b.temperature): b for b in reversed(base) if b.text.strip()}
+        n_var = len(firsts) * len(lc.power_families) if lc.power_reps else 0
+        task = progress.add_task(f"likelihood: scoring under {plan.scorer.name}", total=len(todo) + n_var)
         cand: dict[float, list[Any]] = {t: [] for t in hot}
         ref: dict[float, list[Any]] = {t: [] for t in hot}
+        variants: dict[float, list[Any]] = {t: [] for t in hot}
         t0 = time.perf_counter()
         try:
-            for pid, t, seed, text, sample in todo:
-                sc = score_answer(plan.scorer, prompts[pid].messages(), text, t, pid, seed)
-                (cand if sample is not None else ref).setdefault(t, []).append(sc)
+            for pid, t, seed, text, finish, sample in todo:
+                sc = plan.scorer.score(prompts[pid].messages(), text, t, prompt_id=pid, seed=seed,
+                                       stop=finish == "stop")
+                (cand if sample is not None else ref)[t].append(sc)
                 if sample is not None:
                     sample.score = sc
                 progress.advance(task)
+            if n_var:
+                scored = {(a.prompt_id, a.temperature, a.seed): a for t in hot for a in ref[t]}
+                for (pid, t), b in firsts.items():
+                    a = scored.get((pid, t, b.seed))
+                    if a is not None and not a.error:
+                        variants[t] += make_variants([(a, prompts[pid].messages(), b.text)], plan.scorer, lc)
+                    progress.advance(task, len(lc.power_families))
         except TargetError as exc:
             self.likelihood_error = f"scoring failed on {plan.scorer.name}: {str(exc)[:300]}"
             return {}
-        self.console.print(f"[likelihood] {len(todo)} answers scored in {time.perf_counter() - t0:.1f}s",
-                           highlight=False, markup=False)
-        return {t: likelihood_test(cand[t], ref[t], cfg.likelihood, len(hot)) for t in hot}
+        finally:
+            plan.scorer.close()
+        self.console.print(f"[likelihood] {len(todo)} answers and {sum(map(len, variants.values()))} corrupted "
+                           f"variants scored in {time.perf_counter() - t0:.1f}s", highlight=False, markup=False)
+        return {t: likelihood_test(cand[t], ref[t], cfg, len(hot), variants=variants[t] or None) for t in hot}
 
     def _baseline_hot_answers(self, progress: Progress) -> list[BaselineSample]:
         """T>0 suite answers of the live baseline deployment, with `likelihood.baseline_seeds`."""

@@ -1,0 +1,73 @@
+"""The gate in oracle mode against the real embedded model: the target itself judges, at T=0 and at T>0.
+
+A baseline is recorded from the embedded llama.cpp server (`record-baseline`), then the same server is gated
+against it: every temperature is judged by the target (lossless_t0, likelihood@T under the in-process
+reference model, the same SmolLM2 weights) and the build passes. The same server asked to sample from a
+broken distribution (no top-p/top-k cut at a temperature of 3, or a logit bias forcing one token) is the
+candidate that must fail by the target's own verdict, with the detectors only explaining.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.embedded import EmbeddedServer
+from validation.__main__ import main as validation_main
+from validation.config import load_gate_config
+from validation.gate import run_gate
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+PROFILE = Path(__file__).resolve().parents[2] / "validation" / "profiles" / "embedded.yaml"
+SMALL = {"temperatures": [0.0, 0.8], "max_tokens": 40, "determinism": {"enabled": False},
+         "variation": {"enabled": False}, "quality": {"enabled": False}, "long_copy": {"enabled": False}}
+
+
+@pytest.fixture(scope="module")
+def recorded(embedded_target: EmbeddedServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("oracle")
+    cfg = d / "small.yaml"
+    cfg.write_text(json.dumps({"gate": {**json.loads(json.dumps(SMALL))}}))
+    out = d / "baseline.json"
+    rc = validation_main(["record-baseline", "--target", embedded_target.url, "--out", str(out),
+                          "--config", str(cfg)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["answers"] and doc["samples"] and all(r["seed"] in (4321, 5432, 6543) for r in doc["samples"])
+    return out
+
+
+def _cfg(baseline: Path, **extra: object) -> object:
+    over = {**SMALL, "lossless": {"baseline": str(baseline)}, **extra}
+    return load_gate_config(PROFILE, over)
+
+
+def test_the_correct_engine_passes_with_the_target_deciding_every_temperature(
+        embedded_target: EmbeddedServer, recorded: Path, tmp_path: Path) -> None:
+    result = run_gate(embedded_target.url, _cfg(recorded), out_dir=tmp_path)
+    assert result.passed, [(c.name, c.message) for c in result.failed_cases]
+    modes = result.summary["verdict_mode"]
+    assert modes["T0"].startswith("oracle") and modes["T0.8"].startswith("oracle"), modes
+    cases = {c.name: c for c in result.cases}
+    assert cases["lossless_t0"].ok and not cases["lossless_t0"].skipped
+    lik = cases["likelihood@T0.8"]
+    assert lik.ok and not lik.skipped and lik.details["n_candidate"] >= 6 and lik.details["n_baseline"] >= 6
+    assert cases["detectors@T0.8"].skipped and "oracle mode" in cases["detectors@T0.8"].message
+    assert "fluency@T0.8" not in cases  # the judge does not decide where the target does
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["summary"]["verdict_mode"] == modes
+
+
+@pytest.mark.parametrize("extra", [
+    {"temperature": 3.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0},  # the sampler's distribution is not the target's
+    {"logit_bias": {"17": 6}},  # one token pushed up: fluent-looking, but not the target's distribution
+])
+def test_a_distribution_that_is_not_the_targets_fails_by_the_targets_likelihood(
+        embedded_target: EmbeddedServer, recorded: Path, tmp_path: Path, extra: dict) -> None:
+    cfg = _cfg(recorded, sampling={"top_p": 0.95, "extra": extra})
+    result = run_gate(embedded_target.url, cfg, out_dir=tmp_path)
+    assert not result.passed
+    failed = {c.name for c in result.failed_cases}
+    assert "likelihood@T0.8" in failed, failed
