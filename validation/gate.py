@@ -35,7 +35,7 @@ from validation.coherence import (
     suite_seeds,
     uses_baseline,
 )
-from validation.config import GateConfig, lossless_requirement
+from validation.config import GateConfig, gate_api_key, lossless_requirement, target_client
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import DETECTORS, Finding, score_text
 from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
@@ -126,7 +126,8 @@ class Gate:
                              "against: record one from the non-speculative deployment with this profile (python -m "
                              "validation record-baseline --config PROFILE) and pass --baseline, or set baseline_url")
         self.baseline_samples: list[BaselineSample] | None = None
-        self.client = OpenAIClient(target, model=cfg.model, timeout_s=cfg.request_timeout_s)
+        self.api_key = gate_api_key(cfg)  # before any request; the key never reaches a report
+        self.client = target_client(target, cfg, self.api_key)
         self.console = console or Console(stderr=True)
         self.suite: Suite = load_suite(cfg.suite)
         if cfg.judge.enabled:
@@ -159,7 +160,9 @@ class Gate:
                 top_p=cfg.sampling.top_p if temperature > 0 else None,
                 top_k=cfg.sampling.top_k if temperature > 0 else None,
                 seed=seed, stream=True, extra=extra or None,
-                top_logprobs=self.t0_logprobs if temperature == 0 and purpose in ("suite", "baseline") else None,
+                top_logprobs=self.t0_logprobs if temperature == 0 and purpose in ("suite", "baseline") else
+                (cfg.determinism.top_logprobs if temperature == 0 and cfg.determinism.enabled and p.id in
+                 cfg.determinism.prompt_ids and purpose in ("suite", "determinism-seq", "determinism-conc") else None),
             )
         except TargetError as exc:
             s.error = str(exc)
@@ -471,7 +474,7 @@ class Gate:
     def _same_model_client(self, url: str, role: str) -> OpenAIClient:
         """A client of another deployment of the target's model (the baseline, the re-anchor server); UsageError
         when it serves another model, TargetError when it cannot be reached."""
-        base = OpenAIClient(url, model=self.cfg.model, timeout_s=self.cfg.request_timeout_s)
+        base = target_client(url, self.cfg, self.api_key)
         if base.model != self.client.model:
             raise UsageError(f"{role} {url} serves {base.model!r}, target serves {self.client.model!r}: they must "
                              "serve the same model")
