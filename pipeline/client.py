@@ -217,7 +217,7 @@ class OpenAIClient:
         try:
             resp = self._http.get(url)
         except httpx.TimeoutException as exc:
-            raise TargetError(f"cannot reach {url}: {self._timeout(url, exc)}") from None
+            raise self._timeout(url, exc) from None
         except httpx.HTTPError as exc:
             raise TargetError(self._mask(f"cannot reach {url}: {type(exc).__name__}: {exc}")) from None
         self._answered()
