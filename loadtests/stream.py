@@ -220,7 +220,7 @@ def stream_chat(
         sock.sendall(request)
         _read_stream(sock, res, t0, deadline, stall)
     except TimeoutError:
-        if perf() >= deadline - 1e-3:
+        if stall >= timeout_s or perf() >= deadline - 1e-3:
             res.error, res.detail = ERR_TIMEOUT, f"not finished within {timeout_s:g}s"
         else:
             where = f"mid-stream after {res.chunks} content chunks" if res.chunks else "before the first content"
