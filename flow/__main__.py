@@ -3,6 +3,7 @@
     python -m flow deploy --hosts HOST_OR_GROUP --image REGISTRY/NAME:TAG [--inventory DIR] [--check]
                           [--image-tarball FILE] [--no-gate] [--no-loadtest] [--gate-config F]
                           [--loadtest-config F] [--config deployment.yaml] [-e KEY=VALUE]
+                          [--api-key-file F | --api-key-env NAME]   the endpoints' key, gate + load test
     python -m flow main   [--out DIR]       the main job on the embedded target (no root, no Docker)
     python -m flow demo   [--out DIR]       the real path on an embedded fleet on this machine (root)
 
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gate-config")
     p.add_argument("--loadtest-config", help="YAML whose `loadtest:` section holds the deployment's SLOs")
     p.add_argument("--min-capacity", type=float, help="users that must meet the SLOs (default 1)")
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--api-key-file", help="file holding the endpoints' API key, for the gate and the load test")
+    key.add_argument("--api-key-env", help="environment variable holding the endpoints' API key")
     p.add_argument("--extra-var", "-e", action="append", default=[], help="KEY=VALUE for the playbook")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     for name in ("main", "demo"):
@@ -84,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["gate_config"] = args.gate_config
     if args.loadtest_config:
         overrides["loadtest_config"] = args.loadtest_config
+    if args.api_key_file or args.api_key_env:  # one source: the command line's replaces the file's
+        overrides["api_key_file"], overrides["api_key_env"] = args.api_key_file, args.api_key_env
     if args.min_capacity is not None:
         overrides["min_capacity"] = args.min_capacity
     cfg = load(args.config, overrides)

@@ -105,6 +105,8 @@ def loadtest_config(cfg: RolloutConfig, url: str) -> Any:
     from loadtests.config import load_loadtest_config
 
     over: dict[str, Any] = {"host": url}
+    if cfg.api_key_env or cfg.api_key_file:  # the flow's key wins over the load-test file's
+        over.update({"api_key_env": cfg.api_key_env, "api_key_file": cfg.api_key_file})
     if cfg.loadtest_quick:
         over.update({k: v for k, v in QUICK.items() if k != "capacity"})
         over["capacity"] = dict(QUICK["capacity"])
@@ -113,7 +115,16 @@ def loadtest_config(cfg: RolloutConfig, url: str) -> Any:
     path = str(ro._abs(cfg.loadtest_config)) if cfg.loadtest_config else None
     if path and not Path(path).is_file():
         raise UsageError(f"load-test config not found: {cfg.loadtest_config}")
-    return load_loadtest_config(path, over)
+    from loadtests.config import with_api_key
+
+    return with_api_key(load_loadtest_config(path, over))
+
+
+def with_flow_api_key(cfg: RolloutConfig, gate_cfg: Any) -> Any:
+    """The gate config with the flow's API key source (names only; the key is resolved by the gate)."""
+    if not (cfg.api_key_env or cfg.api_key_file):
+        return gate_cfg
+    return gate_cfg.model_copy(update={"api_key_env": cfg.api_key_env, "api_key_file": cfg.api_key_file})
 
 
 def loadtest_stage(lt_cfg: Any, out: Path, min_capacity: float, *, quiet: bool = False) -> Stage:
@@ -162,8 +173,10 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
         gpath = ro._abs(cfg.gate_config) if cfg.gate_config else None
         if gpath and not gpath.is_file():
             raise UsageError(f"gate config not found: {cfg.gate_config}")
-        gate_cfg = load_gate_config(gpath)
-        from validation.config import lossless_requirement
+        gate_cfg = with_flow_api_key(cfg, load_gate_config(gpath))
+        from validation.config import gate_api_key, lossless_requirement
+
+        gate_api_key(gate_cfg)  # a missing key file / variable is bad input before anything changes
 
         speculative = [h for h in hosts if _speculative(inv.hostvars.get(h, {}))]
         why = lossless_requirement(gate_cfg, speculative=True) if speculative else None

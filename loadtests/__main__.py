@@ -40,7 +40,7 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", help="run directory (default runs/<stage>-<timestamp>)")
     ap.add_argument("--model")
     ap.add_argument("--processes", type=int, help="Locust worker processes (master/worker mode when > 1)")
-    ap.add_argument("--workload", choices=["builtin", "synthetic", "jsonl"])
+    ap.add_argument("--workload", choices=["builtin", "synthetic", "jsonl", "prefix-cache"])
     ap.add_argument("--dataset", help="JSONL file (implies --workload jsonl)")
     ap.add_argument("--max-tokens", type=int)
     ap.add_argument("--input-tokens", type=int, help="synthetic prompt length (tokens)")
@@ -51,17 +51,27 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--slo-itl-ms", type=float)
     ap.add_argument("--max-error-rate", type=float)
     ap.add_argument("--itl-events", choices=["each", "mean", "off"])
+    ap.add_argument("--stall-timeout", type=float, help="no bytes for this many seconds fails a request (stall)")
+    ap.add_argument("--reuse-prompts", action="store_true", help="synthetic: the same prompts as every run with "
+                    "this seed (default: new prompts each run, so the prefix cache of an earlier run does not help)")
+    key = ap.add_mutually_exclusive_group()
+    key.add_argument("--api-key-file", help="file holding the target's API key (Locust users send it)")
+    key.add_argument("--api-key-env", help="environment variable holding the target's API key")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     wl = {k: v for k, v in {"kind": args.workload or ("jsonl" if args.dataset else None), "dataset": args.dataset,
                             "max_tokens": args.max_tokens, "input_tokens": args.input_tokens,
-                            "output_tokens": args.output_tokens}.items() if v is not None}
+                            "output_tokens": args.output_tokens,
+                            "reuse_prompts": True if args.reuse_prompts else None}.items() if v is not None}
     slo = {k: v for k, v in {"ttft_p95_ms": args.slo_ttft_ms, "itl_p95_ms": args.slo_itl_ms,
                              "max_error_rate": args.max_error_rate}.items() if v is not None}
     ov: dict[str, Any] = {k: v for k, v in {
         "host": args.host, "model": args.model, "processes": args.processes, "max_requests": args.max_requests,
-        "request_timeout_s": args.timeout, "itl_events": args.itl_events}.items() if v is not None}
+        "request_timeout_s": args.timeout, "itl_events": args.itl_events, "request_stall_s": args.stall_timeout,
+        }.items() if v is not None}
+    if args.api_key_file or args.api_key_env:  # one source: the command line's replaces the config file's
+        ov["api_key_file"], ov["api_key_env"] = args.api_key_file, args.api_key_env
     if wl:
         ov["workload"] = wl
     if slo:
@@ -72,9 +82,11 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _config(args: argparse.Namespace, extra: dict[str, Any], preset: dict[str, Any] | None = None) -> LoadTestConfig:
     """Defaults <- --config file <- `preset` (--quick) <- the command line's own flags (`extra` and the
     common ones): a flag given explicitly always wins over the preset."""
+    from loadtests.config import with_api_key
     from pipeline.config import deep_merge
 
-    cfg = load_loadtest_config(args.config, deep_merge(preset or {}, deep_merge(_overrides(args), extra)))
+    cfg = with_api_key(load_loadtest_config(args.config, deep_merge(preset or {}, deep_merge(_overrides(args),
+                                                                                           extra))))
     if not cfg.host:
         raise UsageError("no target: pass --host URL (or HOST=... to make); there is no default target")
     return cfg
@@ -96,7 +108,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = run_loadtest(cfg, out)
     write_run_report(out, summary)
     t, i = summary["ttft_ms"], summary["itl_ms"]
-    print(f"loadtest: {summary['requests']['ok']}/{summary['requests']['total']} ok, "
+    running = summary["requests"].get("in_flight_at_stop") or 0
+    print(f"loadtest: {summary['requests']['ok']}/{summary['requests']['total']} ok"
+          f"{f' ({running} still running at the stop, not counted)' if running else ''}, "
           f"{summary['throughput']['requests_per_s']:.2f} req/s, "
           f"{summary['throughput']['output_tok_per_s']:.1f} tok/s, TTFT p95 {t['p95']} ms, "
           f"ITL p95 {i['p95']} ms, SLO {'met' if summary['slo']['met'] else 'NOT met'} -> {out}/summary.json")

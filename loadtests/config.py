@@ -42,14 +42,19 @@ class Step(StrictModel):
 class WorkloadConfig(StrictModel):
     """What each request asks for."""
 
-    kind: Literal["builtin", "synthetic", "jsonl"] = "builtin"
+    kind: Literal["builtin", "synthetic", "jsonl", "prefix-cache"] = "builtin"
     dataset: str | None = None  # JSONL file for kind=jsonl
     max_tokens: int = Field(default=128, ge=1, le=131072)  # builtin / jsonl lines without their own
     input_tokens: int = Field(default=256, ge=1, le=1_000_000)  # synthetic target prompt length
     output_tokens: int = Field(default=128, ge=1, le=131072)  # synthetic target output length
     ignore_eos: bool = True  # synthetic: send ignore_eos + min_tokens so the server emits exactly N
     temperature: float = Field(default=0.0, ge=0, le=2)
-    seed: int = 0
+    seed: int = 0  # sampling seeds (T > 0) and, with reuse_prompts, the synthetic prompts' words
+    # Synthetic prompts are new on every run (a run id in each one), so a prefix cache warmed by an
+    # earlier run does not flatter TTFT. reuse_prompts: true makes them the same as every other run with
+    # this seed (a run repeated on purpose); the `prefix-cache` workload keeps a fixed set on purpose.
+    reuse_prompts: bool = False
+    prefix_pool: int = Field(default=8, ge=1, le=4096, description="prefix-cache workload: distinct prompts")
     # Requests whose received length differs from the asked one by more than this are mismatches.
     length_tolerance: float = Field(default=0.1, ge=0, le=1)
 
@@ -91,7 +96,11 @@ class LoadTestConfig(StrictModel):
 
     host: str | None = None
     model: str | None = None  # default: the first model the server lists
+    # The target's API key: set from api_key_env / api_key_file by with_api_key() (pipeline/auth.py) and
+    # never written to disk (loadtest-settings.json leaves it out; Locust gets it through its environment).
     api_key: str | None = None
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_file: str | None = None
     path: str = "/v1/chat/completions"
     # Load: fixed users (closed loop), or an open-loop request rate spread over `users` generators.
     users: int = Field(default=4, ge=1, le=10_000)
@@ -105,6 +114,8 @@ class LoadTestConfig(StrictModel):
     max_requests: int = Field(default=10_000, ge=1)
     warmup_s: float = Field(default=0.0, ge=0)  # requests started earlier are left out of our summary
     request_timeout_s: float = Field(default=120.0, gt=0)
+    request_stall_s: float = Field(default=30.0, gt=0, description="no bytes for this long: the request fails "
+                                   "with the error class `stall` (before its answer or mid-stream)")
     stop_timeout_s: float = Field(default=5.0, ge=0)  # in-flight requests may finish this long after the end
     # Scale-out: >1 runs Locust's master + N local worker processes (`--processes N`).
     processes: int = Field(default=1, ge=1, le=256)
@@ -128,12 +139,26 @@ class LoadTestConfig(StrictModel):
             raise ValueError(f"warmup_s ({self.warmup_s:g}) must be shorter than duration_s ({self.duration_s:g})")
         if self.steps and self.rate is not None:
             raise ValueError("steps (a user ramp) and rate cannot be combined")
+        if self.request_stall_s > self.request_timeout_s:
+            raise ValueError(f"request_stall_s ({self.request_stall_s:g}) must not exceed request_timeout_s "
+                             f"({self.request_timeout_s:g})")
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("give the API key one way: api_key_env or api_key_file, not both")
         return self
 
     @property
     def total_duration_s(self) -> float:
         """The run's length: the sum of the steps for a ramp, else duration_s."""
         return sum(s.duration_s for s in self.steps) if self.steps else self.duration_s
+
+
+def with_api_key(cfg: LoadTestConfig) -> LoadTestConfig:
+    """The config with `api_key` read from api_key_env / api_key_file (UsageError when missing); unchanged
+    when neither is set."""
+    from pipeline.auth import resolve_api_key
+
+    key = resolve_api_key(cfg.api_key_env, cfg.api_key_file)
+    return cfg.model_copy(update={"api_key": key}) if key else cfg
 
 
 def load_loadtest_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> LoadTestConfig:

@@ -98,7 +98,8 @@ class _Process:
             model = data["data"][0]["id"] if status == 200 and data and data.get("data") else "default"
         cal = SETTINGS.get("calibration") or {}
         self.specs: list[RequestSpec] = build_requests(cfg, model, cal.get("words_per_tok", 1.0),
-                                                       cal.get("overhead_toks", 0))
+                                                       cal.get("overhead_toks", 0),
+                                                       nonce=SETTINGS.get("prompt_nonce") or "")
         self.counter = itertools.count()
         n_proc = max(1, cfg.processes)
         self.budget = -(-cfg.max_requests // n_proc)  # ceil: per-process share of the request bound
@@ -196,8 +197,17 @@ class ChatStreamUser(User):
     def _one(self, spec: RequestSpec) -> None:
         st = self.st
         st.inflight += 1
+        t_start = time.time()
         try:
-            res = stream_chat(st.ep, spec.raw, st.cfg.request_timeout_s)
+            res = stream_chat(st.ep, spec.raw, st.cfg.request_timeout_s, stall_s=st.cfg.request_stall_s)
+        except gevent.GreenletExit:
+            # Locust stops this user while its request runs (after --stop-timeout): neither a success nor a
+            # failure of the target. Recorded as running at the stop; no Locust event (Locust never counts it).
+            st.write({"t": round(t_start, 6), "ok": False, "running_at_stop": True,
+                      "e2e": round((time.time() - t_start) * 1000.0, 4), "n": 0, "aout": spec.asked_output,
+                      "exact": spec.exact_output})
+            st.records.flush()
+            raise
         finally:
             st.inflight -= 1
         st.write(report(self.environment, res, spec, st.cfg.itl_events))

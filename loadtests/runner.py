@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import secrets
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from loadtests.config import LoadTestConfig
 from loadtests.stream import ERR_NOT_STREAMING, Endpoint, build_request, get_json, stream_chat
 from loadtests.workload import build_requests, synthetic_prompt
 from pipeline import metrics
+from pipeline.client import auth_error
 from pipeline.errors import PipelineError, TargetError, UsageError
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -47,9 +49,11 @@ def preflight(cfg: LoadTestConfig) -> dict[str, Any]:
     if not cfg.host:
         raise UsageError("no target: pass --host URL (there is no default target)")
     try:
-        status, data = get_json(cfg.host, "/v1/models", timeout_s=10.0, api_key=cfg.api_key)
+        status, data = get_json(cfg.host, "/v1/models", timeout_s=min(10.0, cfg.request_stall_s), api_key=cfg.api_key)
     except OSError as exc:
         raise TargetError(f"cannot reach {cfg.host}: {type(exc).__name__}: {exc}") from None
+    if status in (401, 403):
+        raise auth_error(f"{cfg.host}/v1/models", status, cfg.api_key is not None)
     if status != 200 or not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise TargetError(f"{cfg.host}/v1/models answered HTTP {status} without a model list: not OpenAI-compatible")
     ids = [str(m.get("id")) for m in data["data"] if isinstance(m, dict)]
@@ -60,7 +64,9 @@ def preflight(cfg: LoadTestConfig) -> dict[str, Any]:
     probe_cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"max_tokens": 4,
                                                                                    "output_tokens": 4})})
     spec = build_requests(probe_cfg, model, pool=1)[0]
-    res = stream_chat(ep, spec.raw, timeout_s=min(cfg.request_timeout_s, 60.0))
+    res = stream_chat(ep, spec.raw, timeout_s=min(cfg.request_timeout_s, 60.0), stall_s=cfg.request_stall_s)
+    if res.error in ("http_401", "http_403"):
+        raise auth_error(f"{cfg.host}{cfg.path}", res.status, cfg.api_key is not None)
     if res.error == ERR_NOT_STREAMING:
         raise TargetError(f"{cfg.host} does not stream chat completions ({res.detail}); the load test needs SSE")
     if not res.ok:
@@ -118,8 +124,10 @@ def write_settings(cfg: LoadTestConfig, out: Path, info: dict[str, Any]) -> Path
     out.mkdir(parents=True, exist_ok=True)
     path = out / "loadtest-settings.json"
     # The API key never goes to disk: the child gets it through LOADTEST_API_KEY (child_env).
+    # prompt_nonce: this run's synthetic prompts are its own (workload.reuse_prompts keeps them across runs).
     path.write_text(json.dumps({"config": cfg.model_dump(mode="json", exclude={"api_key"}), "model": info.get("model"),
-                                "calibration": info.get("calibration")}, indent=2))
+                                "calibration": info.get("calibration"), "prompt_nonce": secrets.token_hex(4)},
+                               indent=2))
     return path
 
 
@@ -189,8 +197,10 @@ def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig, stop_at: float | 
     Left out: requests started during warm-up, and requests still running when the run began to
     stop (they end during Locust's shutdown, which can stall the client and distort their timings).
     """
+    running = [r for r in recs if r.get("running_at_stop")]
+    recs = [r for r in recs if not r.get("running_at_stop")]
     if not recs:
-        return {"requests": {"total": 0, "ok": 0, "failed": 0}, "measured": False}
+        return {"requests": {"total": 0, "ok": 0, "failed": 0, "in_flight_at_stop": len(running)}, "measured": False}
     t_first = recs[0]["t"]
     in_window = [r for r in recs if stop_at is None or r["t"] + r["e2e"] / 1000.0 <= stop_at]
     measured = [r for r in in_window if r["t"] >= t_first + cfg.warmup_s]
@@ -239,7 +249,10 @@ def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig, stop_at: float | 
         "warmup_s": cfg.warmup_s,
         "window_s": round(window, 3),
         "requests": {"total": total, "ok": len(ok), "failed": total - len(ok), "errors": errors,
-                     "warmup_excluded": len(in_window) - total, "after_stop_excluded": len(recs) - len(in_window)},
+                     "warmup_excluded": len(in_window) - total, "after_stop_excluded": len(recs) - len(in_window),
+                     # still running when Locust stopped its users (after the stop timeout): not failures of the
+                     # target, not in `total`, never counted by Locust either
+                     "in_flight_at_stop": len(running)},
         "error_rate": round(error_rate, 4),
         "ttft_ms": ttft,
         "itl_ms": itl,
@@ -267,6 +280,29 @@ def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig, stop_at: float | 
         },
         "slo": {"met": all(c["ok"] for c in checks.values()) and len(ok) > 0, "checks": checks},
     }
+
+
+def locust_agreement(out: Path, recs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Locust's own totals (locust_stats.csv, "Aggregated") against our records: every request Locust counted
+    since its last stats reset is one record that ended after that reset (requests running at the stop are
+    neither). None when Locust wrote no stats CSV."""
+    import csv
+
+    f = out / "locust_stats.csv"
+    if not f.is_file():
+        return None
+    rows = {r.get("Name"): r for r in csv.DictReader(f.open(newline=""))}
+    agg = rows.get("Aggregated")
+    if agg is None:
+        return None
+    reset_file = out / "stats_reset.json"
+    reset_at = float(json.loads(reset_file.read_text())["at"]) if reset_file.is_file() else None
+    fired = [r for r in recs if not r.get("running_at_stop")
+             and (reset_at is None or r["t"] + r["e2e"] / 1000.0 >= reset_at)]
+    n, n_fail = int(agg["Request Count"]), int(agg["Failure Count"])
+    mine, mine_fail = len(fired), sum(1 for r in fired if not r["ok"])
+    return {"locust_requests": n, "locust_failures": n_fail, "records": mine, "record_failures": mine_fail,
+            "stats_reset_at": reset_at, "agree": n == mine and n_fail == mine_fail}
 
 
 def finished_ok(outcome: LocustOutcome, recs: list[dict[str, Any]]) -> str | None:
@@ -316,6 +352,7 @@ def run_loadtest(cfg: LoadTestConfig, out: Path, info: dict[str, Any] | None = N
         write_run_junit(out, summary)
         raise RunFailed(problem)
     summary.update(summarize(recs, cfg, stop_time(out)))
+    summary["locust_agreement"] = locust_agreement(out, recs)
     write_json(out / "summary.json", summary)
     write_run_junit(out, summary)
     return summary

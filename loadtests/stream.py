@@ -33,12 +33,14 @@ except ImportError:  # pragma: no cover - orjson is a pinned dependency
 
 # Error classes: the only values `StreamResult.error` takes besides None (plus "http_<status>").
 ERR_CONNECT = "connect_error"
-ERR_TIMEOUT = "timeout"
+ERR_TIMEOUT = "timeout"  # the whole request over its total limit (or the connect timed out)
+ERR_STALL = "stall"  # no bytes for `stall_s` (before the answer or mid-stream): a target that stopped answering
 ERR_CUT = "stream_cut"  # connection closed before `data: [DONE]`
 ERR_MALFORMED = "malformed_chunk"  # a `data:` line that is not JSON / not a chat chunk
 ERR_EMPTY = "empty_output"  # [DONE] without any content
 ERR_NOT_STREAMING = "not_streaming"  # HTTP 200 but not text/event-stream
-ERROR_CLASSES = (ERR_CONNECT, ERR_TIMEOUT, ERR_CUT, ERR_MALFORMED, ERR_EMPTY, ERR_NOT_STREAMING, "http_<status>")
+ERROR_CLASSES = (ERR_CONNECT, ERR_TIMEOUT, ERR_STALL, ERR_CUT, ERR_MALFORMED, ERR_EMPTY, ERR_NOT_STREAMING,
+                 "http_<status>")
 
 
 @dataclass(frozen=True)
@@ -187,10 +189,13 @@ def stream_chat(
     request: bytes,
     timeout_s: float = 120.0,
     connect_timeout_s: float = 10.0,
+    stall_s: float | None = None,
 ) -> StreamResult:
     """Send one prepared streaming request and read the SSE stream to the end.
 
-    Never raises for target-side problems: they become `StreamResult.error` classes.
+    `timeout_s` bounds the whole request (`timeout`), `stall_s` every wait for the next bytes (`stall`:
+    the headers, or a stream gone silent mid-answer). Never raises for target-side problems: they become
+    `StreamResult.error` classes.
     """
     res = StreamResult(t_start=time.time())
     perf = time.perf_counter
@@ -208,12 +213,18 @@ def stream_chat(
         if ep.scheme == "https":
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=ep.host)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(timeout_s)
+        stall = min(stall_s, timeout_s) if stall_s else timeout_s
+        sock.settimeout(stall)
         t0 = perf()  # TTFT/E2E start when the request is sent (connect excluded, as in bench_serving)
+        deadline = t0 + timeout_s
         sock.sendall(request)
-        _read_stream(sock, res, t0, deadline)
+        _read_stream(sock, res, t0, deadline, stall)
     except TimeoutError:
-        res.error, res.detail = ERR_TIMEOUT, f"no data within {timeout_s:g}s"
+        if stall >= timeout_s or perf() >= deadline - 1e-3:
+            res.error, res.detail = ERR_TIMEOUT, f"not finished within {timeout_s:g}s"
+        else:
+            where = f"mid-stream after {res.chunks} content chunks" if res.chunks else "before the first content"
+            res.error, res.detail = ERR_STALL, f"no data for {stall:g}s {where}"
     except OSError as exc:
         res.error = res.error or ERR_CUT
         res.detail = f"{type(exc).__name__}: {exc}"
@@ -223,7 +234,7 @@ def stream_chat(
     return res
 
 
-def _read_stream(sock: socket.socket, res: StreamResult, t0: float, deadline: float) -> None:
+def _read_stream(sock: socket.socket, res: StreamResult, t0: float, deadline: float, stall: float) -> None:
     perf = time.perf_counter
     recv = sock.recv
     head = b""
@@ -330,7 +341,7 @@ def _read_stream(sock: socket.socket, res: StreamResult, t0: float, deadline: fl
                 break
         if now > deadline:
             raise TimeoutError
-        sock.settimeout(max(0.001, deadline - now))
+        sock.settimeout(max(0.001, min(stall, deadline - now)))
         data = recv(65536)
         now = perf()
         if not data:

@@ -4,7 +4,12 @@
 * `synthetic` - prompts of a target input length (random common words, a unique prefix per prompt so
   prefix caches do not flatter the server) and a target output length, with `ignore_eos` and
   `min_tokens` so servers that support them emit exactly that many tokens. Asked-vs-received
-  lengths are recorded per request and summarised as mismatches.
+  lengths are recorded per request and summarised as mismatches. The prompts are new on every run
+  (the run's nonce seeds the words and heads each prompt), so a server's prefix cache warmed by an
+  earlier run does not turn a TTFT measurement into a cache benchmark; `reuse_prompts: true` asks for
+  the same prompts as every other run with the same seed.
+* `prefix-cache` - on purpose the cache's best case: `prefix_pool` fixed synthetic prompts (from the
+  seed alone, the same in every run) sent over and over.
 * `jsonl`     - one JSON object per line: `{"prompt": "..."}` or `{"messages": [...]}`, optionally
   `"max_tokens"` (alias `"output_tokens"`).
 """
@@ -70,10 +75,10 @@ class RequestSpec:
     exact_output: bool  # True when ignore_eos/min_tokens ask the server for exactly asked_output
 
 
-def synthetic_prompt(rng: random.Random, n_words: int, index: int) -> str:
-    """A unique prompt of `n_words` random common words."""
+def synthetic_prompt(rng: random.Random, n_words: int, index: int, nonce: str = "") -> str:
+    """A unique prompt of `n_words` random common words (headed by the run's nonce, when given)."""
     words = [rng.choice(_WORDS) for _ in range(max(0, n_words))]
-    return f"Request {index}: " + " ".join(words)
+    return f"Request {nonce + '-' if nonce else ''}{index}: " + " ".join(words)
 
 
 def read_jsonl(path: str | Path, default_max_tokens: int) -> list[tuple[list[dict[str, str]], int]]:
@@ -133,8 +138,9 @@ def _body(model: str, messages: list[dict[str, str]], max_tokens: int, wl: Workl
 
 
 def build_requests(cfg: LoadTestConfig, model: str, words_per_token: float = 1.0, overhead_tokens: int = 0,
-                   pool: int = 256) -> list[RequestSpec]:
-    """The request pool a process cycles through (synthetic: `pool` distinct prompts)."""
+                   pool: int = 256, nonce: str = "") -> list[RequestSpec]:
+    """The request pool a process cycles through (synthetic: `pool` distinct prompts, headed by `nonce`, the
+    run's, unless `workload.reuse_prompts`; prefix-cache: `workload.prefix_pool` fixed ones)."""
     assert cfg.host is not None
     ep = Endpoint.parse(cfg.host, cfg.path)
     wl = cfg.workload
@@ -149,10 +155,11 @@ def build_requests(cfg: LoadTestConfig, model: str, words_per_token: float = 1.0
             body = _body(model, messages, mt, wl, False, wl.seed + i)
             specs.append(RequestSpec(build_request(ep, body, cfg.api_key), mt, None, False))
     else:
-        rng = random.Random(wl.seed)
+        fixed = wl.kind == "prefix-cache" or wl.reuse_prompts or not nonce
+        rng = random.Random(wl.seed if fixed else f"{wl.seed}:{nonce}")
         n_words = max(1, round((wl.input_tokens - overhead_tokens) * words_per_token))
-        for i in range(pool):
-            prompt = synthetic_prompt(rng, n_words, i)
+        for i in range(min(pool, wl.prefix_pool) if wl.kind == "prefix-cache" else pool):
+            prompt = synthetic_prompt(rng, n_words, i, "" if fixed else nonce)
             body = _body(model, [{"role": "user", "content": prompt}], wl.output_tokens, wl, wl.ignore_eos,
                          wl.seed + i)
             specs.append(RequestSpec(build_request(ep, body, cfg.api_key), wl.output_tokens, wl.input_tokens,

@@ -5,11 +5,27 @@ flavours we care about: SGLang (`/server_info`, `/metrics` with `sglang:` series
 details in responses) and llama.cpp (`/props`, `/metrics` with `llamacpp:` series). Streaming
 requests send `Connection: close`: llama.cpp closes the socket after each stream and a reused
 connection then shows spurious disconnects.
+
+Time limits (every request): `stall_s` bounds each wait for bytes (the response headers, every chunk
+of a stream: a stream that goes silent mid-answer fails after `stall_s`, not after the total);
+`timeout_s` bounds a whole request (checked between chunks, so a request ends within
+`timeout_s + stall_s`). Both raise `TargetTimeout`, whose `kind` is `stall`, `total` or `connect`.
+A target that hangs (accepts connections, never answers, or stops answering) trips the client's breaker:
+after `max_timeouts_in_row` timed-out requests in a row every further request fails at once with
+`TargetHung`, so a caller with `c` requests in flight stops waiting on the target after at most
+`(ceil(max_timeouts_in_row / c) + 1) * (timeout_s + stall_s)` (one stall per request for a silent
+target), not one timeout per remaining request.
+
+API keys: `api_key` is sent as `Authorization: Bearer ...` and never appears in an error message (it is
+masked in every server text this client quotes). A 401/403 is `UsageError` ("the target needs an API
+key: ..."), bad input, exit 2: `pipeline.auth.resolve_api_key` reads keys from an environment variable or
+a file, never from the command line.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +34,31 @@ import httpx
 
 from pipeline import metrics
 from pipeline.errors import TargetError, UsageError
+
+DEFAULT_STALL_S = 30.0
+DEFAULT_TIMEOUTS_IN_ROW = 3
+
+
+class TargetTimeout(TargetError):
+    """A request ran into a time limit: `kind` is 'stall' (no bytes for stall_s), 'total' (the whole
+    request over timeout_s) or 'connect'."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class TargetHung(TargetError):
+    """The breaker is open: the target timed out on too many requests in a row; nothing more is sent."""
+
+
+def auth_error(url: str, status: int, sent_key: bool) -> UsageError:
+    """The one error for HTTP 401/403 (bad input: exit 2)."""
+    if sent_key:
+        return UsageError(f"the target needs an API key: {url} answered HTTP {status} to the key given "
+                          "(wrong or revoked key? check the file / environment variable it came from)")
+    return UsageError(f"the target needs an API key: {url} answered HTTP {status}; give it with --api-key-file "
+                      "FILE or api_key_env: NAME (an environment variable), never on the command line")
 
 
 @dataclass
@@ -109,6 +150,8 @@ class OpenAIClient:
         model: str | None = None,
         timeout_s: float = 120.0,
         api_key: str | None = None,
+        stall_s: float | None = DEFAULT_STALL_S,
+        max_timeouts_in_row: int | None = DEFAULT_TIMEOUTS_IN_ROW,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise UsageError(f"target must be an http(s) URL, got '{base_url}'")
@@ -116,9 +159,46 @@ class OpenAIClient:
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout_s, connect=5.0), headers=headers)
+        self._key = api_key or None
+        self.timeout_s = timeout_s
+        self.stall_s = min(stall_s, timeout_s) if stall_s else timeout_s
+        self.max_timeouts_in_row = max_timeouts_in_row
+        # httpx's read/write/pool timeouts apply to each network operation: the stall limit
+        self._http = httpx.Client(timeout=httpx.Timeout(self.stall_s, connect=min(5.0, self.stall_s)), headers=headers)
         self._model = model
         self._kind: str | None = None
+        self._lock = threading.Lock()
+        self._timeouts_in_row = 0
+        self.hung: str | None = None  # why the breaker opened (None: closed)
+
+    # ------------------------------------------------------------------ time limits, breaker, secrets
+    def _mask(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+    def _check_breaker(self) -> None:
+        if self.hung is not None:
+            raise TargetHung(self.hung)
+
+    def _timed_out(self, exc: TargetTimeout) -> TargetTimeout:
+        with self._lock:
+            self._timeouts_in_row += 1
+            k = self.max_timeouts_in_row
+            if k and self._timeouts_in_row >= k and self.hung is None:
+                self.hung = (f"target hung: {self._timeouts_in_row} requests in a row timed out (last: {exc}); "
+                             "no further request sent")
+        return exc
+
+    def _answered(self) -> None:
+        with self._lock:
+            self._timeouts_in_row = 0
+
+    def _timeout(self, url: str, exc: httpx.TimeoutException, chunks: int | None = None) -> TargetTimeout:
+        if isinstance(exc, httpx.ConnectTimeout):
+            return self._timed_out(TargetTimeout(f"{url}: connect timed out", "connect"))
+        where = (f"mid-stream after {chunks} content chunks" if chunks else
+                 "before the first byte of the answer" if chunks is None else "before the first content chunk")
+        return self._timed_out(TargetTimeout(f"{url}: stalled: no data for {self.stall_s:g}s {where} "
+                                             "(request_stall_s)", "stall"))
 
     def close(self) -> None:
         self._http.close()
@@ -131,17 +211,34 @@ class OpenAIClient:
 
     # ------------------------------------------------------------------ discovery
     def _get(self, path: str) -> httpx.Response:
+        """GET with the time limits and the breaker; TargetError when it fails, UsageError on 401/403."""
+        self._check_breaker()
+        url = self.base_url + path
         try:
-            return self._http.get(self.base_url + path)
+            resp = self._http.get(url)
+        except httpx.TimeoutException as exc:
+            raise self._timeout(url, exc) from None
         except httpx.HTTPError as exc:
-            raise TargetError(f"cannot reach {self.base_url}{path}: {type(exc).__name__}: {exc}") from None
+            raise TargetError(self._mask(f"cannot reach {url}: {type(exc).__name__}: {exc}")) from None
+        self._answered()
+        if resp.status_code in (401, 403):
+            raise auth_error(url, resp.status_code, self._key is not None)
+        return resp
+
+    def _try_get(self, path: str) -> httpx.Response | None:
+        """_get for the optional probes: None instead of an error (a 401 still raises)."""
+        try:
+            return self._get(path)
+        except TargetError:
+            return None
 
     def health(self) -> bool:
         """True when GET /health answers 200 (SGLang and llama.cpp both serve it once loaded)."""
         try:
-            return self._http.get(self.base_url + "/health").status_code == 200
-        except httpx.HTTPError:
+            resp = self._try_get("/health")
+        except UsageError:
             return False
+        return resp is not None and resp.status_code == 200
 
     def list_models(self) -> list[str]:
         """Model ids from /v1/models; TargetError if the answer is not an OpenAI model list."""
@@ -169,22 +266,16 @@ class OpenAIClient:
         """'sglang', 'llamacpp' or 'openai' (anything else that answers /v1/models)."""
         if self._kind is None:
             self._kind = "openai"
-            try:
-                if self._http.get(self.base_url + "/server_info").status_code == 200:
-                    self._kind = "sglang"
-                elif self._http.get(self.base_url + "/props").status_code == 200:
-                    self._kind = "llamacpp"
-            except httpx.HTTPError:
-                pass
+            if (r := self._try_get("/server_info")) is not None and r.status_code == 200:
+                self._kind = "sglang"
+            elif (r := self._try_get("/props")) is not None and r.status_code == 200:
+                self._kind = "llamacpp"
         return self._kind
 
     def server_info(self) -> dict[str, Any] | None:
         """SGLang's /server_info (None elsewhere)."""
-        try:
-            resp = self._http.get(self.base_url + "/server_info")
-        except httpx.HTTPError:
-            return None
-        if resp.status_code != 200:
+        resp = self._try_get("/server_info")
+        if resp is None or resp.status_code != 200:
             return None
         try:
             return resp.json()
@@ -193,11 +284,8 @@ class OpenAIClient:
 
     def metrics_text(self) -> str | None:
         """Prometheus text from /metrics, None when the server has none."""
-        try:
-            resp = self._http.get(self.base_url + "/metrics")
-        except httpx.HTTPError:
-            return None
-        return resp.text if resp.status_code == 200 else None
+        resp = self._try_get("/metrics")
+        return resp.text if resp is not None and resp.status_code == 200 else None
 
     # ------------------------------------------------------------------ generation
     def chat(
@@ -238,18 +326,27 @@ class OpenAIClient:
         if extra:
             body.update(extra)
         url = self.base_url + "/v1/chat/completions"
+        self._check_breaker()
         t0 = time.perf_counter()
         try:
             if stream:
-                return self._chat_stream(url, body, t0)
+                result = self._chat_stream(url, body, t0)
+                self._answered()
+                return result
             resp = self._http.post(url, json=body)
-        except httpx.TimeoutException:
-            raise TargetError(f"{url}: request timed out") from None
+        except httpx.TimeoutException as exc:
+            raise self._timeout(url, exc) from None
         except httpx.HTTPError as exc:
-            raise TargetError(f"{url}: {type(exc).__name__}: {exc}") from None
+            raise TargetError(self._mask(f"{url}: {type(exc).__name__}: {exc}")) from None
         latency = time.perf_counter() - t0
+        self._answered()
+        if latency > self.timeout_s:
+            raise self._timed_out(TargetTimeout(f"{url}: request took {latency:.1f}s, over the total limit "
+                                                f"{self.timeout_s:g}s (request_timeout_s)", "total"))
+        if resp.status_code in (401, 403):
+            raise auth_error(url, resp.status_code, self._key is not None)
         if resp.status_code != 200:
-            raise TargetError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
+            raise TargetError(self._mask(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}"))
         try:
             data = resp.json()
             choice = data["choices"][0]
@@ -279,11 +376,28 @@ class OpenAIClient:
         last: dict[str, Any] = {}
         acc = ct = None
         lps: list[TokenLogprob] | None = [] if body.get("logprobs") else None
+        deadline = t0 + self.timeout_s
         with self._http.stream("POST", url, json=body, headers={"Connection": "close"}) as resp:
+            if resp.status_code in (401, 403):
+                raise auth_error(url, resp.status_code, self._key is not None)
             if resp.status_code != 200:
-                resp.read()
-                raise TargetError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
-            for line in resp.iter_lines():
+                try:
+                    resp.read()
+                except httpx.TimeoutException as exc:
+                    raise self._timeout(url, exc) from None
+                raise TargetError(self._mask(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}"))
+            lines = resp.iter_lines()
+            while True:
+                try:
+                    line = next(lines)
+                except StopIteration:
+                    break
+                except httpx.TimeoutException as exc:
+                    raise self._timeout(url, exc, chunks) from None
+                if time.perf_counter() > deadline:
+                    raise self._timed_out(TargetTimeout(
+                        f"{url}: request over the total limit {self.timeout_s:g}s (request_timeout_s) after "
+                        f"{chunks} content chunks", "total"))
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()

@@ -59,6 +59,9 @@ class EmbeddedConfig(StrictModel):
     draft_min: int = Field(default=0, ge=0)
     draft_p_min: float = Field(default=0.0, ge=0.0, le=1.0)
     ready_timeout_s: float = Field(default=60.0, gt=0)
+    # Serve with an API key (llama.cpp --api-key): the NAME of the environment variable holding it, which the
+    # server process inherits; the key itself is never written to the config file the child reads.
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
     @field_validator("model_path")
     @classmethod
@@ -90,6 +93,10 @@ def _build_params(cfg: EmbeddedConfig) -> Any:
     p.endpoint_props = True
     p.endpoint_slots = True
     p.cont_batching = True
+    if cfg.api_key_env:
+        from pipeline.auth import resolve_api_key
+
+        p.api_keys = [resolve_api_key(cfg.api_key_env)]
     if cfg.spec_type != "none":
         spec = p.speculative
         t = xl.common_speculative_type
@@ -121,10 +128,10 @@ def serve_forever(cfg: EmbeddedConfig) -> None:
     del server
 
 
-def probe_ready(url: str, model: str | None = None, timeout_s: float = 10.0) -> str | None:
+def probe_ready(url: str, model: str | None = None, timeout_s: float = 10.0, api_key: str | None = None) -> str | None:
     """None when the server lists a model and completes a real generation; else what is missing."""
     try:
-        with httpx.Client(timeout=timeout_s) as http:
+        with httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"} if api_key else {}) as http:
             r = http.get(url + "/v1/models")
             if r.status_code != 200:
                 return f"/v1/models HTTP {r.status_code}"
@@ -163,6 +170,9 @@ class EmbeddedServer:
         return self.cfg.url
 
     def start(self) -> EmbeddedServer:
+        from pipeline.auth import resolve_api_key
+
+        self._key = resolve_api_key(self.cfg.api_key_env)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if probe_ready(self.url, timeout_s=2.0) is None:
             raise UsageError(f"port {self.cfg.port} already serves a model: stop it or choose another port")
@@ -184,7 +194,7 @@ class EmbeddedServer:
             if self.proc.poll() is not None:
                 tail = self.log_path.read_text(errors="replace")[-800:]
                 raise TargetError(f"embedded engine exited with {self.proc.returncode}; log {self.log_path}: {tail}")
-            why = probe_ready(self.url, self.cfg.alias, timeout_s=10.0)
+            why = probe_ready(self.url, self.cfg.alias, timeout_s=10.0, api_key=self._key)
             if why is None:
                 return self
             time.sleep(0.2)

@@ -36,6 +36,10 @@ class RolloutConfig(StrictModel):
     loadtest_quick: bool = True
     loadtest_max_load: float | None = Field(default=None, gt=0)
     min_capacity: float = Field(default=1.0, gt=0)
+    # The served endpoints' API key (SGLang --api-key), for the gate and the load test: the NAME of an
+    # environment variable or a file holding it (pipeline/auth.py), never the key; passed to both stages.
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_file: str | None = None
     # Refuse an image whose labels (target, sglang version, patch series) do not fit the host group.
     image_fit_check: bool = True
 

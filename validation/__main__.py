@@ -47,7 +47,18 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         o["spec"] = {"enabled": "on"}
     if getattr(args, "no_judge", False):
         o["judge"] = {"enabled": False}
+    if getattr(args, "api_key_file", None):  # the file's path, never the key, goes into the config
+        o["api_key_file"], o["api_key_env"] = args.api_key_file, None
+    if getattr(args, "api_key_env", None):
+        o["api_key_env"], o["api_key_file"] = args.api_key_env, None
     return o
+
+
+def _add_api_key(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--api-key-file", help="file holding the target's API key (one line); the key itself is never "
+                   "taken on the command line nor written to a report")
+    g.add_argument("--api-key-env", help="environment variable holding the target's API key (api_key_env)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -110,6 +121,9 @@ def cmd_check_text(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise UsageError(f"file not found: {path}")
     items = _read_items(path)
+    if not items:
+        raise UsageError(f"{path} has no texts to score (empty, or only blank lines): one JSON object per line, "
+                         '{"id": ..., "text": ...}')
     judge = None
     if cfg.judge.enabled and any("error" not in it for it in items):
         from validation.judge import FluencyJudge
@@ -230,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-judge", action="store_true", help="skip the fluency judge (reported as skipped)")
     r.add_argument("--speculative", action="store_true",
                    help="the deployment uses speculative decoding (spec.enabled: on): lossless baseline required")
+    _add_api_key(r)
     c = sub.add_parser("check-text", help="score texts offline: one JSON line per input line")
     c.add_argument("file", help='JSONL: {"id", "text", optional "prompt", "prompt_class", "temperature"} per line '
                    '(a T=0 loop the reference model writes itself is excused only when the temperature is given)')
@@ -243,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--config")
     b.add_argument("--model")
     b.add_argument("--no-judge", action="store_true", help="skip the fluency judge (reported as skipped)")
+    _add_api_key(b)
     w = sub.add_parser("sweep", help="gate a grid of speculative configurations and recommend one")
     w.add_argument("--grid", required=True, help="YAML with a `sweep:` section (see validation/grids/)")
     w.add_argument("--host", help="'embedded' (default) or the baseline URL for an endpoints grid")

@@ -356,23 +356,29 @@ def _determinism_off(ctx: GateContext) -> str | None:
 
 
 def _determinism(purpose: str, name: str) -> Runner:
+    """The suite's T=0 answer and its repeats of each determinism prompt: identical, or differing only from a
+    numerical near-tie of the engine's batch-variant numerics (validation/determinism.py)."""
     def run(ctx: GateContext, t: float | None) -> list[CheckResult]:
-        msgs, ok, n = [], True, 0
-        for pid in ctx.cfg.determinism.prompt_ids:
-            texts = [s.text for s in ctx.good if s.purpose == purpose and s.prompt_id == pid]
-            base = [s.text for s in ctx.good if s.purpose == "suite" and s.prompt_id == pid and s.temperature == 0]
-            texts = base + texts
-            n += len(texts)
-            distinct = list(dict.fromkeys(texts))
-            if len(texts) < 2:
-                return [CheckResult(name, "determinism", Status.NOT_RUN, f"{pid}: too few successful repeats "
-                                    f"({len(texts)})")]
-            if len(distinct) > 1:
-                ok = False
-                msgs.append(f"{pid}: {len(distinct)} different T=0 answers in {len(texts)}: "
-                            + " vs ".join(quote(d, 80) for d in distinct[:3]))
-        return [CheckResult(name, "determinism", Status.PASS if ok else Status.FAIL,
-                            "; ".join(msgs) or f"identical T=0 answers ({n})")]
+        from validation.determinism import Answer, judge_repeats
+        from validation.lossless import decode_logprobs
+
+        dc = ctx.cfg.determinism
+        tol = ctx.cfg.lossless.near_tie_nats if dc.near_tie_nats is None else dc.near_tie_nats
+        msgs, ok, per = [], True, {}
+        for pid in dc.prompt_ids:
+            mine = [s for s in ctx.good
+                    if s.prompt_id == pid and s.temperature == 0 and s.purpose in ("suite", purpose)]
+            mine.sort(key=lambda s: s.purpose != "suite")  # the suite's answer first: the reference
+            answers = [Answer(("suite" if s.purpose == "suite" else f"{purpose.split('-')[1]} {i}"), s.text,
+                              decode_logprobs(s.logprobs) if s.logprobs else None, s.finish_reason)
+                       for i, s in enumerate(mine)]
+            v = judge_repeats(answers, tol)
+            per[pid] = v.as_dict()
+            if v.verdict == "too_few":
+                return [CheckResult(name, "determinism", Status.NOT_RUN, f"{pid}: {v.message}", evidence=per)]
+            ok &= v.ok
+            msgs.append(f"{pid}: {v.message}")
+        return [CheckResult(name, "determinism", Status.PASS if ok else Status.FAIL, "; ".join(msgs), evidence=per)]
     return run
 
 

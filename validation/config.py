@@ -13,11 +13,14 @@ See ``validation/profiles/`` for the shipped per-deployment overrides.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from pipeline.config import StrictModel, load_config, read_yaml
+
+if TYPE_CHECKING:
+    from pipeline.client import OpenAIClient
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_SUITE = PACKAGE_DIR / "prompts" / "suite-v1.yaml"
@@ -120,10 +123,20 @@ class SamplingConfig(StrictModel):
 
 
 class DeterminismConfig(StrictModel):
+    """T=0 repeats of a few prompts, sequential and concurrent (validation/determinism.py decides).
+
+    A batch-variant engine (llama.cpp with continuous batching, SGLang without
+    --enable-deterministic-inference) may pick another token where its top two are a numerical near-tie;
+    such a difference passes when the other token is listed within `near_tie_nats` of the answer's own
+    top-1 under its own log-probs (`top_logprobs` alternatives are asked for on these requests)."""
+
     enabled: bool = True
     prompt_ids: list[str] = Field(default_factory=lambda: ["factual", "code"])
     repeats: int = Field(default=3, ge=2, le=64)
     concurrent: int = Field(default=4, ge=2, le=256)
+    top_logprobs: int = Field(default=5, ge=2, le=20, description="alternatives asked per token on T=0 repeats")
+    near_tie_nats: float | None = Field(default=None, ge=0, le=5, description="null: lossless.near_tie_nats; "
+                                        "0: identical answers only")
 
 
 class VariationConfig(StrictModel):
@@ -328,7 +341,21 @@ class GateConfig(StrictModel):
     seed: int = 1234
     max_tokens: int | None = Field(default=None, ge=1, description="overrides every prompt's max_tokens")
     concurrency: int = Field(default=4, ge=1, le=256)
-    request_timeout_s: float = Field(default=120.0, gt=0)
+    request_timeout_s: float = Field(default=120.0, gt=0, description="a whole request (pipeline/client.py)")
+    # Time limits on a target that hangs (pipeline/client.py): a request that gets no bytes for request_stall_s
+    # (before its answer starts or mid-stream) fails with a 'stalled' error; after request_timeouts_in_row
+    # timed-out requests in a row the client's breaker opens and every further request fails at once
+    # ("target hung"). With c = concurrency the gate stops waiting on a silent target after at most
+    # (ceil(request_timeouts_in_row / c) + 1) * request_stall_s, on one that trickles bytes after at most
+    # (ceil(request_timeouts_in_row / c) + 1) * (request_timeout_s + request_stall_s); one that hangs from the
+    # start is refused (exit 2) after request_stall_s on /v1/models.
+    request_stall_s: float = Field(default=30.0, gt=0, le=3600, description="longest wait for the next bytes")
+    request_timeouts_in_row: int = Field(default=3, ge=1, le=1000, description="timed-out requests in a row "
+                                         "that make the target hung (breaker)")
+    # The target's API key (Authorization: Bearer): the NAME of an environment variable or a file holding it,
+    # never the key itself (pipeline/auth.py). Reports show these names only.
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    api_key_file: str | None = None
     model: str | None = None
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     thresholds: DetectorThresholds = Field(default_factory=DetectorThresholds)
@@ -348,6 +375,15 @@ class GateConfig(StrictModel):
                                        "[INST], <start_of_turn>): any of them in an answer fails it")
     # finish / usage sanity
     allowed_finish_reasons: list[str] = Field(default_factory=lambda: ["stop", "length"])
+
+    @model_validator(mode="after")
+    def _limits(self) -> GateConfig:
+        if self.request_stall_s > self.request_timeout_s:
+            raise ValueError(f"request_stall_s ({self.request_stall_s:g}) must not exceed request_timeout_s "
+                             f"({self.request_timeout_s:g})")
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("give the API key one way: api_key_env or api_key_file, not both")
+        return self
 
     @field_validator("temperatures")
     @classmethod
@@ -375,6 +411,21 @@ def load_gate_config(path: str | Path | None = None, overrides: dict[str, Any] |
     if path is not None and "gate" in read_yaml(path):
         section = "gate"
     return load_config(GateConfig, path, overrides, section=section)
+
+
+def gate_api_key(cfg: GateConfig) -> str | None:
+    """The target's API key named by the config (UsageError when the variable / file is missing)."""
+    from pipeline.auth import resolve_api_key
+
+    return resolve_api_key(cfg.api_key_env, cfg.api_key_file)
+
+
+def target_client(url: str, cfg: GateConfig, api_key: str | None) -> OpenAIClient:
+    """The OpenAI client of one target (or its baseline / re-anchor server) with the gate's time limits."""
+    from pipeline.client import OpenAIClient
+
+    return OpenAIClient(url, model=cfg.model, timeout_s=cfg.request_timeout_s, api_key=api_key,
+                        stall_s=cfg.request_stall_s, max_timeouts_in_row=cfg.request_timeouts_in_row)
 
 
 def is_speculative(cfg: GateConfig) -> bool:

@@ -32,7 +32,7 @@ from validation.backstop import Backstop
 from validation.baseline import BaselineSample, hot_temperatures
 from validation.baseline import samples_of as baseline_samples_of
 from validation.checks import GateContext, LosslessData, run_checks
-from validation.config import GateConfig, lossless_requirement
+from validation.config import GateConfig, gate_api_key, lossless_requirement, target_client
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import score_text
 from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
@@ -87,7 +87,8 @@ class Gate:
                  recording_baseline: bool = False) -> None:
         self.cfg = cfg
         self.recording_baseline = recording_baseline
-        self.client = OpenAIClient(target, model=cfg.model, timeout_s=cfg.request_timeout_s)
+        self.api_key = gate_api_key(cfg)  # before any request; the key never reaches a report
+        self.client = target_client(target, cfg, self.api_key)
         self.console = console or Console(stderr=True)
         self.suite: Suite = load_suite(cfg.suite)
         self.backstop = Backstop(tuple(cfg.backstop_tokens))
@@ -122,7 +123,9 @@ class Gate:
                 top_p=cfg.sampling.top_p if temperature > 0 else None,
                 top_k=cfg.sampling.top_k if temperature > 0 else None,
                 seed=seed, stream=True, extra=extra or None,
-                top_logprobs=self.t0_logprobs if temperature == 0 and purpose in ("suite", "baseline") else None,
+                top_logprobs=self.t0_logprobs if temperature == 0 and purpose in ("suite", "baseline") else
+                (cfg.determinism.top_logprobs if temperature == 0 and cfg.determinism.enabled and p.id in
+                 cfg.determinism.prompt_ids and purpose in ("suite", "determinism-seq", "determinism-conc") else None),
             )
         except TargetError as exc:
             s.error = str(exc)
@@ -417,7 +420,7 @@ class Gate:
     def _same_model_client(self, url: str, role: str) -> OpenAIClient:
         """A client of another deployment of the target's model (the baseline, the re-anchor server); UsageError
         when it serves another model, TargetError when it cannot be reached."""
-        base = OpenAIClient(url, model=self.cfg.model, timeout_s=self.cfg.request_timeout_s)
+        base = target_client(url, self.cfg, self.api_key)
         if base.model != self.client.model:
             raise UsageError(f"{role} {url} serves {base.model!r}, target serves {self.client.model!r}: they must "
                              "serve the same model")

@@ -10,6 +10,10 @@ endpoint for measuring the client's own ceiling. Each request's actual send inst
 
 `--mode` picks misbehaviour for bad-input tests: `json` (answers stream requests with a plain JSON
 body), or `mixed` (cycles ok, HTTP 503, stream cut before [DONE], malformed chunk, empty output, stall).
+Time-limit tests: `--stall-after N --stall-s S` goes silent for S seconds after the N-th content chunk
+of every stream (then finishes it); `--hang-after K` answers the first K chat requests and then hangs
+every request on any path (reads it, never answers: a target that stopped answering; K=0 hangs at once).
+`--api-key KEY` answers 401 to any request without `Authorization: Bearer KEY`.
 
     python -m tests.support.simserver --port 18500 --ttft-ms 20 --itl-ms 5 --tokens 32 [--slots 4] [--workers 2]
 """
@@ -41,6 +45,7 @@ class Sim:
         self.timings: list[dict[str, Any]] = []
         self.counter = itertools.count()
         self.cache: dict[tuple[int, bool], bytes] = {}
+        self.chats = 0  # chat requests answered (--hang-after)
 
     # ---------------------------------------------------------------- wire format
     def _chunk(self, payload: bytes) -> bytes:
@@ -83,12 +88,25 @@ class Sim:
             lines = head.decode("latin-1").split("\r\n")
             method, path = lines[0].split(" ")[:2]
             length = 0
+            auth = ""
             for line in lines[1:]:
                 if line.lower().startswith("content-length:"):
                     length = int(line.split(":", 1)[1])
+                if line.lower().startswith("authorization:"):
+                    auth = line.split(":", 1)[1].strip()
             body = await reader.readexactly(length) if length else b""
             if length:
                 t_recv = time.perf_counter()
+            if self.args.hang_after is not None and self.chats >= self.args.hang_after and path != "/_timings":
+                await asyncio.sleep(3600)  # a hung target: the request was read, no answer ever comes
+                return
+            if self.args.api_key and auth != f"Bearer {self.args.api_key}" and path != "/_timings":
+                data = b'{"error":{"message":"Invalid API Key","type":"authentication_error"}}'
+                writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(data), data))
+                return
+            if method == "POST" and path == "/v1/chat/completions":
+                self.chats += 1
             if method == "GET" and path == "/v1/models":
                 await self._json(writer, {"object": "list", "data": [{"id": "sim", "object": "model"}]})
             elif method == "GET" and path == "/_timings":
@@ -138,7 +156,7 @@ class Sim:
 
     async def _stream(self, writer: asyncio.StreamWriter, rid: str, n: int, usage: bool, mode: str,
                       t_recv: float) -> None:
-        if self.ttft == 0 and all(x == 0 for x in self.itls) and mode == "ok":
+        if self.ttft == 0 and all(x == 0 for x in self.itls) and mode == "ok" and self.args.stall_after is None:
             key = (n, usage)
             if key not in self.cache:
                 self.cache[key] = self._head() + b"".join(self._token("chatcmpl-sim", i) for i in range(n)) \
@@ -168,6 +186,8 @@ class Sim:
             sends.append(time.perf_counter())
             await writer.drain()
             delay = self.itls[i % len(self.itls)]
+            if self.args.stall_after is not None and i + 1 == self.args.stall_after:
+                delay += self.args.stall_s  # silent mid-stream, then the stream goes on
         writer.write(self._tail(rid, n, usage))
         if self.args.record:
             self.timings.append({"id": rid, "t_recv": t_recv, "t_head": t_head, "sends": sends})
@@ -205,6 +225,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
                     help="keep per-request send times for GET /_timings")
     ap.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)")
+    ap.add_argument("--stall-after", type=int, default=None, help="go silent after this many content chunks")
+    ap.add_argument("--stall-s", type=float, default=3600.0, help="how long (--stall-after)")
+    ap.add_argument("--hang-after", type=int, default=None, help="after this many chat requests, hang every request")
+    ap.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (else HTTP 401)")
     return ap.parse_args(argv)
 
 
