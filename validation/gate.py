@@ -123,9 +123,7 @@ class Gate:
                 top_p=cfg.sampling.top_p if temperature > 0 else None,
                 top_k=cfg.sampling.top_k if temperature > 0 else None,
                 seed=seed, stream=True, extra=extra or None,
-                top_logprobs=self.t0_logprobs if temperature == 0 and purpose in ("suite", "baseline") else
-                (cfg.determinism.top_logprobs if temperature == 0 and cfg.determinism.enabled and p.id in
-                 cfg.determinism.prompt_ids and purpose in ("suite", "determinism-seq", "determinism-conc") else None),
+                top_logprobs=self._t0_logprobs(p, temperature, purpose),
             )
         except TargetError as exc:
             s.error = str(exc)
@@ -142,6 +140,17 @@ class Gate:
         if r.logprobs is not None:
             s.logprobs = encode_logprobs(r.logprobs)
         return s
+
+    def _t0_logprobs(self, p: Prompt, temperature: float, purpose: str) -> int | None:
+        """Alternatives per token asked on a T=0 request: a baseline's answers (lossless near-ties), and the
+        determinism prompts' suite answer and repeats (validation/determinism.py); None otherwise."""
+        if temperature != 0:
+            return None
+        want = self.t0_logprobs if purpose in ("suite", "baseline") else None
+        dc = self.cfg.determinism
+        if dc.enabled and p.id in dc.prompt_ids and purpose in ("suite", "determinism-seq", "determinism-conc"):
+            want = max(want or 0, dc.top_logprobs)
+        return want
 
     def _run_all(self, jobs: list[tuple[Prompt, float, int | None, str]], progress: Progress, label: str,
                  workers: int | None = None) -> list[Sample]:
