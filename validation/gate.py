@@ -286,7 +286,16 @@ class Gate:
             self.likelihood_off = ("no target-only baseline (baseline_url, or a baseline file recorded with T>0 "
                                    "samples by record-baseline)")
             return None
-        scorer = make_scorer(None, cfg, model=model, candidate_url=self.client.base_url)
+        kind = lc.scorer
+        if kind is None and cfg.baseline_url:
+            kind = cfg.baseline_url if self._baseline_client().server_kind() == "sglang" else None
+        if kind is not None:  # a scorer named, or a live target-only SGLang server: one that cannot score is bad input
+            return _LikelihoodPlan(make_scorer(kind, cfg, model=model, candidate_url=self.client.base_url), rows)
+        try:  # the in-process reference model scores only the model it is (the embedded target)
+            scorer = make_scorer("reference", cfg, model=model, candidate_url=self.client.base_url)
+        except UsageError as exc:
+            self.likelihood_off = f"no scorer of the target model: {exc}"
+            return None
         return _LikelihoodPlan(scorer, rows)
 
     def _likelihood_verdicts(self, plan: _LikelihoodPlan, samples: list[Sample], hot: list[float],
