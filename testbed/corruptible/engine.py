@@ -51,6 +51,31 @@ _F32 = np.float32
 _NEG = _F32(-1e9)     # additive mask value: finite, so a row a fault masks completely attends uniformly
 
 
+def set_blas_threads(n: int) -> bool:
+    """Set the threads of numpy's bundled OpenBLAS in this process (after numpy was imported, when the
+    environment variable is too late). False when the library or its setter is not found. On 2 shared cores,
+    2 BLAS threads spin against other processes and ran this model's matmuls tens of times slower than 1
+    (bench/corruptible_speed.py records it)."""
+    import ctypes
+    import re
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    for lib in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
+        try:
+            h = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            fn = getattr(h, name, None)
+            if fn is not None:
+                fn(int(n))
+                return True
+    return False
+
+
 def max_tree_nodes(block_size: int, topk: int) -> int:
     """Largest tree a DFlash block holds: topk children per node, depth <= block_size - 1."""
     return sum(topk ** d for d in range(1, block_size))
@@ -316,6 +341,25 @@ class Engine:
                 a, b = (n_past + node) * hd, (n_past + j) * hd
                 self.K[slot, :, :, b:b + hd] = self.K[slot, :, :, a:a + hd]
                 self.V[slot, :, :, b:b + hd] = self.V[slot, :, :, a:a + hd]
+
+    def verify_rows(self, prompt_ids: list[int], root: int) -> tuple[Tree, np.ndarray]:
+        """Prefill `prompt_ids`, draft the tree below `root` (the next token) and run one verify pass:
+        the tree and the target's logits at every node (w, n_vocab). For tests of the acceptance walk on
+        real steps; the KV pool slot it used is left as it is."""
+        with self.lock:
+            slot = self._next_slot
+            self._next_slot = (slot + 1) % self.cfg.n_slots
+            n = len(prompt_ids)
+            h = self._forward(prompt_ids, np.arange(n), slot, 0, np.triu(np.full((n, n), _NEG, dtype=_F32), 1),
+                              False)
+            seen = min(n, 128)
+            drafter = Drafter(self.cfg.budget, self.cfg.topk, DFLASH_BLOCK - 1)
+            drafter.extend([*prompt_ids, root])
+            drafter.observe(prompt_ids[n - seen:], h[n - seen:] @ self.lm.out_t)
+            tree = drafter.draft(root)
+            pos = n + np.asarray(tree.depths) + (1 if self.cfg.fault == "rope_offset" else 0)
+            hv = self._forward(tree.tokens, pos, slot, n, self.verify_bias(tree, n), True)
+            return tree, hv @ self.lm.out_t
 
     # ------------------------------------------------------------------ decoding
     def _token_out(self, tok: int, row: np.ndarray, want: int | None) -> TokenOut:
