@@ -2,15 +2,17 @@
 
     python bench/corruptible_gate.py [--config testbed/corruptible/gate-profile.yaml] [--baseline-url URL]
         [--modes none,mask_width,rope_offset,stale_kv,foreign_kv,row_stride] [--budget 5] [--topk 4]
-        [--out docs/results/corruptible-gate-DATE.json]
+        [--parallel N] [--out docs/results/corruptible-gate-DATE.json]
 
-Each mode starts the engine (testbed/corruptible, a child process) with that fault, and runs
-`python -m validation run --target URL --config C` unchanged as a whole process, C being --config with
-`baseline_url` set: --baseline-url, or else the same engine served target-only (started once for the whole
-bench). A mode `NAME@bB` runs fault NAME at budget B (e.g. `mask_width@b7`: w = 8, where that bug is
-harmless). One JSON file records, per mode, the verdict, the exit code, the failing check names, the gate's
-duration and its accept length, with the command, date, machine and commit; it is rewritten after every
-mode, so an interrupted bench keeps what it measured.
+The baseline is --baseline-url, or else the same engine served target-only (started once for the whole
+bench). Its answers are recorded once with `python -m validation record-baseline --config PROFILE`; then each
+mode starts the engine (testbed/corruptible, a child process) with that fault and runs
+`python -m validation run --target URL --config C --baseline FILE` unchanged as a whole process, C being the
+profile with `baseline_url` set to the baseline server (re-anchoring near-ties, speed). `--parallel N` runs N
+modes at once (each its own engine and gate process). A mode `NAME@bB` runs fault NAME at budget B (e.g.
+`mask_width@b7`: w = 8, where that bug is harmless). One JSON file records, per mode, the verdict, the exit
+code, the failing check names, the gate's duration and its accept length, with the command, date, machine
+and commit; it is rewritten after every mode, so an interrupted bench keeps what it measured.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import platform
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +57,13 @@ def _commit() -> str:
         return "unknown"
 
 
-def run_gate(url: str, config: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
+def run_gate(url: str, config: Path, baseline: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
     """One whole `python -m validation run`; its verdict line and report, summarised."""
     t0 = time.perf_counter()
     with open(out / "gate.stderr.log", "w") as err:  # the gate's progress, readable while it runs
         p = subprocess.run([sys.executable, "-m", "validation", "run", "--target", url, "--config", str(config),
-                            "--out", str(out)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+                            "--baseline", str(baseline), "--out", str(out)], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=err, text=True)
     wall = time.perf_counter() - t0
     stderr = (out / "gate.stderr.log").read_text(errors="replace")
     row: dict[str, Any] = {"rc": p.returncode, "wall_s": round(wall, 1)}
@@ -91,6 +95,7 @@ def main() -> int:
     ap.add_argument("--topk", type=int, default=None)
     ap.add_argument("--out", default=str(REPO / "docs" / "results" /
                                          f"corruptible-gate-{time.strftime('%Y-%m-%d')}.json"))
+    ap.add_argument("--parallel", type=int, default=1, help="modes run at once")
     ap.add_argument("--runs-dir", default=str(REPO / "runs" / "corruptible-gate"))
     args = ap.parse_args()
     from testbed.corruptible.engine import EngineConfig
@@ -125,18 +130,36 @@ def main() -> int:
         cfg_doc = {**profile, "gate": {**profile["gate"], "baseline_url": base_url}}
         cfg_path = runs / "gate-config.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg_doc, sort_keys=False))
-        for mode, fault, b in modes:
+        base_file = runs / "baseline.json"
+        print(f"[corruptible-gate] recording the baseline from {base_url}", flush=True)
+        t0 = time.perf_counter()
+        with open(runs / "record-baseline.log", "w") as err:
+            rec = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base_url,
+                                  "--config", str(Path(args.config).resolve()), "--out", str(base_file)], cwd=REPO,
+                                 env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+        if rec.returncode != 0:
+            tail = (runs / "record-baseline.log").read_text(errors="replace").strip().splitlines()
+            print(f"error: record-baseline failed (rc {rec.returncode}): {tail[-1] if tail else ''}", file=sys.stderr)
+            return 1
+        result["record_baseline"] = {"wall_s": round(time.perf_counter() - t0, 1),
+                                     **json.loads(rec.stdout.strip().splitlines()[-1])}
+
+        def one(mode: str, fault: str | None, b: int) -> dict[str, Any]:
             out = runs / mode.replace("@", "-")
             out.mkdir(parents=True, exist_ok=True)
             print(f"[corruptible-gate] {mode}: starting the engine (fault {fault or 'none'}, budget {b})", flush=True)
             with CorruptibleServer(fault=fault, budget=b, topk=args.topk, log_path=out / "engine.log") as url:
                 row = {"mode": mode, "fault": fault, "budget": b, "verify_width": b + 1,
-                       **run_gate(url, cfg_path, out, env)}
-            result["runs"].append(row)
+                       **run_gate(url, cfg_path, base_file, out, env)}
             print(f"[corruptible-gate] {mode}: {row.get('verdict')} rc={row['rc']} failed={row.get('failed_checks')} "
                   f"in {row['wall_s']}s", flush=True)
-            result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+            return row
+
+        with ThreadPoolExecutor(max_workers=args.parallel) as pool:
+            for row in pool.map(lambda m: one(*m), modes):
+                result["runs"].append(row)
+                result["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+                Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     finally:
         if baseline is not None:
             baseline.stop()
