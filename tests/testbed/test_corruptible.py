@@ -390,3 +390,24 @@ def test_server_continues_a_final_assistant_message(served: str) -> None:
 def test_server_refuses_bad_requests_with_400(served: str, body: dict, why: str) -> None:
     r = httpx.post(served + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and why in r.json()["error"]["message"]
+
+
+def test_text_stream_holds_back_a_partial_character(plain: Engine) -> None:
+    from testbed.corruptible.server import TextStream
+
+    ids = plain.encode("Waves 🌊 and ñ, 海")
+
+    def whole(b: bytes) -> bool:
+        try:
+            b.decode()
+            return True
+        except UnicodeDecodeError:
+            return False
+
+    assert not all(whole(plain.token_bytes(i)) for i in ids)   # some character spans several byte tokens
+    ts = TextStream(plain)
+    deltas = [ts.push([i]) for i in ids]
+    deltas.append(ts.push([], final=True))
+    assert "".join(deltas) == "Waves 🌊 and ñ, 海"
+    assert not any("\ufffd" in d for d in deltas)
+    assert b"".join(plain.token_bytes(i) for i in ids).decode() == "Waves 🌊 and ñ, 海"
