@@ -37,7 +37,7 @@ def _chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
     obs, ex = obs[keep], ex[keep]
     stat = float(((obs - ex) ** 2 / ex).sum())
     k = len(obs) - 1
-    if k <= 0:
+    if k <= 0 or stat <= 0:
         return 1.0
     # upper regularized gamma Q(k/2, stat/2) by its series / continued fraction
     a, x = k / 2.0, stat / 2.0
