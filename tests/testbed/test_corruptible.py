@@ -1,0 +1,413 @@
+"""The corruptible speculative engine (testbed/corruptible): exact when correct, wrong when faulted, and served
+the way the gate talks to servers.
+
+The engine runs in process here (the real numpy model, one BLAS thread); the server tests start it as a
+child process (integration)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from testbed.corruptible.drafter import Drafter, Tree
+from testbed.corruptible.engine import DFLASH_BLOCK, FAULTS, Engine, EngineConfig, Request, set_blas_threads
+from testbed.corruptible.sampling import accept_tree, point_mass, sample, speculative_accept, target_probs
+
+REPO = Path(__file__).resolve().parents[2]
+PROSE = "In one paragraph, explain why the sky looks blue during the day."
+POEM = "Write a short poem about the ocean."
+
+
+def _chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """P-value of Pearson's chi-square goodness of fit (cells with expected < 5 pooled into one)."""
+    from math import exp, lgamma, log
+
+    n = counts.sum()
+    exp_ = probs * n
+    big = exp_ >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    ex = np.append(exp_[big], exp_[~big].sum())
+    keep = ex > 0
+    obs, ex = obs[keep], ex[keep]
+    stat = float(((obs - ex) ** 2 / ex).sum())
+    k = len(obs) - 1
+    if k <= 0 or stat <= 0:
+        return 1.0
+    # upper regularized gamma Q(k/2, stat/2) by its series / continued fraction
+    a, x = k / 2.0, stat / 2.0
+    if x < a + 1:
+        term = s = 1.0 / a
+        ap = a
+        for _ in range(500):
+            ap += 1
+            term *= x / ap
+            s += term
+        return max(0.0, 1.0 - s * exp(-x + a * log(x) - lgamma(a)))
+    b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)
+    h = d
+    for i in range(1, 500):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = 1 / d if d != 0 else 1e300
+        c = b + an / c
+        h *= d * c
+    return float(exp(-x + a * log(x) - lgamma(a)) * h)
+
+
+# ---------------------------------------------------------------------------- the acceptance rule
+
+
+def test_target_probs_cuts_top_k_and_top_p() -> None:
+    logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
+    assert np.allclose(target_probs(logits, 1.0), [0.5, 0.2, 0.15, 0.1, 0.05])
+    assert np.allclose(target_probs(logits, 1.0, top_k=2), [0.5 / 0.7, 0.2 / 0.7, 0, 0, 0])
+    # top_p 0.8: 0.5 + 0.2 < 0.8, the third token crosses it and is kept
+    assert np.allclose(target_probs(logits, 1.0, top_p=0.8), [0.5 / 0.85, 0.2 / 0.85, 0.15 / 0.85, 0, 0])
+    hot = target_probs(logits, 2.0)
+    assert hot[0] < 0.5 and hot[-1] > 0.05
+    with pytest.raises(ValueError):
+        target_probs(logits, 0.0)
+
+
+def _rule_counts(p: np.ndarray, q: np.ndarray, n: int, rng: np.random.Generator, broken: bool = False) -> np.ndarray:
+    counts = np.zeros(len(p), dtype=np.int64)
+    for _ in range(n):
+        x = sample(q, rng)
+        ok, r = speculative_accept(p, q, x, rng)
+        if broken:  # a wrong rule: every draft accepted
+            ok = True
+        counts[x if ok else sample(r, rng)] += 1
+    return counts
+
+
+def test_speculative_accept_gives_the_target_distribution_and_the_test_can_fail() -> None:
+    rng = np.random.default_rng(20261203)
+    p = np.array([0.35, 0.25, 0.2, 0.1, 0.06, 0.04])
+    q = np.array([0.05, 0.1, 0.4, 0.05, 0.3, 0.1])
+    assert _chi2_p(_rule_counts(p, q, 20000, rng), p) > 1e-3
+    # the same test rejects a rule that accepts every draft (its output is q, not p)
+    assert _chi2_p(_rule_counts(p, q, 20000, rng, broken=True), p) < 1e-6
+
+
+def test_accept_tree_is_exact_for_a_tree_of_deterministic_drafts() -> None:
+    """Root children a=0, b=2 (a has child c=1): the first token must follow p_root, the token after a
+    must follow p_a, whichever children were drafted."""
+    rng = np.random.default_rng(7)
+    p_root = np.array([0.3, 0.1, 0.25, 0.2, 0.15])
+    p_a = np.array([0.1, 0.5, 0.1, 0.2, 0.1])
+    p_c = np.array([0.2, 0.2, 0.2, 0.2, 0.2])
+    tokens, parents = [9, 0, 2, 1], [-1, 0, 0, 1]
+    tree = Tree(tokens, parents, [0, 1, 1, 2])
+    dists = {0: p_root, 1: p_a, 2: np.full(5, 0.2), 3: p_c}
+    first = np.zeros(5, dtype=np.int64)
+    second_after_a = np.zeros(5, dtype=np.int64)
+    for _ in range(20000):
+        path, bonus = accept_tree(tree.children(), tokens, lambda u: dists[u], rng)
+        out = [tokens[u] for u in path[1:]] + [bonus]
+        first[out[0]] += 1
+        if out[0] == 0:
+            second_after_a[out[1]] += 1
+    assert _chi2_p(first, p_root) > 1e-3
+    assert _chi2_p(second_after_a, p_a) > 1e-3
+    # greedy: descend while a child carries the argmax (root -> a=0 -> c=1, then 3 is c's argmax)
+    lg = {0: np.log(p_root), 1: np.log(p_a), 2: np.log(np.full(5, 0.2)), 3: np.log([0.1, 0.1, 0.1, 0.6, 0.1])}
+    path, bonus = accept_tree(tree.children(), tokens, lambda u: lg[u], None)
+    assert (path, bonus) == ([0, 1, 3], 3)
+
+
+def test_point_mass_residual_removes_the_rejected_token() -> None:
+    p = np.array([0.5, 0.3, 0.2])
+
+    rng = np.random.default_rng(0)
+    while True:  # draw until the rule rejects token 0 (probability 0.5 each time)
+        ok, r = speculative_accept(p, point_mass(3, 0), 0, rng)
+        if not ok:
+            break
+    assert np.allclose(r, [0, 0.6, 0.4])
+
+
+# ---------------------------------------------------------------------------- the drafter
+
+
+def test_drafter_builds_a_real_tree_within_budget_depth_and_topk() -> None:
+    d = Drafter(budget=11, topk=3, max_depth=DFLASH_BLOCK - 1)
+    ctx = [5, 6, 7, 8, 5, 6, 9, 10, 11, 5, 6]
+    d.extend(ctx)
+    rng = np.random.default_rng(1)
+    d.observe(ctx, rng.normal(size=(len(ctx), 50)).astype(np.float32))
+    t = d.draft(6)
+    assert t.width == 12
+    assert all(0 <= p < i for i, p in enumerate(t.parents) if i > 0)
+    assert max(t.depths) <= DFLASH_BLOCK - 1
+    kids = t.children()
+    assert all(len(k) <= 3 for k in kids)
+    assert all(len({t.tokens[c] for c in k}) == len(k) for k in kids)  # siblings carry distinct tokens
+    assert max(len(k) for k in kids) >= 2  # a tree, not a chain
+    # prompt lookup: after ...5, 6 the context continued with 7 and 9: the first child is the latest (9)
+    assert t.tokens[kids[0][0]] == 9
+    m = t.mask()
+    assert m.diagonal().all() and not np.array_equal(m, np.tril(np.ones_like(m)))
+    for i, p in enumerate(t.parents):
+        if p >= 0:
+            assert (m[i] >= m[p]).all() and m[i, p]
+
+
+# ---------------------------------------------------------------------------- the engine, in process
+
+
+@pytest.fixture(scope="module")
+def blas1() -> None:
+    set_blas_threads(1)  # shared cores: 2 BLAS threads run these matmuls many times slower
+
+
+@pytest.fixture(scope="module")
+def plain(blas1: None) -> Engine:
+    return Engine(EngineConfig(speculative=False))
+
+
+def _ids(e: Engine, prompt: str) -> list[int]:
+    return e.encode(e.render([{"role": "user", "content": prompt}]))
+
+
+def _greedy(e: Engine, ids: list[int], n: int) -> list[int]:
+    return [t.token for t in e.generate(Request(ids, n)).tokens]
+
+
+def test_target_only_engine_is_the_reference_model(plain: Engine) -> None:
+    """The KV-cached decode equals refmodel's whole-sequence forward pass, greedy token for token."""
+    ids = _ids(plain, "What is the capital of France? Answer in one sentence.")
+    got = _greedy(plain, ids, 12)
+    seq = list(ids)
+    for _ in range(len(got)):
+        h = plain.lm.hidden(seq)
+        seq.append(int(np.argmax(h[-1] @ plain.lm.out_t)))
+    want = [t for t in seq[len(ids):]]
+    assert got == want[:len(got)] and len(got) >= 6
+
+
+@pytest.mark.parametrize(("budget", "topk"), [(5, 4), (11, 2)])
+def test_speculative_greedy_equals_plain_greedy(plain: Engine, budget: int, topk: int) -> None:
+    spec = Engine(EngineConfig(budget=budget, topk=topk))
+    for prompt in (POEM, PROSE):
+        ids = _ids(plain, prompt)
+        gen = spec.generate(Request(ids, 48))
+        assert [t.token for t in gen.tokens] == _greedy(plain, ids, 48)
+        assert gen.verify_steps > 0 and gen.draft_n == gen.verify_steps * budget
+        assert gen.draft_accepted > 0   # the drafter is real: some drafts are accepted
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_each_fault_changes_the_t0_answer(plain: Engine, fault: str) -> None:
+    e = Engine(EngineConfig(fault=fault))
+    assert e.cfg.verify_width != DFLASH_BLOCK
+    ids = _ids(plain, PROSE)
+    assert [t.token for t in e.generate(Request(ids, 32)).tokens] != _greedy(plain, ids, 32)
+
+
+def test_mask_width_is_harmless_at_the_dflash_block_width(plain: Engine) -> None:
+    e = Engine(EngineConfig(fault="mask_width", budget=DFLASH_BLOCK - 1))
+    ids = _ids(plain, PROSE)
+    assert [t.token for t in e.generate(Request(ids, 32)).tokens] == _greedy(plain, ids, 32)
+
+
+def test_verify_mask_is_prefix_then_tree_and_mask_width_reads_other_bits(blas1: None) -> None:
+    ok = Engine(EngineConfig(budget=5))
+    bad = Engine(EngineConfig(budget=5, fault="mask_width"))
+    bad8 = Engine(EngineConfig(budget=DFLASH_BLOCK - 1, fault="mask_width"))
+    for e, w in ((ok, 6), (bad, 6), (bad8, 8)):
+        tree = Tree([1] * w, [-1] + [0] * (w - 1), [0] + [1] * (w - 1))   # a star: every node a child of the root
+        want = np.concatenate([np.ones((w, 20), dtype=bool), tree.mask()], axis=1)
+        got = e.verify_bias(tree, 20) == 0
+        assert np.array_equal(got, want) == (e is not bad)
+
+
+def test_seeded_sampling_is_reproducible(plain: Engine) -> None:
+    spec = Engine(EngineConfig())
+    ids = _ids(plain, POEM)
+
+    def run(seed: int) -> list[int]:
+        return [t.token for t in spec.generate(Request(ids, 24, 0.8, 0.95, None, seed)).tokens]
+
+    a = run(11)
+    assert run(11) == a
+    assert run(22) != a
+
+
+def test_acceptance_on_a_real_verify_step_follows_the_target(blas1: None) -> None:
+    """One real verify pass (prompt, root = the target's greedy next token): the acceptance walk, drawn
+    many times, emits its first token as the target's distribution at T=0.8, top-p 0.95 says, and the token
+    after the most accepted child as the target's distribution at that child."""
+    e = Engine(EngineConfig(budget=7, topk=4))
+    ids = _ids(e, POEM)
+    root = int(np.argmax(e.lm.hidden(ids)[-1] @ e.lm.out_t))
+    tree, logits = e.verify_rows(ids, root)
+    dists = {u: target_probs(logits[u], 0.8, 0.95) for u in range(tree.width)}
+    kids = tree.children()
+    rng = np.random.default_rng(3)
+    firsts: list[int] = []
+    pairs: list[tuple[int, int]] = []
+    for _ in range(6000):
+        path, bonus = accept_tree(kids, tree.tokens, lambda u: dists[u], rng)
+        out = [tree.tokens[u] for u in path[1:]] + [bonus]
+        firsts.append(out[0])
+        if len(path) > 1:
+            pairs.append((path[1], out[1]))
+    support = np.flatnonzero(dists[0])
+    counts = np.array([firsts.count(int(t)) for t in support])
+    assert _chi2_p(counts, dists[0][support]) > 1e-3
+    assert pairs, "no drafted child accepted in 6000 walks: the drafter proposed nothing the target samples"
+    child = max({c for c, _ in pairs}, key=lambda c: sum(1 for x, _ in pairs if x == c))
+    after = [t for c, t in pairs if c == child]
+    sup = np.flatnonzero(dists[child])
+    assert _chi2_p(np.array([after.count(int(t)) for t in sup]), dists[child][sup]) > 1e-3
+
+
+def test_config_refuses_trees_outside_the_ddtree_rules() -> None:
+    from pipeline.config import build_model
+    from pipeline.errors import UsageError
+
+    with pytest.raises(UsageError, match="budget"):
+        build_model(EngineConfig, {"budget": 40, "topk": 1})          # a chain of depth <= 7 holds 7 nodes
+    with pytest.raises(UsageError, match="budget"):
+        build_model(EngineConfig, {"budget": 0})
+    with pytest.raises(UsageError, match="fault"):
+        build_model(EngineConfig, {"fault": "nope"})
+    with pytest.raises(UsageError, match="speculative"):
+        build_model(EngineConfig, {"fault": "stale_kv", "speculative": False})
+
+
+def test_cli_fault_names_are_the_engines() -> None:
+    from testbed.corruptible.__main__ import FAULT_NAMES
+
+    assert tuple(FAULT_NAMES) == FAULTS
+
+
+@pytest.mark.parametrize("argv", [["--budget", "300"], ["--fault", "nope"], ["--port", "0"], ["--topk", "0"]])
+def test_cli_bad_arguments_exit_2_with_one_error_line(argv: list[str]) -> None:
+    args = ["--port", "1", *argv] if "--port" not in argv else argv
+    p = subprocess.run([sys.executable, "-m", "testbed.corruptible", "serve", *args], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+
+
+# ---------------------------------------------------------------------------- the server (child process)
+
+
+@pytest.fixture(scope="module")
+def served() -> str:
+    from testbed.corruptible.server import CorruptibleServer
+
+    with CorruptibleServer(budget=5) as url:
+        yield url
+
+
+def _sse(url: str, body: dict) -> list[dict | str]:
+    out: list[dict | str] = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300,
+                      headers={"Connection": "close"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                p = line[6:]
+                out.append(p if p == "[DONE]" else json.loads(p))
+    return out
+
+
+@pytest.mark.integration
+def test_server_routes_and_a_gate_style_stream(served: str) -> None:
+    from pipeline.client import OpenAIClient
+
+    assert httpx.get(served + "/health").status_code == 200
+    models = httpx.get(served + "/v1/models").json()
+    assert models["data"][0]["id"] == "smollm2-135m-instruct"
+    assert httpx.get(served + "/props").json()["verify_width"] == 6
+    c = OpenAIClient(served)
+    r = c.chat(PROSE, max_tokens=12, temperature=0, top_logprobs=3)
+    assert r.finish_reason == "length" and r.completion_tokens == 12 and r.prompt_tokens
+    assert r.logprobs is not None and len(r.logprobs) == 12
+    tok, lp, top = r.logprobs[0]
+    assert len(top) == 3 and top[0][0] == tok and abs(top[0][1] - lp) < 1e-9
+    assert b"".join(t for t, _, _ in r.logprobs).decode() == r.text
+    timings = r.raw["last_chunk"]["timings"]
+    assert timings["draft_n"] > 0 and timings["draft_n_accepted"] <= 12 and timings["predicted_n"] == 12
+    whole = c.chat(PROSE, max_tokens=12, temperature=0, stream=False)
+    assert whole.text == r.text and whole.raw["timings"]["draft_n"] == timings["draft_n"]
+    short = c.chat("What is the capital of France? Answer in one sentence.", max_tokens=40, temperature=0)
+    assert short.finish_reason == "stop" and short.completion_tokens < 40 and "Paris" in short.text
+
+
+@pytest.mark.integration
+def test_server_stream_chunks_usage_and_done(served: str) -> None:
+    ev = _sse(served, {"messages": [{"role": "user", "content": POEM}], "max_tokens": 6, "temperature": 0.8,
+                       "seed": 5, "stream": True, "stream_options": {"include_usage": True}})
+    assert ev[-1] == "[DONE]"
+    usage = ev[-2]
+    assert isinstance(usage, dict) and usage["choices"] == [] and usage["usage"]["completion_tokens"] == 6
+    assert "draft_n" in usage["timings"]
+    finish = [e for e in ev if isinstance(e, dict) and e["choices"] and e["choices"][0]["finish_reason"]]
+    assert [f["choices"][0]["finish_reason"] for f in finish] == ["length"]
+    again = _sse(served, {"messages": [{"role": "user", "content": POEM}], "max_tokens": 6, "temperature": 0.8,
+                          "seed": 5, "stream": True})
+
+    def text(events: list) -> str:
+        return "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                       if isinstance(e, dict) and e.get("choices"))
+
+    assert text(again) == text(ev) and text(ev)
+    assert not any(isinstance(e, dict) and "usage" in e for e in again)
+
+
+@pytest.mark.integration
+def test_server_continues_a_final_assistant_message(served: str) -> None:
+    from pipeline.client import OpenAIClient
+
+    c = OpenAIClient(served)
+    full = c.chat(POEM, max_tokens=10, temperature=0).text
+    head = " ".join(full.split(" ")[:3])   # cut before a space: a token boundary of this tokenizer
+    rest = c.chat([{"role": "user", "content": POEM}, {"role": "assistant", "content": head}], max_tokens=4,
+                  temperature=0, extra={"continue_final_message": True}).text
+    assert len(rest) >= 4 and full.startswith(head + rest)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("body", "why"), [
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n=1"),
+    ({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}, "assistant"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10 ** 6}, "max_tokens"),
+])
+def test_server_refuses_bad_requests_with_400(served: str, body: dict, why: str) -> None:
+    r = httpx.post(served + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and why in r.json()["error"]["message"]
+
+
+def test_text_stream_holds_back_a_partial_character(plain: Engine) -> None:
+    from testbed.corruptible.server import TextStream
+
+    ids = plain.encode("Waves 🌊 and ñ, 海")
+
+    def whole(b: bytes) -> bool:
+        try:
+            b.decode()
+            return True
+        except UnicodeDecodeError:
+            return False
+
+    assert not all(whole(plain.token_bytes(i)) for i in ids)   # some character spans several byte tokens
+    ts = TextStream(plain)
+    deltas = [ts.push([i]) for i in ids]
+    deltas.append(ts.push([], final=True))
+    assert "".join(deltas) == "Waves 🌊 and ñ, 海"
+    assert not any("\ufffd" in d for d in deltas)
+    assert b"".join(plain.token_bytes(i) for i in ids).decode() == "Waves 🌊 and ñ, 海"
