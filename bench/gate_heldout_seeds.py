@@ -9,7 +9,9 @@ commit and git blob id, so that any row can be checked against the full file: `g
 
     python bench/gate_heldout_seeds.py --out docs/results/gate-heldout-seeds.json [--commit REV] [FILE ...]
 
-Exit 2 on a missing or unreadable seed file.
+A new seed: commit its file under docs/, run the command without FILE: the seed files in the tree are read
+(again), and the rows of an existing --out for files no longer in the tree are kept as they are (they name
+their commit); `--fresh` drops those. Exit 2 on a missing or unreadable seed file.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ def _read(path: str, commit: str | None) -> tuple[dict[str, Any], str, str]:
     return json.loads(text), rev, blob
 
 
-def digest(paths: list[str], commit: str | None) -> dict[str, Any]:
-    seeds = []
+def digest(paths: list[str], commit: str | None, keep: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    seeds = [s for s in keep or [] if s["source"]["path"] not in paths]
     for p in paths:
         raw, rev, blob = _read(p, commit)
         if "summary" not in raw or "seed" not in raw:
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="seed files relative to the repository (default: docs/gate-heldout-seed*.json)")
     ap.add_argument("--commit", help="read the files as they are at this commit")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--fresh", action="store_true", help="drop the rows of --out whose files are not read again")
     args = ap.parse_args(argv)
     files = args.files or sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("gate-heldout-seed2*.json")
                                  if p.stem.removeprefix("gate-heldout-seed").isdigit())
@@ -72,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no seed files given or found", file=sys.stderr)
         return 2
     try:
-        out = digest(files, args.commit)
-    except (OSError, ValueError, subprocess.CalledProcessError) as exc:
+        old = Path(args.out)
+        keep = [] if args.fresh or not old.is_file() else json.loads(old.read_text(encoding="utf-8"))["seeds"]
+        out = digest(files, args.commit, keep)
+    except (OSError, ValueError, KeyError, subprocess.CalledProcessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

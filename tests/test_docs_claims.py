@@ -153,25 +153,49 @@ def test_every_number_of_the_strict_pages_is_rendered_or_claimed(doc: str) -> No
     assert unclaimed_numbers(doc, (REPO / doc).read_text(encoding="utf-8")) == []
 
 
-def test_an_edited_number_in_a_copy_of_the_readme_fails() -> None:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def test_an_edited_number_in_a_copy_of_the_readme_fails(tmp_path: Path) -> None:
+    repo = _copy_repo(tmp_path)
+    assert check_claims(repo, need_tracked=False) == []
+    readme = repo / "README.md"
+    text = readme.read_text(encoding="utf-8")
     assert "0 of 133" in text
-    edited = text.replace("0 of 133", "0 of 999", 1)
-    errors = check_claims(docs={"README.md": edited})
+    readme.write_text(text.replace("0 of 133", "0 of 999", 1), encoding="utf-8")
+    errors = check_claims(repo, need_tracked=False)
     assert len(errors) == 1 and "'**0 of 133 garbled texts passed**" in errors[0] and "does not say" in errors[0]
-    assert any("0 of 999" in u for u in unclaimed_numbers("README.md", edited))
+    assert any("0 of 999" in u for u in unclaimed_numbers("README.md", readme.read_text(encoding="utf-8"), repo))
     # a number added to the page without a claim fails too
-    assert unclaimed_numbers("README.md", text + "\nIt promotes in 42 seconds.\n") == [
+    assert unclaimed_numbers("README.md", text + "\nIt promotes in 42 seconds.\n", repo) == [
         f"README.md:{len(text.splitlines()) + 2}: It promotes in 42 seconds."]
 
 
-def test_an_edited_count_in_a_rendered_table_fails() -> None:
-    text = (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+def test_an_edited_count_in_a_rendered_table_fails(tmp_path: Path) -> None:
+    repo = _copy_repo(tmp_path)
+    page = repo / "docs" / "results.md"
+    text = page.read_text(encoding="utf-8")
+    assert render_text(text, repo) == text
     row = next(ln for ln in text.splitlines() if ln.startswith("| 20261214 | "))
     assert "| 8 of 245 (3.3%) |" in row
-    edited = text.replace(row, row.replace("| 8 of 245 (3.3%) |", "| 8 of 999 (3.3%) |"))
-    assert render_text(text) == text and render_text(edited) != edited
-    assert unclaimed_numbers("docs/results.md", edited) == []  # inside a render block: the render check's job
+    page.write_text(text.replace(row, row.replace("| 8 of 245 (3.3%) |", "| 8 of 999 (3.3%) |")), encoding="utf-8")
+    edited = page.read_text(encoding="utf-8")
+    assert render_text(edited, repo) != edited and render_text(edited, repo) == text
+    assert unclaimed_numbers("docs/results.md", edited, repo) == []  # inside a render block: the render check's
+
+
+def test_the_seed_digest_matches_the_seed_files_and_names_real_blobs() -> None:
+    """Rows of files in the tree are what the file says now; rows of removed files name a blob git holds."""
+    from bench.gate_heldout_seeds import digest
+
+    rows = json.loads((REPO / "docs/results/gate-heldout-seeds.json").read_text())["seeds"]
+    assert [r["seed"] for r in rows] == sorted(r["seed"] for r in rows)
+    for r in rows:
+        src = r["source"]
+        if (REPO / src["path"]).is_file():
+            now = digest([src["path"]], None)["seeds"][0]
+            assert (now["summary"], now["split"], now["source"]["blob"]) == (r["summary"], r["split"], src["blob"])
+        else:
+            got = subprocess.run(["git", "rev-parse", f"{src['commit']}:{src['path']}"], cwd=REPO,
+                                 capture_output=True, text=True, check=False)
+            assert got.returncode == 0 and got.stdout.strip() == src["blob"], src
 
 
 def _copy_repo(tmp_path: Path) -> Path:
