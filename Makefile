@@ -5,12 +5,33 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# bench/ (the lab) and testbed/ (the test beds) are not installed with the product: every target sees them
+# from this checkout.
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: help setup lint lint-py test test-prepare test-fast demo demo-need-root demo-light validate check-text record-baseline sweep embedded-start embedded-stop
+# One name per knob: GATE_CONFIG is the gate's config (validate, record-baseline, check-text, deploy),
+# LOADTEST_CONFIG the load test's (loadtest, capacity, loadtest-ui, deploy), ROLLOUT_CONFIG the deployment's.
+# CONFIG=, the old name of the first two, still works for those targets, with one warning line.
+ifeq ($(origin CONFIG),command line)
+$(warning warning: CONFIG= is deprecated: use GATE_CONFIG= (validate, record-baseline, check-text) or LOADTEST_CONFIG= (loadtest, capacity, loadtest-ui))
+GATE_CONFIG ?= $(CONFIG)
+LOADTEST_CONFIG ?= $(CONFIG)
+endif
+GATE_CONFIG ?=
+LOADTEST_CONFIG ?=
 
-help: ## list targets
-	@grep -hE '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | sort | \
-	  awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}'
+.PHONY: help docs docs-check setup lint lint-py test test-prepare test-fast demo demo-need-root demo-light validate check-text record-baseline sweep embedded-start embedded-stop
+
+# `make help` groups targets by stage: a target is listed when its line ends in `## [group] what it does`,
+# one of HELP_GROUPS (tests/test_make_help.py fails on a documented target without a known group).
+HELP_GROUPS := start patches images deploy validation loadtests lab ci
+help: ## [start] list the targets, grouped by stage
+	@for g in $(HELP_GROUPS); do \
+	  case $$g in start) h="start here";; deploy) h="deploy / rollout";; lab) h="lab (measurements, GPU drivers, test beds; not installed)";; ci) h="CI";; *) h=$$g;; esac; \
+	  printf '%s\n' "$$h:"; \
+	  grep -hE "^[a-zA-Z0-9_.-]+:.*## \[$$g\] " $(MAKEFILE_LIST) | \
+	    awk 'BEGIN{FS=":.*## \\[[a-z]+\\] "}{printf "  %-24s %s\n", $$1, $$2}'; \
+	done
 
 STAMP := $(VENV)/.installed
 
@@ -30,58 +51,64 @@ $(COLLECTIONS_STAMP): ansible/requirements.yml $(STAMP)
 	PY=$(PY) scripts/collections.sh
 	touch $@
 
-setup: $(STAMP) $(COLLECTIONS_STAMP) ## create .venv, install the pipeline (+ dev tools, embedded model, Ansible collections)
+setup: $(STAMP) $(COLLECTIONS_STAMP) ## [start] create .venv, install the pipeline (+ dev tools, embedded model, Ansible collections)
 
 # ----------------------------------------------------------------------------- main job + tests
 demo-need-root:
 	@if [ "$$(id -u)" != 0 ]; then echo "error: make demo needs root (Docker engine, TLS registry, SSH test hosts in network namespaces); without root run: make demo-light" >&2; exit 2; fi
 
-demo: demo-need-root setup ## the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
+demo: demo-need-root setup ## [start] the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
 	$(PY) -m flow demo $(if $(OUT),--out $(OUT))
 
-demo-light: setup ## main job on the embedded target, no root/Docker: serve + gate + load test -> runs/main-*/
+demo-light: setup ## [start] main job on the embedded target, no root/Docker: serve + gate + load test -> runs/main-*/
 	$(PY) -m flow main $(if $(OUT),--out $(OUT))
 
-test-prepare: setup ## what the tests need, idempotent (as root: apt packages, services, base + CI images)
+test-prepare: setup ## [ci] what the tests need, idempotent (as root: apt packages, services, base + CI images)
 	scripts/test-prepare.sh
 
-test: test-prepare ## the whole test suite (CI runs exactly this); GPU tests skip without a GPU
+test: test-prepare ## [start] the whole test suite (CI runs exactly this); GPU tests skip without a GPU
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # test-fast: no servers (simulator, Locust, embedded model, local HTTP peers), no network, no nvcc, no docker.
 # PIPELINE_TEST_FAST=1 makes tests/conftest.py fail any selected test that opens a TCP socket or starts
 # one of those tools, so the promise is checked on every run.
-test-fast: setup ## unit tests only: no servers, no network, no nvcc, no docker (enforced)
+test-fast: setup ## [ci] unit tests only: no servers, no network, no nvcc, no docker (enforced)
 	PIPELINE_TEST_FAST=1 $(PY) -m pytest -m "not integration and not docker and not gpu and not slow and not network and not nvcc" \
 	  $(PYTEST_ARGS)
 
-lint: lint-py lint-images lint-ansible ## all linters (ruff, hadolint, ansible-lint production profile)
+lint: lint-py lint-images lint-ansible ## [ci] all linters (ruff, hadolint, ansible-lint production profile)
 
 lint-py: setup
 	$(VENV)/bin/ruff check .
 
 # ----------------------------------------------------------------------------- validation gate
-validate: setup ## gate a live target: make validate TARGET=http://host:port [CONFIG=file] [OUT=dir]
+validate: setup ## [validation] gate a live target: TARGET=http://host:port [GATE_CONFIG=f BASELINE=f OUT=dir]
 	@test -n "$(TARGET)" || { echo "error: TARGET=http://host:port is required" >&2; exit 2; }
-	$(PY) -m validation run --target $(TARGET) $(if $(CONFIG),--config $(CONFIG)) $(if $(OUT),--out $(OUT)) \
+	$(PY) -m validation run --target $(TARGET) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) $(if $(OUT),--out $(OUT)) \
 	  $(if $(BASELINE),--baseline $(BASELINE))
 
-check-text: setup ## score a JSONL file offline: make check-text FILE=texts.jsonl
+check-text: setup ## [validation] score a JSONL file offline: FILE=texts.jsonl [GATE_CONFIG=f]
 	@test -n "$(FILE)" || { echo "error: FILE=texts.jsonl is required" >&2; exit 2; }
-	$(PY) -m validation check-text $(FILE) $(if $(CONFIG),--config $(CONFIG))
+	$(PY) -m validation check-text $(FILE) $(if $(GATE_CONFIG),--config $(GATE_CONFIG))
 
-record-baseline: setup ## T=0 answers of a non-speculative deployment: make record-baseline TARGET=... OUT=file.json
+record-baseline: setup ## [validation] record a target-only deployment's answers: TARGET=url OUT=baseline.json [GATE_CONFIG=f]
 	@test -n "$(TARGET)" -a -n "$(OUT)" || { echo "error: TARGET=... and OUT=baseline.json are required" >&2; exit 2; }
-	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(CONFIG),--config $(CONFIG))
+	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(GATE_CONFIG),--config $(GATE_CONFIG))
 
-sweep: setup ## speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=validation/grids/embedded-draft.yaml
+sweep: setup ## [validation] speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=validation/grids/embedded-draft.yaml
 	$(PY) -m validation sweep --grid $(or $(GRID),validation/grids/embedded-draft.yaml) $(if $(HOST),--host $(HOST)) \
 	  $(if $(OUT),--out $(OUT))
 
-embedded-start: setup ## start the embedded model in the background (PORT=8080)
+embedded-start: setup ## [lab] start the embedded model in the background (PORT=8080)
 	$(PY) -m pipeline.embedded start --port $(or $(PORT),8080) --run-dir runs/embedded
 
-embedded-stop: setup ## stop it
+embedded-stop: setup ## [lab] stop the embedded model
 	$(PY) -m pipeline.embedded stop --port $(or $(PORT),8080) --run-dir runs/embedded
+
+docs: setup ## [lab] regenerate the rendered tables and claims of README.md and docs/ from their raw files
+	$(PY) bench/render_docs.py
+
+docs-check: setup ## [ci] exit 1 when a rendered table or a claimed number no longer matches its raw file
+	$(PY) bench/render_docs.py --check
 
 include $(sort $(wildcard mk/*.mk))

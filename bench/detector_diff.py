@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import validation.detectors as current  # noqa: E402
+from bench.history import read_json  # noqa: E402
 
 
 def _load_at(rev: str) -> object:
@@ -50,7 +51,7 @@ def main() -> int:
     flips, n = [], 0
     for f in args.results:
         try:
-            items = json.loads(Path(f).read_text())["items"]
+            items = read_json(f)["items"]  # a removed seed file: from git history
         except (OSError, ValueError, KeyError) as exc:
             print(f"detector_diff: {f}: not a gate_families result ({exc})", file=sys.stderr)
             return 2

@@ -28,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.history import read_json  # noqa: E402
 from validation.config import JudgeConfig  # noqa: E402
 from validation.judge import FluencyJudge, JudgeScore, threshold_for  # noqa: E402
 
@@ -59,7 +60,7 @@ def main() -> int:
     if len(names) != 2 or len(set(names)) != 2 or not set(names) <= set(ENGINES):
         print(f"judge_engine: --pair takes two different of {', '.join(ENGINES)}, not {args.pair!r}", file=sys.stderr)
         return 2
-    items = [it for it in json.loads(Path(args.items).read_text())["items"] if it["text"].strip()][: args.n]
+    items = [it for it in read_json(args.items)["items"] if it["text"].strip()][: args.n]  # or from git history
     if not items:
         print(f"judge_engine: no items in {args.items}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The load-test harness's own ceiling, side by side with SGLang's `sglang.bench_serving`.
 
-Both clients stream chat completions from the same fast local endpoint (tests.support.simserver with no
+Both clients stream chat completions from the same fast local endpoint (testbed.simserver with no
 delays: every response is written at once from a cached buffer, on its own CPU core) while the
 client under test is pinned to one core, so throughput is throughput per client core. Reported:
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from loadtests.runner import load_records  # noqa: E402
 from pipeline.reports import new_run_dir, utc_now, write_json  # noqa: E402
-from tests.support.simserver import SimServer  # noqa: E402
+from testbed.simserver import SimServer  # noqa: E402
 
 BENCH_PY = REPO / ".cache" / "sglang-bench" / "bin" / "python"
 TICK = os.sysconf("SC_CLK_TCK")

@@ -23,20 +23,21 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.history import read_json, seed_files  # noqa: E402
 from validation.config import GateConfig  # noqa: E402
 from validation.judge import CHAT_PREFIX, LOOP_CHECKS, FluencyJudge  # noqa: E402
 
 
 def loop_items() -> list[dict[str, Any]]:
-    files = [*sorted(REPO.glob("docs/gate-heldout-seed*.json")), REPO / "docs" / "gate-calibration-seed1.json"]
+    files = [*seed_files(), "docs/gate-calibration-seed1.json"]  # removed ones from git history
     items, seen = [], set()
     for f in files:
-        for x in json.loads(f.read_text()).get("items", []):
+        for x in read_json(f).get("items", []):
             checks = {str(fi).split(":")[0] for fi in x.get("findings", [])}
             if not checks or not checks <= set(LOOP_CHECKS) or (x["text"], x.get("prompt")) in seen:
                 continue
             seen.add((x["text"], x.get("prompt")))
-            items.append({**x, "checks": sorted(checks), "file": f.name})
+            items.append({**x, "checks": sorted(checks), "file": Path(f).name})
     return items
 
 

@@ -10,6 +10,7 @@ A rendered block in a Markdown file looks like
 Everything between the markers is generated: edit the raw file's source (re-run the benchmark with
 `--result`), then `python bench/render_docs.py`. `--check` exits 1 when a block is out of date, 2 when
 a block names an unknown renderer or a missing file. tests/test_docs_claims.py runs the check in CI.
+`--check` also recomputes every number of the claims manifest (bench/claims.py, docs/claims.yaml).
 `--show RENDERER RAW` prints one renderer's output for a raw file (exit 2 on a bad name or file).
 """
 
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: bench/ is the lab, not an installed package
+    sys.path.insert(0, str(REPO))
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+) (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /render -->)", re.S)
 
@@ -204,7 +207,34 @@ def render_gpu_proof(raw: dict[str, Any], path: str) -> str:
     return render_doc(raw, path)
 
 
+def render_gate_heldout_seeds(raw: dict[str, Any], path: str) -> str:
+    """One row per held-out seed (bench/gate_heldout_seeds.py digest of bench/gate_families.py runs)."""
+    def part(k: int, n: int) -> str:
+        return f"{k} of {n}" + (f" ({k / n:.1%})" if n else "")
+
+    lines = ["| seed | scored | coherent failed | garbled passed | fresh coherent failed | fresh garbled passed | "
+             "fixed coherent failed | fixed garbled passed | full raw file (git history) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for s in raw["seeds"]:
+        m, fr, fx, src = s["summary"], s["split"]["fresh"], s["split"]["fixed"], s["source"]
+        lines.append(f"| {s['seed']} | {(s.get('date') or '?')[:10]} | {part(m['false_fail'], m['coherent'])} | "
+                     f"{part(m['false_pass'], m['garbled'])} | {part(fr['ok_wrong'], fr['ok'])} | "
+                     f"{part(fr['bad_wrong'], fr['bad'])} | {part(fx['ok_wrong'], fx['ok'])} | "
+                     f"{part(fx['bad_wrong'], fx['bad'])} | `{src['commit'][:10]}:{src['path']}` |")
+    return "\n".join(lines) + f"\n\nRaw: {path} — digest of the seed files made {raw.get('date', '?')} by " \
+        f"`{raw.get('command', '?')}` (each row's file: `git show COMMIT:PATH`, blob id inside)\n"
+
+
+def render_gate_heldout(raw: dict[str, Any], path: str) -> str:
+    """One held-out seed in full: sets, fresh/fixed split, per class, by check (bench/render_gate_table.py)."""
+    from bench.render_gate_table import render
+
+    return render(raw, path) + "\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "gate-heldout-seeds": render_gate_heldout_seeds,
+    "gate-heldout": render_gate_heldout,
     "ddtree-gpu-proof": render_gpu_proof,
     "relative-coherence": render_relative_coherence,
     "ci-run": render_ci_run,
@@ -274,8 +304,23 @@ def main(argv: list[str] | None = None) -> int:
     except RenderError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from bench.claims import STRICT_DOCS, ClaimError, check_claims, unclaimed_numbers
+
+    try:
+        bad = check_claims(REPO)
+        for rel in STRICT_DOCS:
+            if (REPO / rel).is_file():
+                bad += [f"{u} (claim it in docs/claims.yaml or render it)"
+                        for u in unclaimed_numbers(rel, (REPO / rel).read_text(encoding="utf-8"))]
+    except ClaimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in bad:
+        print(f"claim: {line}", file=sys.stderr)
     if args.check and stale:
         print(f"out of date (run python bench/render_docs.py): {', '.join(map(str, stale))}", file=sys.stderr)
+        return 1
+    if bad:
         return 1
     print(("rendered: " if stale else "up to date: ") + (", ".join(map(str, stale)) or f"{len(DOCS)} files"))
     return 0

@@ -1,4 +1,7 @@
-"""Render the held-out rates table of docs/validation.md from the raw JSON of bench/gate_families.py.
+"""The held-out rates tables of one bench/gate_families.py result (`split`, `render`).
+
+docs/results.md renders them through bench/render_docs.py (renderers `gate-heldout`, `gate-heldout-seeds`).
+The command below still writes them into any doc that has the block markers:
 
     python bench/render_gate_table.py docs/gate-heldout-seed20261201.json [more.json ...] [--doc docs/validation.md]
 

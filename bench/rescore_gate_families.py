@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.history import read_json  # noqa: E402
 from validation.config import load_gate_config  # noqa: E402
 from validation.detectors import score_text  # noqa: E402
 
@@ -39,7 +40,7 @@ def main() -> int:
     ap.add_argument("--out")
     args = ap.parse_args()
     th = load_gate_config(args.profile).thresholds
-    data = json.loads(Path(args.result).read_text())
+    data = read_json(args.result)  # a removed seed file: from git history
     changed = []
     for it in data["items"]:
         fluency = [f for f in it["findings"] if f.startswith("fluency")]

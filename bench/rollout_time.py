@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 from rollout import REPO_ROOT
-from tests.support.testbed import TEST_REGISTRY, registry_login, run_cli, write_inventory
+from testbed.testbed import TEST_REGISTRY, registry_login, run_cli, write_inventory
 
 REPO = f"{TEST_REGISTRY}/rollout-bench-cpu"
 ENV = {"TESTHOSTS_PREFIX": "rb", "TESTHOSTS_NET": "10.232"}
@@ -42,7 +42,7 @@ def main() -> int:
     args = ap.parse_args()
     import docker
 
-    from tests.support import cpuimage
+    from testbed import cpuimage
 
     sh("bash", "scripts/services.sh", "start", "docker", "registry", "tlsregistry")
     client = docker.from_env(timeout=300)

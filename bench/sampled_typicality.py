@@ -38,6 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.history import read_json, seed_files  # noqa: E402
 from validation.config import GateConfig  # noqa: E402
 from validation.judge import CHAT_PREFIX, LOOP_CHECKS, FluencyJudge  # noqa: E402
 
@@ -48,8 +49,8 @@ WINDOW = 16
 
 def candidates() -> list[dict[str, Any]]:
     items, seen = [], set()
-    for f in sorted(REPO.glob("docs/gate-heldout-seed*.json")):
-        for x in json.loads(f.read_text()).get("items", []):
+    for f in seed_files():  # removed ones from git history
+        for x in read_json(f).get("items", []):
             checks = {str(s).split(":")[0] for s in x.get("findings", [])}
             key = (x["text"], x.get("prompt"))
             if not x["text"].strip() or key in seen:
@@ -58,7 +59,7 @@ def candidates() -> list[dict[str, Any]]:
             excusable_bad = x["label"] == "bad" and checks and checks <= EXCUSABLE
             if sampled_ok or excusable_bad:
                 seen.add(key)
-                items.append({**x, "checks": sorted(checks), "file": f.name})
+                items.append({**x, "checks": sorted(checks), "file": Path(f).name})
     return items
 
 

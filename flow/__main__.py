@@ -1,8 +1,8 @@
 """CLI: python -m flow deploy|main|demo (rollback / status / render: python -m rollout).
 
     python -m flow deploy --hosts HOST_OR_GROUP --image REGISTRY/NAME:TAG [--inventory DIR] [--check]
-                          [--image-tarball FILE] [--no-gate] [--no-loadtest] [--gate-config F]
-                          [--loadtest-config F] [--config deployment.yaml] [-e KEY=VALUE]
+                          [--image-tarball FILE] [--no-gate] [--no-loadtest] [--gate-config F] [--baseline F]
+                          [--loadtest-config F] [--config deployment.yaml] [-e KEY=VALUE] [--target-only]
                           [--api-key-file F | --api-key-env NAME]   the endpoints' key, gate + load test
     python -m flow main   [--out DIR]       the main job on the embedded target (no root, no Docker)
     python -m flow demo   [--out DIR]       the real path on an embedded fleet on this machine (root)
@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-gate", action="store_true", help="deploy only: no gate, no load test, no promotion")
     p.add_argument("--no-loadtest", action="store_true", help="promote on the gate alone")
     p.add_argument("--gate-config")
+    p.add_argument("--baseline", help="lossless baseline JSON (record-baseline) for the gate's lossless.baseline")
+    p.add_argument("--target-only", action="store_true",
+                   help="serve IMAGE without speculative decoding, no gate, no promotion: the deployment a "
+                        "lossless baseline is recorded from")
     p.add_argument("--loadtest-config", help="YAML whose `loadtest:` section holds the deployment's SLOs")
     p.add_argument("--min-capacity", type=float, help="users that must meet the SLOs (default 1)")
     key = p.add_mutually_exclusive_group()
@@ -76,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     from rollout.config import load
 
     overrides: dict[str, object] = {}
+    extra_vars = _kv(args.extra_var)
+    if args.target_only:
+        if args.baseline or args.gate_config or args.loadtest_config or args.no_loadtest:
+            raise UsageError("--target-only deploys without gate and load test: drop --baseline, --gate-config, "
+                             "--loadtest-config and --no-loadtest")
+        args.no_gate = True
+        extra_vars["serve_spec_algorithm"] = "NONE"
     if args.inventory:
         overrides["inventory"] = args.inventory
     if args.serial:
@@ -86,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["loadtest"] = False
     if args.gate_config:
         overrides["gate_config"] = args.gate_config
+    if args.baseline:
+        overrides["gate_baseline"] = args.baseline
     if args.loadtest_config:
         overrides["loadtest_config"] = args.loadtest_config
     if args.api_key_file or args.api_key_env:  # one source: the command line's replaces the file's
@@ -94,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides["min_capacity"] = args.min_capacity
     cfg = load(args.config, overrides)
     rc, run_dir = promote.deploy(cfg, args.hosts, args.image, check=args.check, image_tarball=args.image_tarball,
-                                 extra_vars=_kv(args.extra_var))
+                                 extra_vars=extra_vars)
     if args.json:
         print((run_dir / "report.json").read_text())
     return rc if rc is not None else EXIT_OK

@@ -5,7 +5,7 @@ hosts (network namespaces) -> `flow.promote.deploy` (Ansible deploy, gate, load 
 page (runs/demo-*/index.html) with verdict, capacity, TTFT p95 and accept length on top, linking every
 report. The hosts and their containers are removed at the end; the registry and dockerd keep running.
 
-What differs from a GPU fleet is the test bed's (tests/support/testbed.py, docs/rollout.md): the embedded
+What differs from a GPU fleet is the test bed's (testbed/testbed.py, docs/rollout.md): the embedded
 engine instead of sglang, recorded nvidia-smi outputs, one shared Docker engine, the lean gate.
 """
 
@@ -27,7 +27,7 @@ from rollout import REPO_ROOT
 from rollout.config import RolloutConfig
 
 PREFIX, NET, BASE_PORT = "dm", "10.234", 18300
-GATE = REPO_ROOT / "tests" / "rollout" / "fixtures" / "gate-embedded-lean.yaml"
+GATE = REPO_ROOT / "testbed" / "fixtures" / "gate-embedded-lean.yaml"
 
 
 def _say(msg: str) -> None:
@@ -40,8 +40,12 @@ def run(out: str | None = None) -> int:
                          "make demo-light")
     import docker
 
-    from tests.support import cpuimage
-    from tests.support.testbed import TEST_REGISTRY, registry_env, registry_login, testhosts_sh, write_inventory
+    try:  # the test bed is part of a checkout, not of the installed product
+        from testbed import cpuimage
+        from testbed.testbed import TEST_REGISTRY, registry_env, registry_login, testhosts_sh, write_inventory
+    except ImportError as exc:
+        raise UsageError(f"make demo runs from a checkout of this repository (testbed/ is not installed): {exc}") \
+            from None
 
     run_dir = Path(out) if out else new_run_dir(REPO_ROOT / "runs", "demo")
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -173,12 +173,19 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
         gpath = ro._abs(cfg.gate_config) if cfg.gate_config else None
         if gpath and not gpath.is_file():
             raise UsageError(f"gate config not found: {cfg.gate_config}")
-        gate_cfg = with_flow_api_key(cfg, load_gate_config(gpath))
+        overrides = None
+        if cfg.gate_baseline:
+            bpath = ro._abs(cfg.gate_baseline)
+            if not bpath.is_file():
+                raise UsageError(f"baseline not found: {cfg.gate_baseline} (record it: make record-baseline)")
+            overrides = {"lossless": {"baseline": str(bpath)}}
+        gate_cfg = with_flow_api_key(cfg, load_gate_config(gpath, overrides))
         from validation.config import gate_api_key, lossless_requirement
 
         gate_api_key(gate_cfg)  # a missing key file / variable is bad input before anything changes
 
-        speculative = [h for h in hosts if _speculative(inv.hostvars.get(h, {}))]
+        # what the hosts will run: their inventory settings as the playbook's extra vars override them
+        speculative = [h for h in hosts if _speculative({**inv.hostvars.get(h, {}), **(extra_vars or {})})]
         why = lossless_requirement(gate_cfg, speculative=True) if speculative else None
         if why:  # a speculative build is never promoted without the check that catches fluent corruption
             raise UsageError(f"{', '.join(speculative)} run speculative decoding; gate config: {why}")

@@ -15,7 +15,7 @@ IMAGE_CI_NAME ?= sglang-fleet-ci
 IMAGE_CI_RC ?= 1
 IMAGES_OUT ?= runs/images
 
-image: ## build the serving image: TARGET=pcie|nvlink [PUSH=registry/repo RC=n PROFILE=production]
+image: ## [images] build the serving image: TARGET=pcie|nvlink [PUSH=registry/repo RC=n PROFILE=production]
 	@if [ -z "$(TARGET)" ]; then echo "error: TARGET is required: make image TARGET=pcie|nvlink [PUSH=registry/repo]" >&2; exit 2; fi
 	$(PY) -m images build --target "$(TARGET)" --profile "$(PROFILE)" $(if $(PUSH),--push "$(PUSH)") \
 	  $(if $(RC),--rc $(RC)) --json $(IMAGES_OUT)/image-$(TARGET).json
@@ -24,7 +24,7 @@ image: ## build the serving image: TARGET=pcie|nvlink [PUSH=registry/repo RC=n P
 IMAGE_CI_TARGETS ?= pcie nvlink
 export IMAGE_CI_TARGETS
 
-image-ci: $(addprefix image-ci-,$(IMAGE_CI_TARGETS)) ## CI proof build on the bootstrapped base (no GPU, no CUDA base)
+image-ci: $(addprefix image-ci-,$(IMAGE_CI_TARGETS)) ## [ci] images: CI proof build on the bootstrapped base (no GPU, no CUDA base)
 
 # The stages both targets share (toolchain + sglang + series), built once before the per-target JIT
 # builds, which CI then runs in parallel (make -j2): FlashInfer's sampling.cu is one serial nvcc job
@@ -42,22 +42,22 @@ image-ci-nvlink: base-image
 	$(PY) -m images build --profile ci --target nvlink --arch-list 10.3a --name $(IMAGE_CI_NAME) \
 	  --rc $(IMAGE_CI_RC) --json $(IMAGES_OUT)/ci-nvlink.json
 
-patches-check: ## apply the sglang patch series to the pinned PyPI sources (zero fuzz) and report drift
+patches-check: ## [patches] apply the sglang patch series to the pinned PyPI sources (zero fuzz) and report drift
 	$(PY) -m patches check --json $(IMAGES_OUT)/patches-check.json
 
-base-image: services ## bootstrap local/bookworm-py:latest (idempotent)
+base-image: services ## [ci] bootstrap local/bookworm-py:latest (idempotent)
 	scripts/base-image.sh
 
-services: ## start dockerd + the loopback registry (idempotent)
+services: ## [ci] start dockerd + the loopback registry (idempotent)
 	scripts/services.sh start docker registry
 
-services-stop: ## stop dockerd + registry started by scripts/services.sh
+services-stop: ## [ci] stop dockerd + registry started by scripts/services.sh
 	scripts/services.sh stop registry docker
 
-lint-images: ## hadolint + ruff for images/ patches/ tests/images/
+lint-images: ## [ci] hadolint + ruff for images/ patches/ tests/images/
 	$(VENV)/bin/hadolint images/Dockerfile
 	$(VENV)/bin/ruff check images patches tests/images
 	bash -n scripts/services.sh scripts/base-image.sh images/cuda-toolkit.sh .ci/stages/images.sh
 
-test-images: ## tests of this stage (docker-marked ones need `make image-ci` first)
+test-images: ## [images] tests of this stage (docker-marked ones need `make image-ci` first)
 	$(PY) -m pytest -q tests/images

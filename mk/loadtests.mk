@@ -5,11 +5,12 @@
 #        GNU make turns any failing recipe into its own status 2 and prints the inner one ("Error 1").
 #   make capacity HOST=... [SLO_TTFT_MS=2000 SLO_ITL_MS=200 MAX_ERROR_RATE=0.01] [QUICK=1]
 #   make loadtest-ui HOST=...            # Locust web UI on :8089 with the same locustfile
+#   [LOADTEST_CONFIG=f]                  # a YAML whose `loadtest:` section sets the defaults (was CONFIG=)
 #   make bench-loadtest                  # harness ceiling vs sglang.bench_serving (see docs/loadtests.md)
 .PHONY: loadtest capacity loadtest-ui bench-loadtest lt-need-host
 
 LT_OUT_ARG = $(if $(OUT),--out $(OUT))
-LT_COMMON = --host "$(HOST)" $(if $(CONFIG),--config $(CONFIG)) $(LT_OUT_ARG) \
+LT_COMMON = --host "$(HOST)" $(if $(LOADTEST_CONFIG),--config $(LOADTEST_CONFIG)) $(LT_OUT_ARG) \
   $(if $(PROCESSES),--processes $(PROCESSES)) $(if $(WORKLOAD),--workload $(WORKLOAD)) \
   $(if $(DATASET),--dataset $(DATASET)) $(if $(MAX_TOKENS),--max-tokens $(MAX_TOKENS)) \
   $(if $(INPUT_TOKENS),--input-tokens $(INPUT_TOKENS)) $(if $(OUTPUT_TOKENS),--output-tokens $(OUTPUT_TOKENS)) \
@@ -19,18 +20,18 @@ LT_COMMON = --host "$(HOST)" $(if $(CONFIG),--config $(CONFIG)) $(LT_OUT_ARG) \
 lt-need-host:
 	@if [ -z "$(HOST)" ]; then echo "error: HOST is required, e.g. make $(MAKECMDGOALS) HOST=http://127.0.0.1:30000" >&2; exit 2; fi
 
-loadtest: lt-need-host ## headless Locust load test, fails on a missed SLO: HOST=url USERS= DURATION= [SLO_TTFT_MS= RATE= STEPS=]
+loadtest: lt-need-host ## [loadtests] headless Locust load test, fails on a missed SLO: HOST=url USERS= DURATION= [SLO_TTFT_MS= RATE= STEPS=]
 	$(PY) -m loadtests run $(LT_COMMON) $(if $(filter 0,$(CHECK_SLO)),,--check-slo) $(if $(USERS),--users $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
 	  $(if $(RATE),--rate $(RATE)) $(if $(ARRIVAL),--arrival $(ARRIVAL)) $(if $(STEPS),--steps $(STEPS)) \
 	  $(if $(WARMUP),--warmup $(WARMUP))
 
-capacity: lt-need-host ## capacity search under SLOs: HOST=url [SLO_TTFT_MS= SLO_ITL_MS= MAX_ERROR_RATE= QUICK=1 MODE=rate]
+capacity: lt-need-host ## [loadtests] capacity search under SLOs: HOST=url [SLO_TTFT_MS= SLO_ITL_MS= MAX_ERROR_RATE= QUICK=1 MODE=rate]
 	$(PY) -m loadtests capacity $(LT_COMMON) $(if $(QUICK),--quick) $(if $(MODE),--mode $(MODE)) \
 	  $(if $(MAX_LOAD),--max-load $(MAX_LOAD))
 
-loadtest-ui: lt-need-host ## Locust web UI (same locustfile): HOST=url [WEB_PORT=8089]
+loadtest-ui: lt-need-host ## [loadtests] Locust web UI (same locustfile): HOST=url [WEB_PORT=8089]
 	$(PY) -m loadtests ui $(LT_COMMON) $(if $(USERS),--users $(USERS)) $(if $(DURATION),--duration $(DURATION)) \
 	  $(if $(WEB_PORT),--web-port $(WEB_PORT))
 
-bench-loadtest: ## harness ceiling: tokens/s + req/s per client core vs sglang.bench_serving
+bench-loadtest: ## [lab] harness ceiling: tokens/s + req/s per client core vs sglang.bench_serving
 	$(PY) bench/loadtest_ceiling.py $(if $(OUT),--out $(OUT))

@@ -20,6 +20,9 @@ class RolloutConfig(StrictModel):
     auto_rollback: bool = True
     gate: bool = True
     gate_config: str | None = None
+    # The lossless baseline (`make record-baseline` from a target-only deployment of the same image): sets the
+    # gate config's lossless.baseline, which a speculative deployment needs before anything changes.
+    gate_baseline: str | None = None
     gate_timeout_s: float = Field(default=900.0, gt=0)
     # Registry needs a login (also taken from the inventory's rollout_registry_auth).
     registry_auth: bool = False

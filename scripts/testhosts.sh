@@ -8,7 +8,7 @@
 #
 # Host k gets namespace rt<k>, a veth pair 10.231.<k>.1 (root side) <-> 10.231.<k>.2 (namespace side) and
 # an sshd (its own config and host key) listening on 10.231.<k>.2:22. Root logs in with the key DIR/id_ed25519.
-# DIR/hosts.tsv lists "name<TAB>ssh address<TAB>gateway" for the inventory writer (tests/support/testbed.py).
+# DIR/hosts.tsv lists "name<TAB>ssh address<TAB>gateway" for the inventory writer (testbed/testbed.py).
 #
 # Differences from production (see docs/rollout.md): the namespaces have their own network stack and
 # hostname view, but share the filesystem and the ONE Docker engine of this machine (the engine socket is

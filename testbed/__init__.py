@@ -1,1 +1,1 @@
-"""Test beds: real engines and servers that tests, benches and the demo run against (not product code)."""
+"""Test beds: the netns fleet, the CPU serving image, the corruptible engine, the token registry."""

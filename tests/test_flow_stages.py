@@ -1,5 +1,5 @@
 """The flow's load-test stage and its verdict rule, in process, against the simulated streaming server
-(tests/support/simserver.py): promotion needs `min_capacity` users meeting the deployment's SLOs."""
+(testbed/simserver.py): promotion needs `min_capacity` users meeting the deployment's SLOs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from flow.promote import loadtest_config, loadtest_stage
 from rollout.config import RolloutConfig
-from tests.support.simserver import SimServer
+from testbed.simserver import SimServer
 
 pytestmark = [pytest.mark.integration]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.simserver import SimServer, _raise_priority
+from testbed.simserver import SimServer, _raise_priority
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """Real rollout fixtures: dockerd + registry (scripts/services.sh), the CPU serving image (built once per
 session), netns SSH test hosts (scripts/testhosts.sh). No GPU here: the GPU facts fed to preflight are
-RECORDED nvidia-smi outputs (tests/rollout/fixtures/nvidia-smi/, CSV of the same query preflight runs)."""
+RECORDED nvidia-smi outputs (testbed/fixtures/nvidia-smi/, CSV of the same query preflight runs)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from rollout import REPO_ROOT
-from tests.support.testbed import TEST_HOSTS as HOSTS
-from tests.support.testbed import TEST_REPO as REPO
-from tests.support.testbed import registry_login, testhosts_sh
+from testbed.testbed import TEST_HOSTS as HOSTS
+from testbed.testbed import TEST_REPO as REPO
+from testbed.testbed import registry_login, testhosts_sh
 
 N_HOSTS = len(HOSTS)
 
@@ -62,7 +62,7 @@ def images(services):
     `nvlink-only` (the CPU image labelled for the nvlink fleet only: refused on pcie hosts)."""
     import io
 
-    from tests.support import cpuimage
+    from testbed import cpuimage
 
     auth = registry_login()
     services.login(registry=REPO.split("/")[0], **auth)
@@ -93,7 +93,7 @@ def testhosts(services, tmp_path_factory):
 @pytest.fixture(scope="session")
 def scrambled_model(tmp_path_factory):
     from pipeline.embedded import default_model_path
-    from tests.support.cpuimage import scramble_gguf
+    from testbed.cpuimage import scramble_gguf
 
     p = tmp_path_factory.mktemp("badmodel") / "model.gguf"
     scramble_gguf(default_model_path(), p)

@@ -15,7 +15,7 @@ from patches import load_series, series_dir_for
 from pipeline.errors import UsageError
 from rollout import registry as reglib
 from rollout.inventory import load_inventory
-from tests.support.testbed import REGISTRY_CA, TEST_REGISTRY, registry_env, registry_login
+from testbed.testbed import REGISTRY_CA, TEST_REGISTRY, registry_env, registry_login
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 SERIES = load_series(series_dir_for("0.5.23")).sha256

@@ -1,5 +1,5 @@
 """The registry client against a real registry (Debian docker-registry, distribution 2.8) that uses the
-distribution token flow: a token server (tests/support/tokenserver.py) checks the login and signs scoped
+distribution token flow: a token server (testbed/tokenserver.py) checks the login and signs scoped
 JWTs. Covers login, labels, the registry-side retag with digest check, evidence attached to the digest,
 and the bad inputs: wrong password, no login, token server down."""
 
@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.errors import TargetError, UsageError
 from rollout import registry as reglib
-from tests.support.tokenserver import TokenServer
+from testbed.tokenserver import TokenServer
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 USER, PASSWORD = "deployer", "tok3n-Pa55-do-not-print"

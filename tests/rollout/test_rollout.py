@@ -24,14 +24,14 @@ import pytest
 
 from rollout import REPO_ROOT
 from rollout import registry as reglib
-from tests.support.testbed import REGISTRY_CA, TEST_HOSTS, TEST_REGISTRY, registry_env, write_inventory
-from tests.support.testbed import TEST_BASE_PORT as BASE_PORT
-from tests.support.testbed import TEST_REPO as REPO
-from tests.support.testbed import run_cli as rollout
-from tests.support.testbed import testhosts_sh as hosts_sh
+from testbed.testbed import REGISTRY_CA, TEST_HOSTS, TEST_REGISTRY, registry_env, write_inventory
+from testbed.testbed import TEST_BASE_PORT as BASE_PORT
+from testbed.testbed import TEST_REPO as REPO
+from testbed.testbed import run_cli as rollout
+from testbed.testbed import testhosts_sh as hosts_sh
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration, pytest.mark.slow]
-GATE = "tests/rollout/fixtures/gate-embedded-lean.yaml"
+GATE = "testbed/fixtures/gate-embedded-lean.yaml"
 LEAN = "tests/rollout/fixtures/deployment-lean.yaml"
 REGISTRY_LOG = Path("/var/log/fleet-services/tlsregistry.log")
 H1, H2 = TEST_HOSTS  # H1 in pcie, H2 in nvlink

@@ -68,8 +68,8 @@ def test_a_models_own_extra_special_tokens_are_configurable() -> None:
 def test_no_coherent_text_the_project_holds_trips_the_backstop() -> None:
     """Every coherent text of the labeled corpus and the stored real answers (Polish, code, tables, refrains)
     passes: the backstop is for what no correct engine emits, so a single hit here is a wrong rule."""
-    texts = [r["text"] for f in ("corpus.jsonl", "real_outputs.jsonl") for r in map(json.loads, open(HERE / f))
-             if r.get("label") in ("ok", "coherent")]
+    texts = [r["text"] for f in ("corpus.jsonl", "real_outputs.jsonl")
+             for r in map(json.loads, (HERE / f).read_text().splitlines()) if r.get("label") in ("ok", "coherent")]
     assert len(texts) > 80
     hits = {t[:60]: backstop_findings(t, "length") for t in texts}
     assert not {k: v for k, v in hits.items() if v}
@@ -142,5 +142,6 @@ def test_reports_are_built_from_the_typed_results() -> None:
     s = _sample("poem", 0.0, "Waves roll in under a silver moon, and the night is calm.")
     for r in run_checks(GateContext(cfg, "llama.cpp", [s])):
         c = r.case()
-        assert c.name == r.label and c.skipped == (r.status is Status.SKIP) and c.not_run == (r.status is Status.NOT_RUN)
+        assert c.name == r.label and c.skipped == (r.status is Status.SKIP)
+        assert c.not_run == (r.status is Status.NOT_RUN)
         assert c.ok == (r.status in (Status.PASS, Status.SKIP))

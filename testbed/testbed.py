@@ -20,7 +20,7 @@ import yaml
 from pipeline.embedded import default_model_path
 from rollout import ANSIBLE_DIR, REPO_ROOT
 
-FIXTURES = REPO_ROOT / "tests" / "rollout" / "fixtures"
+FIXTURES = REPO_ROOT / "testbed" / "fixtures"
 SMI = {"pcie": FIXTURES / "nvidia-smi" / "rtx-pro-6000-x8.csv", "nvlink": FIXTURES / "nvidia-smi" / "b300-x8.csv",
        "wrong": FIXTURES / "nvidia-smi" / "h100-x8.csv"}
 BASE_PORT = 18100

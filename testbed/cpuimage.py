@@ -163,4 +163,7 @@ def scramble_gguf(src: str | Path, dst: str | Path, tensor: str = "token_embd.we
 if __name__ == "__main__":  # make cpu-image IMAGE=registry/name:tag
     import json
 
+    if len(sys.argv) != 2 or not sys.argv[1].strip():
+        print("error: usage: python -m testbed.cpuimage REGISTRY/NAME:TAG (make cpu-image IMAGE=...)", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps(build(sys.argv[1])))

@@ -15,7 +15,7 @@ of every stream (then finishes it); `--hang-after K` answers the first K chat re
 every request on any path (reads it, never answers: a target that stopped answering; K=0 hangs at once).
 `--api-key KEY` answers 401 to any request without `Authorization: Bearer KEY`.
 
-    python -m tests.support.simserver --port 18500 --ttft-ms 20 --itl-ms 5 --tokens 32 [--slots 4] [--workers 2]
+    python -m testbed.simserver --port 18500 --ttft-ms 20 --itl-ms 5 --tokens 32 [--slots 4] [--workers 2]
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def _listen(host: str, port: int, reuse_port: bool) -> socket.socket:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m tests.support.simserver", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m testbed.simserver", description=__doc__.split("\n\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--ttft-ms", type=float, default=0.0)
@@ -277,10 +277,10 @@ class SimServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> SimServer:
-        cmd = [sys.executable, "-m", "tests.support.simserver", "--port", str(self.port), *self.args]
+        cmd = [sys.executable, "-m", "testbed.simserver", "--port", str(self.port), *self.args]
         if self.cpu is not None:
             cmd = ["taskset", "-c", str(self.cpu), *cmd]
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))  # the repository root
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))  # the repository root
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=_raise_priority)
         deadline = time.monotonic() + 15

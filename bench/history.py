@@ -1,0 +1,52 @@
+"""Raw results that left the tree: read them from git history, where `git rm` kept them.
+
+Pages cite a removed raw file as `COMMIT:PATH`; the lab scripts that re-score old results (own loops,
+sampled typicality, detector diffs) read such a file by its path alone: from the tree when it is there,
+else from the last commit that still had it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+SEED_DIGEST = REPO / "docs" / "results" / "gate-heldout-seeds.json"
+
+
+def _git(*args: str, repo: Path = REPO) -> str:
+    r = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise FileNotFoundError(f"git {' '.join(args)}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def read_text(path: str | Path, repo: Path = REPO) -> str:
+    """The file's text from the tree, or from the last commit before it was removed."""
+    p = Path(path)
+    f = p if p.is_absolute() else repo / p
+    if f.is_file():
+        return f.read_text(encoding="utf-8")
+    rel = str(f.relative_to(repo)) if f.is_relative_to(repo) else str(p)
+    last = _git("rev-list", "-1", "HEAD", "--", rel, repo=repo).strip()  # the commit that removed or last changed it
+    if not last:
+        raise FileNotFoundError(f"{rel}: not in the tree and never committed")
+    try:
+        return _git("show", f"{last}:{rel}", repo=repo)
+    except FileNotFoundError:
+        return _git("show", f"{last}^:{rel}", repo=repo)
+
+
+def read_json(path: str | Path, repo: Path = REPO) -> Any:
+    return json.loads(read_text(path, repo))
+
+
+def seed_files() -> list[str]:
+    """Every held-out seed file of bench/gate_families.py: those of the seed digest and those in the tree."""
+    names = {str(p.relative_to(REPO)) for p in (REPO / "docs").glob("gate-heldout-seed*.json")
+             if p.stem.removeprefix("gate-heldout-seed").isdigit()}
+    if SEED_DIGEST.is_file():
+        names |= {s["source"]["path"] for s in json.loads(SEED_DIGEST.read_text())["seeds"]}
+    return sorted(names)
