@@ -176,30 +176,6 @@ def render_sglang_sweep(raw: dict[str, Any], path: str) -> str:
                      f"{r.get('lossless')} | {', '.join(r.get('failed_checks') or []) or 'none'} |")
     return "\n".join(lines) + f"\n\nRaw: {path} (every cell's server command, the baseline's, per-cell timings)\n"
 
-def render_relative_coherence(raw: dict[str, Any], path: str) -> str:
-    """Zero tolerance vs baseline-relative coherence on the real gates (bench/rescore_relative_coherence.py)."""
-    par = raw["parameters"]
-    temps = [f"{t:g}" for t in par["temperatures"]]
-    lines = ["| server | build | " + " | ".join(f"T={t} flagged (p)" for t in temps)
-             + " | zero tolerance | relative |", "|---|---|" + "---|" * len(temps) + "---|---|"]
-    for s in raw["servers"]:
-        cells = []
-        for r in s["per_temperature"]:
-            cell = f"{r['candidate_flagged']} / {r['candidate_n']} ({r['p_value']:.2g})"
-            cells.append(cell if r["ok"] else f"**{cell}**")
-        lines.append(f"| {s['server']} | {s['role']} | " + " | ".join(cells)
-                     + f" | {s['zero_tolerance']} ({s['flagged_t_gt_0']} of {s['n_t_gt_0']}) | {s['relative']} |")
-    base = ", ".join(f"T={t}: {raw['baseline_flagged'][t]} / {raw['baseline_n'][t]}" for t in temps)
-    sm = raw["summary"]
-    return (f"Baseline (target-only server, re-scored): {base} flagged. A cell fails (bold) when the one-sided "
-            f"Fisher p < {par['p_threshold']:.3g} (alpha {par['alpha']:g} / {len(temps)}) or the rate > "
-            f"max_rate {par['max_rate']:g}. Correct builds passing: {sm['correct_pass_relative']} of {sm['correct']} "
-            f"relative, {sm['correct_pass_zero_tolerance']} of {sm['correct']} with zero tolerance; the mutant: "
-            f"{sm['mutant_relative']}.\n\n" + "\n".join(lines) + "\n\n"
-            + f"Raw: {path} — re-scored {raw.get('date', '?')} from {raw['samples']} and {raw['baseline']} with "
-            f"{raw['profile']}; command: `{raw.get('command', '?')}`\n")
-
-
 def render_gpu_proof(raw: dict[str, Any], path: str) -> str:
     """The kernel-level tree-verify proof on the H200 (tests/ddtree/gpu_proof.sh)."""
     from bench.gpu_proof_table import render_doc
@@ -236,7 +212,6 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "gate-heldout-seeds": render_gate_heldout_seeds,
     "gate-heldout": render_gate_heldout,
     "ddtree-gpu-proof": render_gpu_proof,
-    "relative-coherence": render_relative_coherence,
     "ci-run": render_ci_run,
     "incident": render_incident,
     "ddtree-serve": render_ddtree_serve,
