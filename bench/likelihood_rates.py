@@ -1,0 +1,164 @@
+"""False-fail and false-pass rates of the likelihood test on a pool of real answers of one correct target.
+
+    OPENBLAS_NUM_THREADS=1 python bench/likelihood_rates.py --pool /tmp/lik/pool.jsonl \
+        --out docs/results/likelihood-rates-embedded-2026-12-03.json [--splits 200]
+
+The pool is bench/likelihood_pool.py's: every suite prompt at every T>0, once per seed, from the embedded
+target (SmolLM2-135M on llama.cpp). Every answer is scored once under the target model (the in-process
+reference model; the end-of-turn token scored where the answer stopped). Then:
+
+- **false fail**: `--splits` draws of 2 x k distinct seeds (k = the gate's seeds per side, 3), the first k
+  the candidate, the rest the baseline, the same seeds for every prompt as in a gate run; each draw is one
+  gate's T>0 verdict (every T>0 temperature tested, alpha split over them). Baseline = the target itself,
+  so every rejection is a false fail.
+- **false pass / power on generated corruptions**: the same draws with a fraction r of the candidate's
+  answers at every temperature replaced by a corrupted variant of themselves (validation/synth.py families,
+  one family per answer, drawn at random), scored by the same scorer: the rejection rate per r (1 minus the
+  false-pass rate), per family at r = 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.likelihood_common import ScoreCache, provenance  # noqa: E402
+from pipeline.errors import UsageError, cli_main  # noqa: E402
+from validation.config import load_gate_config  # noqa: E402
+from validation.likelihood import likelihood_test, make_scorer  # noqa: E402
+from validation.suite import load_suite  # noqa: E402
+from validation.synth import corrupt  # noqa: E402
+
+FAMILIES = ("soup_tail", "block_loop", "word_shuffle", "near_repeat", "token_soup", "glued_shuffle",
+            "word_stutter", "subword_repeat", "mojibake_tail", "punct_flood")
+
+
+def _median(xs: object) -> float | None:
+    v = sorted(x for x in xs if x is not None)  # type: ignore[union-attr]
+    return v[len(v) // 2] if v else None
+
+
+@cli_main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench/likelihood_rates.py")
+    ap.add_argument("--pool", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cache", default="/tmp/lik/scores-pool.jsonl")
+    ap.add_argument("--config", help="gate profile (default: the gate's defaults)")
+    ap.add_argument("--splits", type=int, default=200)
+    ap.add_argument("--per-side", type=int, default=3)
+    ap.add_argument("--rates", default="0.125,0.25,0.5,1.0")
+    ap.add_argument("--seed", type=int, default=20261203)
+    ap.add_argument("--score-only", action="store_true", help="score the pool (and its variants) and stop")
+    a = ap.parse_args(argv)
+    cfg = load_gate_config(a.config)
+    cfg = cfg.model_copy(update={"likelihood": cfg.likelihood.model_copy(update={"power_reps": 0})})
+    suite = load_suite(cfg.suite)
+    rows = [json.loads(x) for x in Path(a.pool).read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if not r.get("error")]
+    temps = sorted({float(r["temperature"]) for r in rows})
+    prompts = [p.id for p in suite.prompts]
+    have = defaultdict(set)
+    for r in rows:
+        have[(r["prompt_id"], float(r["temperature"]))].add(r["seed"])
+    seeds = sorted(set.intersection(*(have[(p, t)] for p in prompts for t in temps)))
+    if len(seeds) < 2 * a.per_side:
+        raise UsageError(f"the pool has {len(seeds)} complete seeds; {2 * a.per_side} are needed")
+    rows = [r for r in rows if r["seed"] in set(seeds)]
+    t0 = time.time()
+    scorer = make_scorer("reference", cfg)
+    cache = ScoreCache(a.cache, scorer, suite)
+    rng = random.Random(a.seed)
+    score = {}
+    variant = {}
+    for i, r in enumerate(rows):
+        k = (r["prompt_id"], float(r["temperature"]), r["seed"])
+        stop = r.get("finish_reason") == "stop"
+        score[k] = cache.score(r["prompt_id"], k[1], r["seed"], r["text"], stop)
+        fams = list(FAMILIES)
+        rng.shuffle(fams)
+        for fam in fams:   # one corrupted variant per answer, of the first family that can corrupt it
+            try:
+                bad = corrupt(r["text"], fam, random.Random(f"{a.seed}-{k}-{fam}"))
+            except ValueError:
+                continue
+            variant[k] = (fam, cache.score(r["prompt_id"], k[1], r["seed"], bad, False))
+            break
+        if i % 24 == 23:
+            print(f"scored {i + 1}/{len(rows)} answers and their variants in {time.time() - t0:.0f}s",
+                  file=sys.stderr, flush=True)
+    scorer.close()
+    if a.score_only:
+        return 0
+    rates = [float(x) for x in a.rates.split(",")]
+    draws = []
+    for _ in range(a.splits):
+        s = rng.sample(seeds, 2 * a.per_side)
+        draws.append((s[:a.per_side], s[a.per_side:]))
+    fam_of = Counter(f for f, _ in variant.values())
+
+    def gate(cand_seeds: list[int], base_seeds: list[int], r: float, frng: random.Random) -> dict:
+        out = {"ok": True, "temps": {}}
+        for t in temps:
+            keys = [(p, t, s) for p in prompts for s in cand_seeds]
+            n_bad = round(r * len(keys))
+            swap = set(frng.sample([k for k in keys if k in variant], min(n_bad, sum(k in variant for k in keys))))
+            cand = [variant[k][1] if k in swap else score[k] for k in keys]
+            base = [score[(p, t, s)] for p in prompts for s in base_seeds]
+            v = likelihood_test(cand, base, cfg, n_temperatures=len(temps))
+            out["temps"][f"{t:g}"] = {"ok": v.ok, "p": v.p_value, "impossible": len(v.support["impossible"]),
+                                      "families": sorted({variant[k][0] for k in swap})}
+            out["ok"] &= v.ok
+        return out
+
+    null = [gate(c, b, 0.0, random.Random(i)) for i, (c, b) in enumerate(draws)]
+    ff = sum(not g["ok"] for g in null)
+    per_t = {f"{t:g}": sum(not g["temps"][f"{t:g}"]["ok"] for g in null) for t in temps}
+    min_p = {f"{t:g}": min(g["temps"][f"{t:g}"]["p"] for g in null) for t in temps}
+    imp = {f"{t:g}": sum(g["temps"][f"{t:g}"]["impossible"] for g in null) for t in temps}
+    print(f"false fail: {ff}/{len(draws)} gate verdicts; per T {per_t}; smallest p {min_p}", flush=True)
+    power = {}
+    for r in rates:
+        res = [gate(c, b, r, random.Random(10_000 + i)) for i, (c, b) in enumerate(draws)]
+        power[f"{r:g}"] = {"gate_rejections": sum(not g["ok"] for g in res), "of": len(res),
+                           "per_temperature": {f"{t:g}": sum(not g["temps"][f"{t:g}"]["ok"] for g in res)
+                                               for t in temps},
+                           "by_impossible_token": sum(any(x["impossible"] for x in g["temps"].values())
+                                                      for g in res)}
+        print(f"rate {r:g}: {power[f'{r:g}']}", flush=True)
+    # per family, every candidate answer corrupted by that family where it can be
+    worst = defaultdict(list)
+    for k, (f, s) in variant.items():
+        base = score[k]
+        worst[f].append({"min_log_p_T": min(s.support_logprobs) if s.support_logprobs else None,
+                         "mean_nll_shift": (s.mean_nll or 0) - (base.mean_nll or 0)})
+    correct_min = min(min(s.support_logprobs) for s in score.values() if s.support_logprobs)
+    lowest = sorted((min(s.support_logprobs), s.label, s.pieces[s.support_logprobs.index(min(s.support_logprobs))])
+                     for s in score.values() if s.support_logprobs)[:8]
+    doc = {**provenance(sys.argv), "pool": a.pool, "pool_answers": len(rows), "seeds": seeds,
+           "temperatures": temps, "prompts": prompts, "per_side": a.per_side, "splits": len(draws),
+           "scorer": cache.scorer.method, "likelihood_config": cfg.likelihood.model_dump(),
+           "top_p": cfg.sampling.top_p, "wall_s": round(time.time() - t0, 1),
+           "false_fail": {"gate_verdicts_failed": ff, "of": len(draws), "rate": ff / len(draws),
+                          "per_temperature_failed": per_t, "smallest_p": min_p, "impossible_tokens": imp},
+           "correct_answers_min_log_p_T": correct_min,
+           "correct_answers_lowest_tokens": [{"log_p_T": v, "answer": lab, "token": tok} for v, lab, tok in lowest],
+           "corruption": {"families_used": dict(fam_of), "by_rate": power,
+                          "per_family": {f: {"n": len(v), "min_log_p_T_median": _median(x["min_log_p_T"] for x in v),
+                                             "mean_nll_shift_median": _median(x["mean_nll_shift"] for x in v)}
+                                         for f, v in worst.items()}}}
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
