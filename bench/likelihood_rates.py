@@ -11,7 +11,8 @@ reference model; the end-of-turn token scored where the answer stopped). Then:
   the candidate, the rest the baseline, the same seeds for every prompt as in a gate run; each draw is one
   gate's T>0 verdict (every T>0 temperature tested, alpha split over them). Baseline = the target itself,
   so every rejection is a false fail.
-- **false pass / power on generated corruptions**: the same draws with a fraction r of the candidate's
+- **false pass / power on generated corruptions**: draws whose candidate seeds come from the first
+  `--variant-seeds` seeds (the baseline's from the rest), with a fraction r of the candidate's
   answers at every temperature replaced by a corrupted variant of themselves (validation/synth.py families,
   one family per answer, drawn at random), scored by the same scorer: the rejection rate per r (1 minus the
   false-pass rate), per family at r = 1.
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-side", type=int, default=3)
     ap.add_argument("--rates", default="0.125,0.25,0.5,1.0")
     ap.add_argument("--seed", type=int, default=20261203)
+    ap.add_argument("--variant-seeds", type=int, default=8, help="corrupted variants are made (and scored) for "
+                    "the answers of the first N seeds only; corruption draws take the candidate from those")
     ap.add_argument("--score-only", action="store_true", help="score the pool (and its variants) and stop")
     a = ap.parse_args(argv)
     cfg = load_gate_config(a.config)
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         k = (r["prompt_id"], float(r["temperature"]), r["seed"])
         stop = r.get("finish_reason") == "stop"
         score[k] = cache.score(r["prompt_id"], k[1], r["seed"], r["text"], stop)
+        if r["seed"] not in seeds[:a.variant_seeds]:
+            continue
         fams = list(FAMILIES)
         rng.shuffle(fams)
         for fam in fams:   # one corrupted variant per answer, of the first family that can corrupt it
@@ -119,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             out["ok"] &= v.ok
         return out
 
+    vseeds, rest = seeds[:a.variant_seeds], seeds[a.variant_seeds:]
+    if len(vseeds) < a.per_side or len(rest) < a.per_side:
+        raise UsageError(f"--variant-seeds {a.variant_seeds} leaves too few seeds on one side of {len(seeds)}")
+    cdraws = [(rng.sample(vseeds, a.per_side), rng.sample(rest, a.per_side)) for _ in range(a.splits)]
     null = [gate(c, b, 0.0, random.Random(i)) for i, (c, b) in enumerate(draws)]
     ff = sum(not g["ok"] for g in null)
     per_t = {f"{t:g}": sum(not g["temps"][f"{t:g}"]["ok"] for g in null) for t in temps}
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"false fail: {ff}/{len(draws)} gate verdicts; per T {per_t}; smallest p {min_p}", flush=True)
     power = {}
     for r in rates:
-        res = [gate(c, b, r, random.Random(10_000 + i)) for i, (c, b) in enumerate(draws)]
+        res = [gate(c, b, r, random.Random(10_000 + i)) for i, (c, b) in enumerate(cdraws)]
         power[f"{r:g}"] = {"gate_rejections": sum(not g["ok"] for g in res), "of": len(res),
                            "per_temperature": {f"{t:g}": sum(not g["temps"][f"{t:g}"]["ok"] for g in res)
                                                for t in temps},

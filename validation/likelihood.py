@@ -707,3 +707,45 @@ def estimate_power(base: list[AnswerScore], variants: list[AnswerScore] | None, 
             "min_detectable_rate": hit[0] if hit else None, "families": list(lc.power_families),
             "n_variants": len(variants),
             "note": "candidate answers resampled from the baseline's own (rate 0 is the resampled null)"}
+
+
+# ---------------------------------------------------------------------------- the whole T>0 verdict
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One T>0 answer to score: what the gate sampled (candidate) or the baseline recorded."""
+
+    prompt_id: str
+    temperature: float
+    seed: int | None
+    text: str
+    stopped: bool | None = None   # finish_reason == "stop"; None: unknown (a recorded baseline keeps texts only)
+
+
+def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer: Scorer, cfg: Any,
+                        messages_of: Any, temperatures: list[float] | None = None) -> list[LikelihoodVerdict]:
+    """Every T>0 temperature's verdict: both sides scored by `scorer`, the baseline's corrupted variants made and
+    scored for the power estimate, alpha split over the temperatures. messages_of(prompt_id) -> the prompt's
+    chat messages. The end-of-turn token is scored only when every answer on both sides says whether it
+    stopped (else on neither side: the two sides must be scored alike)."""
+    temps = sorted(temperatures or {a.temperature for a in candidate + baseline if a.temperature > 0})
+    with_stop = all(a.stopped is not None for a in candidate + baseline)
+
+    def scored(rows: list[Answer]) -> list[AnswerScore]:
+        return [scorer.score(messages_of(a.prompt_id), a.text, a.temperature, prompt_id=a.prompt_id, seed=a.seed,
+                             stop=bool(with_stop and a.stopped)) for a in rows]
+
+    out = []
+    for t in temps:
+        base_rows = [a for a in baseline if a.temperature == t]
+        base = scored(base_rows)
+        cand = scored([a for a in candidate if a.temperature == t])
+        lc = getattr(cfg, "likelihood", cfg)
+        variants = None
+        if lc.power_reps:
+            pairs = zip(base, base_rows, strict=True)
+            variants = make_variants([(s, messages_of(r.prompt_id), r.text) for s, r in pairs if not s.error],
+                                     scorer, lc)
+        out.append(likelihood_test(cand, base, cfg, n_temperatures=len(temps), variants=variants))
+    return out

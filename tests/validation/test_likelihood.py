@@ -264,3 +264,38 @@ def other_tokenizer_server() -> Iterator[str]:
 def test_a_candidate_with_another_tokenizer_is_refused(other_tokenizer_server: str) -> None:
     with pytest.raises(UsageError, match="another tokenizer"):
         make_scorer("reference", GateConfig(), model="smollm2-135m-instruct", candidate_url=other_tokenizer_server)
+
+
+def sample(scorer, messages: list[dict[str, str]], t: float, seed: int, n: int = 14) -> str:
+    """A real sampler: n tokens drawn from the reference model's own p_T (top_p 1)."""
+    j, rng = scorer._judge, np.random.default_rng(seed)
+    prefix = scorer.prompt_ids(messages)
+    ids: list[int] = []
+    for _ in range(n):
+        row = np.asarray(j.logits(prefix, [*ids, 0])[-1], dtype=np.float64) / t
+        p = np.exp(row - np.logaddexp.reduce(row))
+        ids.append(int(rng.choice(p.size, p=p / p.sum())))
+    return j._tk._tok.decode(ids)
+
+
+@pytest.mark.slow
+def test_the_whole_verdict_on_real_samples_of_the_model(scorer) -> None:
+    from validation.likelihood import Answer, likelihood_verdicts
+
+    cfg = GateConfig(likelihood=LikelihoodConfig(permutations=500, power_reps=20, power_permutations=200,
+                                                 power_rates=[0.5, 1.0], min_answers=4))
+    msgs = {"poem": MSG, "prose": [{"role": "user", "content": "Explain why the sky is blue."}]}
+    cand = [Answer(p, 0.8, s, sample(scorer, m, 0.8, s)) for p, m in msgs.items() for s in (1, 2, 3)]
+    base = [Answer(p, 0.8, s, sample(scorer, m, 0.8, s)) for p, m in msgs.items() for s in (4, 5, 6)]
+    [v] = likelihood_verdicts(cand, base, scorer, cfg, msgs.__getitem__)
+    assert v.ok, v.reason
+    assert v.n_candidate == v.n_baseline == 6 and v.support["exact"]
+    assert v.support["min_log_p_T"] > v.support["log_eps"] + 5   # real samples sit far above the limit
+    assert v.power["estimated"] and v.power["n_variants"] > 0
+    # the same answers with their words shuffled: the engine's word order gone wrong
+    bad = [Answer(a.prompt_id, a.temperature, a.seed, " ".join(random.Random(a.seed).sample(a.text.split(),
+                                                                                           len(a.text.split()))))
+           for a in cand]
+    [w] = likelihood_verdicts(bad, base, scorer, cfg.model_copy(update={"likelihood": cfg.likelihood.model_copy(
+        update={"power_reps": 0})}), msgs.__getitem__)
+    assert not w.ok and w.evidence
