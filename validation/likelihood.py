@@ -446,8 +446,9 @@ def _check_reference_model(scorer: ReferenceScorer, model: str | None, candidate
             from pathlib import Path
 
             a, b = Path(path), Path(scorer.model_path)
-            same = a.is_file() and (a.resolve() == b.resolve() or (a.stat().st_size == b.stat().st_size
-                                                                   and a.name == b.name))
+            # a file here is compared by size too; a remote candidate's path (not on this machine) by name only
+            same = a.name == b.name and (not a.is_file() or a.resolve() == b.resolve()
+                                         or a.stat().st_size == b.stat().st_size)
             if not same:
                 scorer.close()
                 raise UsageError(f"the candidate serves {path}, the reference scorer's model is {scorer.model_path}: "

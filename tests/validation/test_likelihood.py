@@ -299,3 +299,17 @@ def test_the_whole_verdict_on_real_samples_of_the_model(scorer) -> None:
     [w] = likelihood_verdicts(bad, base, scorer, cfg.model_copy(update={"likelihood": cfg.likelihood.model_copy(
         update={"power_reps": 0})}), msgs.__getitem__)
     assert not w.ok and w.evidence
+
+
+def test_a_llamacpp_candidate_serving_another_file_is_refused(http_peer) -> None:
+    from pathlib import Path
+
+    from validation.judge import judge_model_path
+
+    props = lambda path: (200, "application/json", json.dumps({"model_path": path}).encode())  # noqa: E731
+    http_peer.routes["/props"] = props("/models/Meta-Llama-3-8B-Instruct.Q4_K_M.gguf")
+    with pytest.raises(UsageError, match="another model"):
+        make_scorer("reference", GateConfig(), candidate_url=http_peer.url)
+    # the same file on another machine (its path does not exist here): accepted by name
+    http_peer.routes["/props"] = props("/srv/elsewhere/" + Path(judge_model_path()).name)
+    make_scorer("reference", GateConfig(), candidate_url=http_peer.url).close()
