@@ -8,9 +8,13 @@ target (SmolLM2-135M on llama.cpp). Every answer is scored once under the target
 reference model; the end-of-turn token scored where the answer stopped). Then:
 
 - **false fail**: `--splits` draws of 2 x k distinct seeds (k = the gate's seeds per side, 3), the first k
-  the candidate, the rest the baseline, the same seeds for every prompt as in a gate run; each draw is one
-  gate's T>0 verdict (every T>0 temperature tested, alpha split over them). Baseline = the target itself,
-  so every rejection is a false fail.
+  the candidate, the rest the baseline; each draw is one gate's T>0 verdict (every T>0 temperature tested,
+  alpha split over them). Baseline = the target itself, so every rejection is a false fail. `--split shared`
+  uses the same seeds for every prompt, as the gate did before validation/likelihood.answer_seed: a seed is
+  then a random effect shared by all prompts (llama.cpp draws the same uniforms for the same seed, so a
+  "lucky" seed lowers the NLL of every prompt at once) and the per-prompt permutation test is anti-
+  conservative; `--split per-prompt` (default) draws seeds per prompt and temperature, as answer_seed makes
+  a gate run do.
 - **false pass / power on generated corruptions**: draws whose candidate seeds come from the first
   `--variant-seeds` seeds (the baseline's from the rest), with a fraction r of the candidate's
   answers at every temperature replaced by a corrupted variant of themselves (validation/synth.py families,
@@ -56,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", help="gate profile (default: the gate's defaults)")
     ap.add_argument("--splits", type=int, default=200)
     ap.add_argument("--per-side", type=int, default=3)
+    ap.add_argument("--split", choices=["per-prompt", "shared"], default="per-prompt",
+                    help="per-prompt: each prompt and temperature draws its own seeds (what answer_seed gives a gate "
+                    "run: no two answers share a sampler stream); shared: the same seeds for every prompt")
     ap.add_argument("--rates", default="0.125,0.25,0.5,1.0")
     ap.add_argument("--seed", type=int, default=20261203)
     ap.add_argument("--variant-seeds", type=int, default=8, help="corrupted variants are made (and scored) for "
@@ -104,20 +111,34 @@ def main(argv: list[str] | None = None) -> int:
     if a.score_only:
         return 0
     rates = [float(x) for x in a.rates.split(",")]
-    draws = []
-    for _ in range(a.splits):
-        s = rng.sample(seeds, 2 * a.per_side)
-        draws.append((s[:a.per_side], s[a.per_side:]))
+    def draw(pool_c: list[int], pool_b: list[int] | None = None) -> tuple[dict, dict]:
+        """{(prompt, T): candidate seeds}, {(prompt, T): baseline seeds}"""
+        cs, bs = {}, {}
+        shared = rng.sample(pool_c, a.per_side) if pool_b else rng.sample(pool_c, 2 * a.per_side)
+        shared_b = rng.sample(pool_b, a.per_side) if pool_b else None
+        for p in prompts:
+            for t in temps:
+                if a.split == "shared":
+                    cs[(p, t)], bs[(p, t)] = ((shared, shared_b) if pool_b
+                                              else (shared[:a.per_side], shared[a.per_side:]))
+                elif pool_b:
+                    cs[(p, t)], bs[(p, t)] = rng.sample(pool_c, a.per_side), rng.sample(pool_b, a.per_side)
+                else:
+                    x = rng.sample(pool_c, 2 * a.per_side)
+                    cs[(p, t)], bs[(p, t)] = x[:a.per_side], x[a.per_side:]
+        return cs, bs
+
+    draws = [draw(seeds) for _ in range(a.splits)]
     fam_of = Counter(f for f, _ in variant.values())
 
-    def gate(cand_seeds: list[int], base_seeds: list[int], r: float, frng: random.Random) -> dict:
+    def gate(cand_seeds: dict, base_seeds: dict, r: float, frng: random.Random) -> dict:
         out = {"ok": True, "temps": {}}
         for t in temps:
-            keys = [(p, t, s) for p in prompts for s in cand_seeds]
+            keys = [(p, t, s) for p in prompts for s in cand_seeds[(p, t)]]
             n_bad = round(r * len(keys))
             swap = set(frng.sample([k for k in keys if k in variant], min(n_bad, sum(k in variant for k in keys))))
             cand = [variant[k][1] if k in swap else score[k] for k in keys]
-            base = [score[(p, t, s)] for p in prompts for s in base_seeds]
+            base = [score[(p, t, s)] for p in prompts for s in base_seeds[(p, t)]]
             v = likelihood_test(cand, base, cfg, n_temperatures=len(temps))
             out["temps"][f"{t:g}"] = {"ok": v.ok, "p": v.p_value, "impossible": len(v.support["impossible"]),
                                       "families": sorted({variant[k][0] for k in swap})}
@@ -127,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     vseeds, rest = seeds[:a.variant_seeds], seeds[a.variant_seeds:]
     if len(vseeds) < a.per_side or len(rest) < a.per_side:
         raise UsageError(f"--variant-seeds {a.variant_seeds} leaves too few seeds on one side of {len(seeds)}")
-    cdraws = [(rng.sample(vseeds, a.per_side), rng.sample(rest, a.per_side)) for _ in range(a.splits)]
+    cdraws = [draw(vseeds, rest) for _ in range(a.splits)]
     null = [gate(c, b, 0.0, random.Random(i)) for i, (c, b) in enumerate(draws)]
     ff = sum(not g["ok"] for g in null)
     per_t = {f"{t:g}": sum(not g["temps"][f"{t:g}"]["ok"] for g in null) for t in temps}
@@ -152,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     correct_min = min(min(s.support_logprobs) for s in score.values() if s.support_logprobs)
     lowest = sorted((min(s.support_logprobs), s.label, s.pieces[s.support_logprobs.index(min(s.support_logprobs))])
                      for s in score.values() if s.support_logprobs)[:8]
-    doc = {**provenance(sys.argv), "pool": a.pool, "pool_answers": len(rows), "seeds": seeds,
+    doc = {**provenance(sys.argv), "pool": a.pool, "pool_answers": len(rows), "seeds": seeds, "split": a.split,
            "temperatures": temps, "prompts": prompts, "per_side": a.per_side, "splits": len(draws),
            "scorer": cache.scorer.method, "likelihood_config": cfg.likelihood.model_dump(),
            "top_p": cfg.sampling.top_p, "wall_s": round(time.time() - t0, 1),

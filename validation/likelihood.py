@@ -752,3 +752,18 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
                                      scorer, lc)
         out.append(likelihood_test(cand, base, cfg, n_temperatures=len(temps), variants=variants))
     return out
+
+
+def answer_seed(seed: int, prompt_id: str, temperature: float) -> int:
+    """The sampling seed to send for one (prompt, temperature) of a likelihood run: derived from the configured
+    seed, the prompt and the temperature, so no two answers share a sampler stream.
+
+    With one seed for every prompt, the answers of different prompts are not independent: llama.cpp (and any
+    seeded sampler) draws the same uniforms for the same seed, so a seed whose draws land on likely tokens
+    lowers the NLL of every prompt at once. Measured on 384 real answers of the embedded target
+    (docs/likelihood.md): the per-seed mean over prompts varies 1.3-2x more than for independent answers,
+    and the per-prompt permutation test then fails 6.5 % of correct gate runs instead of <= 1 %."""
+    import hashlib
+
+    h = hashlib.sha256(f"likelihood/{seed}/{prompt_id}/{temperature:g}".encode()).digest()
+    return int.from_bytes(h[:4], "big") & 0x7FFFFFFF

@@ -313,3 +313,12 @@ def test_a_llamacpp_candidate_serving_another_file_is_refused(http_peer) -> None
     # the same file on another machine (its path does not exist here): accepted by name
     http_peer.routes["/props"] = props("/srv/elsewhere/" + Path(judge_model_path()).name)
     make_scorer("reference", GateConfig(), candidate_url=http_peer.url).close()
+
+
+def test_answer_seeds_give_every_answer_its_own_sampler_stream() -> None:
+    from validation.likelihood import answer_seed
+
+    cfg = LikelihoodConfig()
+    seeds = [answer_seed(s, p, t) for s in cfg.seeds + cfg.baseline_seeds for p in PROMPTS for t in (0.6, 0.8, 1.0)]
+    assert len(set(seeds)) == len(seeds) and all(0 <= s < 2**31 for s in seeds)
+    assert answer_seed(1234, "poem", 0.8) == answer_seed(1234, "poem", 0.8)   # reproducible
