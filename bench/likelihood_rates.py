@@ -173,7 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     correct_min = min(min(s.support_logprobs) for s in score.values() if s.support_logprobs)
     lowest = sorted((min(s.support_logprobs), s.label, s.pieces[s.support_logprobs.index(min(s.support_logprobs))])
                      for s in score.values() if s.support_logprobs)[:8]
-    doc = {**provenance(sys.argv), "pool": a.pool, "pool_answers": len(rows), "seeds": seeds, "split": a.split,
+    # the seed as a random effect shared by the prompts: per seed, the mean over prompts of the standardized
+    # mean NLL; independent answers give it a variance of about 1 / (number of prompts)
+    import numpy as np
+
+    seed_effect = {}
+    for t in temps:
+        z = np.array([[score[(p, t, s)].mean_nll for s in seeds] for p in prompts], dtype=float)
+        z = (z - z.mean(axis=1, keepdims=True)) / np.maximum(z.std(axis=1, keepdims=True), cfg.likelihood.sd_floor)
+        m = z.mean(axis=0)
+        seed_effect[f"{t:g}"] = {"variance_of_per_seed_mean_z": float(m.var()),
+                                 "independent_expectation": float(z.var(axis=1).mean() / len(prompts)),
+                                 "ratio": float(m.var() / (z.var(axis=1).mean() / len(prompts)))}
+    doc = {**provenance(sys.argv), "seed_effect": seed_effect, "pool": a.pool, "pool_answers": len(rows),
+           "seeds": seeds, "split": a.split,
            "temperatures": temps, "prompts": prompts, "per_side": a.per_side, "splits": len(draws),
            "scorer": cache.scorer.method, "likelihood_config": cfg.likelihood.model_dump(),
            "top_p": cfg.sampling.top_p, "wall_s": round(time.time() - t0, 1),
