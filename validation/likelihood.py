@@ -12,7 +12,8 @@ validation/refmodel.py). Per temperature T:
    of them may lie below eps at once), so over N candidate tokens a correct sampler emits one with
    probability below N * V * eps / top_p. Every candidate token with log p_T < log(eps) fails the
    temperature; eps is the configured limit, lowered at gate time until that bound is within the support's
-   share of alpha. Token-level corruption (a foreign KV slot, a wrong row) emits exactly such tokens.
+   share of alpha. Token-level corruption (a foreign KV slot, a wrong row) emits exactly such tokens. A token
+   whose text holds U+FFFD is not checked: the text lost the engine's bytes there (it still counts in 2.).
 2. **Distribution.** Per answer, the mean NLL at T (-mean log p_T) and the worst `window`-token window of
    it. A stratified (by prompt) two-sample permutation test compares the candidate's answers with the
    baseline's: the statistic is the sum over prompts of (candidate mean - baseline mean) / the prompt's
@@ -536,13 +537,20 @@ def support_limit(lc: Any, n_tokens: int, top_p: float, a_support: float, vocab:
     return log_eps, n_tokens * vocab * math.exp(log_eps) / top_p
 
 
+def _unvouched(piece: str) -> bool:
+    """A token the text cannot vouch for: its piece holds U+FFFD, so the engine's bytes there were lost (a lone
+    byte of a multi-byte character is shown as U+FFFD, and re-tokenizing the text scores the replacement
+    character itself). Measured: every correct answer's token below -22 nats was one (docs/likelihood.md)."""
+    return "\ufffd" in piece
+
+
 def _impossible(answers: list[AnswerScore], log_eps: float) -> list[dict[str, Any]]:
     out = []
     for a in answers:
         if a.support_logprobs is None:
             continue
         for k, v in enumerate(a.support_logprobs):
-            if v < log_eps:
+            if v < log_eps and not (k < len(a.pieces) and _unvouched(a.pieces[k])):
                 out.append({"answer": a.label, "position": k, "token": a.pieces[k] if k < len(a.pieces) else "",
                             "log_p_T": v, "p_T": math.exp(v), "log_p_1": a.token_logprobs[k],
                             "context": a.text_at(k - 12, 12)[-60:]})
@@ -593,7 +601,9 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
                            "top_p": top_p,
                            "bound": bound, "alpha": a_sup, "exact": all(a.exact_support for a in cand),
                            "impossible": [], "min_log_p_T": None}
-    sl = [min(a.support_logprobs) for a in cand if a.support_logprobs]
+    sl = [min((v for k, v in enumerate(a.support_logprobs) if not (k < len(a.pieces) and _unvouched(a.pieces[k]))),
+              default=0.0) for a in cand if a.support_logprobs]
+    sup["unvouched_tokens"] = sum(1 for a in cand for p in a.pieces if _unvouched(p))
     sup["min_log_p_T"] = min(sl) if sl else None
     common = sorted({a.prompt_id for a in cand} & {a.prompt_id for a in base})
     v = LikelihoodVerdict(t, False, a_t, 1.0, len(cand), len(base), {"alpha_per_statistic": a_stat}, sup, {}, method)

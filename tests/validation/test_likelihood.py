@@ -112,6 +112,12 @@ def test_one_impossible_token_fails_with_its_position_and_the_bound() -> None:
     # the stated bound is the support's share of this temperature's alpha, or below
     assert v.support["bound"] <= LC.alpha / 3 * LC.support_share * (1 + 1e-9)
     assert v.evidence[0]["impossible_token"]["position"] == 17
+    # the same token shown as U+FFFD (the engine's bytes lost in the text) is not the text's to vouch for
+    pieces = list(a.pieces)
+    pieces[17] = "\ufffd"
+    cand[4] = AnswerScore(a.prompt_id, a.temperature, a.seed, a.token_logprobs, tuple(lp), tuple(pieces), 16)
+    w = likelihood_test(cand, base, LC, 3, top_p=0.95)
+    assert not w.support["impossible"] and w.support["unvouched_tokens"] == 1
 
 
 def test_the_support_limit_keeps_its_bound_at_any_token_count() -> None:
