@@ -51,7 +51,8 @@ def verdict_row(v) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/likelihood_h200.py")
     ap.add_argument("--gates", required=True, help="tgz of gates/<build>/samples.jsonl")
-    ap.add_argument("--baseline", required=True, help="record-baseline JSON of the target-only server")
+    ap.add_argument("--baseline", required=True, help="record-baseline JSON of the target-only server, or its gate "
+                    "report (report.json)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--cache", default="/tmp/lik/scores-h200.jsonl")
     ap.add_argument("--config", default=str(REPO / "validation/profiles/sglang-smollm2.yaml"))
@@ -66,9 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read baseline {a.baseline}: {exc}") from None
     t0 = time.time()
-    scorer = make_scorer("reference", cfg, model=base_doc.get("model"))
+    model = base_doc.get("model") or (base_doc.get("summary") or {}).get("model")
+    scorer = make_scorer("reference", cfg, model=model)
     cache = ScoreCache(a.cache, scorer, suite)
-    base_rows = [s for s in base_doc.get("samples") or [] if float(s["temperature"]) > 0]
+    # a record-baseline file (T>0 texts) or a gate report of the target-only server (its suite answers)
+    base_rows = [s for s in base_doc.get("samples") or [] if float(s["temperature"]) > 0
+                 and s.get("purpose", "suite") == "suite" and not s.get("error")]
     base_by = {(s["prompt_id"], float(s["temperature"]), s["seed"]): s["text"] for s in base_rows}
     base: dict[float, list[AnswerScore]] = {t: [] for t in TEMPS}
     for s in base_rows:

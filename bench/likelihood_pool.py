@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", help="an OpenAI server; default: start the embedded model")
     ap.add_argument("--config", help="gate profile (default: the gate's defaults)")
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2, help="embedded server threads (1 holds up better on a "
+                    "machine whose cores are shared: llama.cpp's threads spin-wait on each other)")
     a = ap.parse_args(argv)
     cfg = load_gate_config(a.config)
     seeds = parse_seeds(a.seeds)
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.embedded import EmbeddedConfig, EmbeddedServer
         from validation.judge import _free_port
 
-        ecfg = EmbeddedConfig(port=_free_port())
+        ecfg = EmbeddedConfig(port=_free_port(), threads=a.threads)
         with EmbeddedServer(ecfg, tempfile.mkdtemp(prefix="lik-pool-")) as srv:
             n = sample_pool(srv.url, cfg, seeds, out, a.concurrency)
     print(f"{n} answers appended to {out}")

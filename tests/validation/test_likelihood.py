@@ -112,6 +112,12 @@ def test_one_impossible_token_fails_with_its_position_and_the_bound() -> None:
     # the stated bound is the support's share of this temperature's alpha, or below
     assert v.support["bound"] <= LC.alpha / 3 * LC.support_share * (1 + 1e-9)
     assert v.evidence[0]["impossible_token"]["position"] == 17
+    # the same token shown as U+FFFD (the engine's bytes lost in the text) is not the text's to vouch for
+    pieces = list(a.pieces)
+    pieces[17] = "\ufffd"
+    cand[4] = AnswerScore(a.prompt_id, a.temperature, a.seed, a.token_logprobs, tuple(lp), tuple(pieces), 16)
+    w = likelihood_test(cand, base, LC, 3, top_p=0.95)
+    assert not w.support["impossible"] and w.support["unvouched_tokens"] == 1
 
 
 def test_the_support_limit_keeps_its_bound_at_any_token_count() -> None:
@@ -264,3 +270,61 @@ def other_tokenizer_server() -> Iterator[str]:
 def test_a_candidate_with_another_tokenizer_is_refused(other_tokenizer_server: str) -> None:
     with pytest.raises(UsageError, match="another tokenizer"):
         make_scorer("reference", GateConfig(), model="smollm2-135m-instruct", candidate_url=other_tokenizer_server)
+
+
+def sample(scorer, messages: list[dict[str, str]], t: float, seed: int, n: int = 14) -> str:
+    """A real sampler: n tokens drawn from the reference model's own p_T (top_p 1)."""
+    j, rng = scorer._judge, np.random.default_rng(seed)
+    prefix = scorer.prompt_ids(messages)
+    ids: list[int] = []
+    for _ in range(n):
+        row = np.asarray(j.logits(prefix, [*ids, 0])[-1], dtype=np.float64) / t
+        p = np.exp(row - np.logaddexp.reduce(row))
+        ids.append(int(rng.choice(p.size, p=p / p.sum())))
+    return j._tk._tok.decode(ids)
+
+
+@pytest.mark.slow
+def test_the_whole_verdict_on_real_samples_of_the_model(scorer) -> None:
+    from validation.likelihood import Answer, likelihood_verdicts
+
+    cfg = GateConfig(likelihood=LikelihoodConfig(permutations=500, power_reps=20, power_permutations=200,
+                                                 power_rates=[0.5, 1.0], min_answers=4))
+    msgs = {"poem": MSG, "prose": [{"role": "user", "content": "Explain why the sky is blue."}]}
+    cand = [Answer(p, 0.8, s, sample(scorer, m, 0.8, s)) for p, m in msgs.items() for s in (1, 2, 3)]
+    base = [Answer(p, 0.8, s, sample(scorer, m, 0.8, s)) for p, m in msgs.items() for s in (4, 5, 6)]
+    [v] = likelihood_verdicts(cand, base, scorer, cfg, msgs.__getitem__)
+    assert v.ok, v.reason
+    assert v.n_candidate == v.n_baseline == 6 and v.support["exact"]
+    assert v.support["min_log_p_T"] > v.support["log_eps"] + 5   # real samples sit far above the limit
+    assert v.power["estimated"] and v.power["n_variants"] > 0
+    # the same answers with their words shuffled: the engine's word order gone wrong
+    bad = [Answer(a.prompt_id, a.temperature, a.seed, " ".join(random.Random(a.seed).sample(a.text.split(),
+                                                                                           len(a.text.split()))))
+           for a in cand]
+    [w] = likelihood_verdicts(bad, base, scorer, cfg.model_copy(update={"likelihood": cfg.likelihood.model_copy(
+        update={"power_reps": 0})}), msgs.__getitem__)
+    assert not w.ok and w.evidence
+
+
+def test_a_llamacpp_candidate_serving_another_file_is_refused(http_peer) -> None:
+    from pathlib import Path
+
+    from validation.judge import judge_model_path
+
+    props = lambda path: (200, "application/json", json.dumps({"model_path": path}).encode())  # noqa: E731
+    http_peer.routes["/props"] = props("/models/Meta-Llama-3-8B-Instruct.Q4_K_M.gguf")
+    with pytest.raises(UsageError, match="another model"):
+        make_scorer("reference", GateConfig(), candidate_url=http_peer.url)
+    # the same file on another machine (its path does not exist here): accepted by name
+    http_peer.routes["/props"] = props("/srv/elsewhere/" + Path(judge_model_path()).name)
+    make_scorer("reference", GateConfig(), candidate_url=http_peer.url).close()
+
+
+def test_answer_seeds_give_every_answer_its_own_sampler_stream() -> None:
+    from validation.likelihood import answer_seed
+
+    cfg = LikelihoodConfig()
+    seeds = [answer_seed(s, p, t) for s in cfg.seeds + cfg.baseline_seeds for p in PROMPTS for t in (0.6, 0.8, 1.0)]
+    assert len(set(seeds)) == len(seeds) and all(0 <= s < 2**31 for s in seeds)
+    assert answer_seed(1234, "poem", 0.8) == answer_seed(1234, "poem", 0.8)   # reproducible
