@@ -169,7 +169,7 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
     """Record what the gate compares a speculative build against, from the non-speculative deployment: its
     T=0 answers with their token log-probs (lossless_t0) and, for every T>0 of the profile, its sampled
     answers with `likelihood.baseline_seeds` (the likelihood verdict; texts only, scored at gate time)."""
-    from validation.baseline import hot_temperatures, samples_record
+    from validation.baseline import SEED_STREAMS, hot_temperatures, samples_record
     from validation.gate import Gate
 
     profile = load_gate_config(args.config, _overrides(args))
@@ -199,7 +199,7 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
     doc: dict[str, Any] = {"model": result.model, "target": result.target, "server_kind": result.server_kind,
                            "suite": Path(cfg.suite).name, "max_tokens": cfg.max_tokens, "recorded": utc_now(),
                            "answers": answers, "logprobs": {s.prompt_id: s.logprobs for s in t0 if s.logprobs},
-                           "samples": samples_record(result.samples)}
+                           "samples": samples_record(result.samples), "seed_streams": SEED_STREAMS}
     write_json(args.out, doc)
     print(json.dumps({"baseline": args.out, "model": result.model, "answers": len(answers),
                       "with_logprobs": len(doc["logprobs"]), "samples": len(doc["samples"])}))

@@ -18,6 +18,7 @@ from validation.config import GateConfig
 if TYPE_CHECKING:
     from validation.samples import Sample
 
+SEED_STREAMS = "answer_seed"  # every T>0 answer sampled with its own seed (validation/likelihood.answer_seed)
 RERECORD = "re-record the baseline with this profile (python -m validation record-baseline --config PROFILE)"
 
 
@@ -53,6 +54,9 @@ def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[Baseline
                            r.get("finish_reason")) for r in rows]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"cannot read baseline samples from {path}: {type(exc).__name__}") from None
+    if samples and doc.get("seed_streams") != SEED_STREAMS:
+        raise UsageError(f"baseline {path} was recorded with one seed shared by every prompt (before per-answer "
+                         f"seed streams): its T>0 answers are correlated across prompts: {RERECORD}")
     if not samples:
         raise UsageError(f"baseline {path} has no T>0 samples to compare the candidate's sampled answers against: "
                          f"{RERECORD}")
@@ -77,4 +81,5 @@ def from_report(report: dict[str, Any]) -> list[BaselineSample]:
             if r.get("purpose") == "suite" and float(r["temperature"]) > 0 and not r.get("error")]
 
 
-__all__ = ["RERECORD", "BaselineSample", "from_report", "hot_temperatures", "samples_of", "samples_record"]
+__all__ = ["RERECORD", "SEED_STREAMS", "BaselineSample", "from_report", "hot_temperatures", "samples_of",
+           "samples_record"]

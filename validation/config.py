@@ -310,6 +310,8 @@ class LikelihoodConfig(StrictModel):
     power_reps: int = Field(default=200, ge=0, le=5000, description="Monte Carlo draws per rate; 0: no power")
     power_permutations: int = Field(default=500, ge=100)
     power_target: float = Field(default=0.8, gt=0, lt=1)
+    power_answers_per_prompt: int = Field(default=1, ge=1, description="baseline answers per prompt and T whose "
+                                          "corrupted variants the power estimate scores (cost bound)")
     power_families: list[str] = Field(default_factory=lambda: ["soup_tail", "block_loop", "word_shuffle"],
                                       description="validation/synth.py corruption families of the power estimate")
     request_timeout_s: float = Field(default=120.0, gt=0)

@@ -36,7 +36,7 @@ from validation.config import GateConfig, gate_api_key, lossless_requirement, ta
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import score_text
 from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
-from validation.likelihood import likelihood_test, make_scorer, make_variants
+from validation.likelihood import Answer, answer_seed, likelihood_verdicts, make_scorer
 from validation.lossless import (
     Comparison,
     Continuation,
@@ -102,6 +102,7 @@ class Gate:
             except KeyError:
                 raise UsageError(f"config names prompt '{pid}' which is not in suite {cfg.suite}") from None
         self._judge_ready = False
+        self.derive_seeds = recording_baseline and cfg.likelihood.enabled  # and in oracle mode (run)
 
     def _prepare_judge(self) -> None:
         """One clear error naming what to install, before any request; the weight cache is made here (once)."""
@@ -122,7 +123,7 @@ class Gate:
                 p.messages(), max_tokens=max_tokens, temperature=temperature,
                 top_p=cfg.sampling.top_p if temperature > 0 else None,
                 top_k=cfg.sampling.top_k if temperature > 0 else None,
-                seed=seed, stream=True, extra=extra or None,
+                seed=self._request_seed(p, temperature, seed, purpose), stream=True, extra=extra or None,
                 top_logprobs=self._t0_logprobs(p, temperature, purpose),
             )
         except TargetError as exc:
@@ -140,6 +141,14 @@ class Gate:
         if r.logprobs is not None:
             s.logprobs = encode_logprobs(r.logprobs)
         return s
+
+    def _request_seed(self, p: Prompt, temperature: float, seed: int | None, purpose: str) -> int | None:
+        """The seed sent for one request. The likelihood test's T>0 suite answers (the candidate's, the baseline's
+        live or being recorded) each get their own sampler stream (likelihood.answer_seed): one seed shared by
+        every prompt correlates the prompts' answers and the test falsely fails (docs/likelihood.md)."""
+        if purpose == "suite" and temperature > 0 and seed is not None and self.derive_seeds:
+            return answer_seed(seed, p.id, temperature)
+        return seed
 
     def _t0_logprobs(self, p: Prompt, temperature: float, purpose: str) -> int | None:
         """Alternatives per token asked on a T=0 request: a baseline's answers (lossless near-ties), and the
@@ -185,6 +194,7 @@ class Gate:
         oracle_t0 = cfg.lossless.enabled and bool(cfg.lossless.baseline or cfg.baseline_url) \
             and not self.recording_baseline
         likely = None if self.recording_baseline else self._likelihood_plan(model)
+        self.derive_seeds = self.derive_seeds or likely is not None
         hot = hot_temperatures(cfg)
         weak = [t for t in cfg.temperatures if (t == 0 and not oracle_t0) or (t > 0 and likely is None)]
         if weak or self.recording_baseline:
@@ -290,9 +300,11 @@ class Gate:
         if kind is None and cfg.baseline_url:
             kind = cfg.baseline_url if self._baseline_client().server_kind() == "sglang" else None
         if kind is not None:  # a scorer named, or a live target-only SGLang server: one that cannot score is bad input
-            return _LikelihoodPlan(make_scorer(kind, cfg, model=model, candidate_url=self.client.base_url), rows)
+            return _LikelihoodPlan(make_scorer(kind, cfg, model=model, candidate_url=self.client.base_url,
+                                               api_key=self.api_key), rows)
         try:  # the in-process reference model scores only the model it is (the embedded target)
-            scorer = make_scorer("reference", cfg, model=model, candidate_url=self.client.base_url)
+            scorer = make_scorer("reference", cfg, model=model, candidate_url=self.client.base_url,
+                                 api_key=self.api_key)
         except UsageError as exc:
             self.likelihood_off = f"no scorer of the target model: {exc}"
             return None
@@ -307,41 +319,26 @@ class Gate:
         base = plan.baseline
         if base is None:
             base = self._baseline_hot_answers(progress)
-        mine = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error and s.text.strip()]
-        todo = [(s.prompt_id, s.temperature, s.seed, s.text, s.finish_reason, s) for s in mine] + [
-            (b.prompt_id, b.temperature, b.seed, b.text, b.finish_reason, None) for b in base if b.text.strip()]
+        mine = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
+        cand = [Answer(s.prompt_id, s.temperature, s.seed, s.text, _stopped(s.finish_reason)) for s in mine]
+        ref = [Answer(b.prompt_id, b.temperature, b.seed, b.text, _stopped(b.finish_reason)) for b in base]
         lc = cfg.likelihood
-        # the power estimate's corrupted variants: of one baseline answer per prompt and temperature
-        firsts = {(b.prompt_id, b.temperature): b for b in reversed(base) if b.text.strip()}
-        n_var = len(firsts) * len(lc.power_families) if lc.power_reps else 0
-        task = progress.add_task(f"likelihood: scoring under {plan.scorer.name}", total=len(todo) + n_var)
-        cand: dict[float, list[Any]] = {t: [] for t in hot}
-        ref: dict[float, list[Any]] = {t: [] for t in hot}
-        variants: dict[float, list[Any]] = {t: [] for t in hot}
+        n_var = len({(b.prompt_id, b.temperature) for b in base}) * lc.power_answers_per_prompt * len(
+            lc.power_families) if lc.power_reps else 0
+        task = progress.add_task(f"likelihood: scoring under {plan.scorer.name}", total=len(cand) + len(ref) + n_var)
         t0 = time.perf_counter()
         try:
-            for pid, t, seed, text, finish, sample in todo:
-                sc = plan.scorer.score(prompts[pid].messages(), text, t, prompt_id=pid, seed=seed,
-                                       stop=finish == "stop")
-                (cand if sample is not None else ref)[t].append(sc)
-                if sample is not None:
-                    sample.score = sc
-                progress.advance(task)
-            if n_var:
-                scored = {(a.prompt_id, a.temperature, a.seed): a for t in hot for a in ref[t]}
-                for (pid, t), b in firsts.items():
-                    a = scored.get((pid, t, b.seed))
-                    if a is not None and not a.error:
-                        variants[t] += make_variants([(a, prompts[pid].messages(), b.text)], plan.scorer, lc)
-                    progress.advance(task, len(lc.power_families))
+            verdicts = likelihood_verdicts(cand, ref, plan.scorer, cfg, lambda pid: prompts[pid].messages(), hot,
+                                           on_score=lambda _sc: progress.advance(task))
         except TargetError as exc:
             self.likelihood_error = f"scoring failed on {plan.scorer.name}: {str(exc)[:300]}"
             return {}
         finally:
             plan.scorer.close()
-        self.console.print(f"[likelihood] {len(todo)} answers and {sum(map(len, variants.values()))} corrupted "
-                           f"variants scored in {time.perf_counter() - t0:.1f}s", highlight=False, markup=False)
-        return {t: likelihood_test(cand[t], ref[t], cfg, len(hot), variants=variants[t] or None) for t in hot}
+        self.console.print(f"[likelihood] {len(cand)} candidate and {len(ref)} baseline answers scored, with the "
+                           f"power estimate's variants, in {time.perf_counter() - t0:.1f}s", highlight=False,
+                           markup=False)
+        return {v.temperature: v for v in verdicts}
 
     def _baseline_hot_answers(self, progress: Progress) -> list[BaselineSample]:
         """T>0 suite answers of the live baseline deployment, with `likelihood.baseline_seeds`."""
@@ -543,6 +540,10 @@ def lossless_missing_case(cfg: GateConfig, speculative: bool) -> Case:
                     "is not speculative", skipped=True)
     return Case("lossless_t0", "speculative", True, "no baseline (lossless.baseline / --baseline / baseline_url) and "
                 "the deployment is not speculative: nothing to compare T=0 answers against", skipped=True)
+
+
+def _stopped(finish_reason: str | None) -> bool | None:
+    return None if finish_reason is None else finish_reason == "stop"
 
 
 def _t0_suite(samples: list[Sample]) -> dict[str, Sample]:

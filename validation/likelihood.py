@@ -239,14 +239,15 @@ class SGLangScorer:
 
     name = "sglang"
 
-    def __init__(self, url: str, top_k: int, window: int, timeout_s: float, model: str | None = None) -> None:
+    def __init__(self, url: str, top_k: int, window: int, timeout_s: float, model: str | None = None,
+                 api_key: str | None = None) -> None:
         import httpx
 
         self.url = url.rstrip("/")
         self.top_k = top_k
         self.window = window
         self.model = model
-        self._http = httpx.Client(timeout=timeout_s)
+        self._http = httpx.Client(timeout=timeout_s, headers=_auth(api_key))
         self.eos_id: int | None = None
         self.method = (f"target-only SGLang server {self.url}: /generate input log-probs (T=1, exact); log p_T "
                        f"normalised over the top-{top_k} alternatives only, so p_T is over-estimated "
@@ -352,23 +353,28 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-def _served_models(url: str, timeout_s: float) -> list[str]:
+def _auth(api_key: str | None) -> dict[str, str]:
+    """The bearer header of a server started with an API key (the key never reaches a message or report)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _served_models(url: str, timeout_s: float, api_key: str | None = None) -> list[str]:
     import httpx
 
     try:
-        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s)
+        r = httpx.get(url.rstrip("/") + "/v1/models", timeout=timeout_s, headers=_auth(api_key))
         return [str(m["id"]) for m in r.json()["data"]] if r.status_code == 200 else []
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return []
 
 
-def server_tokenize(url: str, text: str, timeout_s: float = 30.0) -> list[int] | None:
+def server_tokenize(url: str, text: str, timeout_s: float = 30.0, api_key: str | None = None) -> list[int] | None:
     """A server's own token ids of text (llama.cpp `/tokenize {content}`, SGLang `/tokenize {prompt}`), or None."""
     import httpx
 
     for body in ({"prompt": text, "add_special_tokens": False}, {"content": text, "add_special": False}):
         try:
-            r = httpx.post(url.rstrip("/") + "/tokenize", json=body, timeout=timeout_s)
+            r = httpx.post(url.rstrip("/") + "/tokenize", json=body, timeout=timeout_s, headers=_auth(api_key))
             if r.status_code == 200:
                 toks = r.json().get("tokens")
                 if isinstance(toks, list) and toks:
@@ -379,7 +385,7 @@ def server_tokenize(url: str, text: str, timeout_s: float = 30.0) -> list[int] |
 
 
 def make_scorer(kind_or_url: str | None, cfg: Any, *, model: str | None = None,
-                candidate_url: str | None = None) -> Scorer:
+                candidate_url: str | None = None, api_key: str | None = None) -> Scorer:
     """The scorer of the target model, probed once; UsageError before any gate request when it cannot score.
 
     kind_or_url: "reference" (the in-process numpy model: the embedded llama.cpp target), or the URL of the
@@ -391,10 +397,10 @@ def make_scorer(kind_or_url: str | None, cfg: Any, *, model: str | None = None,
     scorer: Any
     if kind == "reference":
         scorer = ReferenceScorer(cfg.judge, lc.window)
-        _check_reference_model(scorer, model, candidate_url, lc.request_timeout_s)
+        _check_reference_model(scorer, model, candidate_url, lc.request_timeout_s, api_key)
     elif kind.startswith(("http://", "https://")):
-        scorer = SGLangScorer(kind, lc.top_logprobs, lc.window, lc.request_timeout_s, model=None)
-        served = _served_models(kind, lc.request_timeout_s)
+        scorer = SGLangScorer(kind, lc.top_logprobs, lc.window, lc.request_timeout_s, model=None, api_key=api_key)
+        served = _served_models(kind, lc.request_timeout_s, api_key)
         if not served:
             scorer.close()
             raise UsageError(f"likelihood scorer {kind} lists no model on /v1/models: not a serving target-only server")
@@ -421,7 +427,7 @@ def make_scorer(kind_or_url: str | None, cfg: Any, *, model: str | None = None,
     else:
         raise UsageError(f"likelihood scorer must be 'reference' or an http(s) URL, not {kind!r}")
     if candidate_url:
-        theirs = server_tokenize(candidate_url, PROBE_TEXT, lc.request_timeout_s)
+        theirs = server_tokenize(candidate_url, PROBE_TEXT, lc.request_timeout_s, api_key)
         mine = scorer.tokenize(PROBE_TEXT)
         if theirs is not None and theirs != mine:
             scorer.close()
@@ -433,13 +439,13 @@ def make_scorer(kind_or_url: str | None, cfg: Any, *, model: str | None = None,
 
 
 def _check_reference_model(scorer: ReferenceScorer, model: str | None, candidate_url: str | None,
-                           timeout_s: float) -> None:
+                           timeout_s: float, api_key: str | None = None) -> None:
     """The candidate must serve the reference model itself: its llama.cpp /props model file, else its name."""
     import httpx
 
     if candidate_url:
         try:
-            r = httpx.get(candidate_url.rstrip("/") + "/props", timeout=timeout_s)
+            r = httpx.get(candidate_url.rstrip("/") + "/props", timeout=timeout_s, headers=_auth(api_key))
             path = r.json().get("model_path") if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             path = None
@@ -737,17 +743,25 @@ class Answer:
 
 
 def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer: Scorer, cfg: Any,
-                        messages_of: Any, temperatures: list[float] | None = None) -> list[LikelihoodVerdict]:
+                        messages_of: Any, temperatures: list[float] | None = None,
+                        on_score: Any = None) -> list[LikelihoodVerdict]:
     """Every T>0 temperature's verdict: both sides scored by `scorer`, the baseline's corrupted variants made and
     scored for the power estimate, alpha split over the temperatures. messages_of(prompt_id) -> the prompt's
     chat messages. The end-of-turn token is scored only when every answer on both sides says whether it
-    stopped (else on neither side: the two sides must be scored alike)."""
+    stopped (else on neither side: the two sides must be scored alike). The power estimate's variants are made
+    of `likelihood.power_answers_per_prompt` baseline answers per prompt and temperature. on_score(score), if
+    given, is called after every answer scored (progress)."""
     temps = sorted(temperatures or {a.temperature for a in candidate + baseline if a.temperature > 0})
     with_stop = all(a.stopped is not None for a in candidate + baseline)
 
     def scored(rows: list[Answer]) -> list[AnswerScore]:
-        return [scorer.score(messages_of(a.prompt_id), a.text, a.temperature, prompt_id=a.prompt_id, seed=a.seed,
-                             stop=bool(with_stop and a.stopped)) for a in rows]
+        out = []
+        for a in rows:
+            out.append(scorer.score(messages_of(a.prompt_id), a.text, a.temperature, prompt_id=a.prompt_id,
+                                    seed=a.seed, stop=bool(with_stop and a.stopped)))
+            if on_score is not None:
+                on_score(out[-1])
+        return out
 
     out = []
     for t in temps:
@@ -757,9 +771,13 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
         lc = getattr(cfg, "likelihood", cfg)
         variants = None
         if lc.power_reps:
-            pairs = zip(base, base_rows, strict=True)
-            variants = make_variants([(s, messages_of(r.prompt_id), r.text) for s, r in pairs if not s.error],
-                                     scorer, lc)
+            kept: dict[str, int] = defaultdict(int)
+            chosen = []
+            for sc, r in zip(base, base_rows, strict=True):
+                if not sc.error and kept[r.prompt_id] < lc.power_answers_per_prompt:
+                    kept[r.prompt_id] += 1
+                    chosen.append((sc, messages_of(r.prompt_id), r.text))
+            variants = make_variants(chosen, scorer, lc)
         out.append(likelihood_test(cand, base, cfg, n_temperatures=len(temps), variants=variants))
     return out
 
