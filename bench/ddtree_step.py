@@ -9,9 +9,12 @@ CUDA graphs): target-only, the DFLASH chain (block 8) and DDTree at each budget 
 top-k 4 by request), with a dummy DFlashDraftModel drafter. Then measures ONE server at a time
 (the others idle), greedy, 256 new tokens, 1 stream and 4 streams, with the TEST-ONLY oracle
 drafter (tests/ddtree/oracle) in two modes: `branch` (the recorded token at rank 1 on every third
-depth: the tree must branch, the chain misses there) and `top1` (the recorded token at rank 0:
-every method accepts its whole width). DDTree runs both tree paths per request (`device`, the
-default, and `host`, the numpy reference), with the worker's per-stage CUDA-event profile on
+depth: the tree must branch, the chain misses there) and `top1` (the recorded token at rank 0 at
+every depth: the chain accepts its whole block; the tree still follows the oracle's fixed
+log-probs, 0.55 / 0.35 / ..., and spends part of its budget on siblings). DDTree runs each tree
+path per request (`device`, the
+default: tensor ops replayed as CUDA graphs; `eager`: the same ops launched one by one, top-k 4
+only; `host`: the numpy reference), with the worker's per-stage CUDA-event profile on
 (SGLANG_DDTREE_PROFILE_DIR; sglang_ddtree/profile.py).
 
 Decode tok/s is read from the stream: tokens after the first chunk over the time after it (the
@@ -145,7 +148,7 @@ def cells_for(s: StepServer) -> list[dict]:
                 out.append({"oracle": oracle, "streams": streams, "cp": {"ddtree_oracle": oracle}})
                 continue
             for k in TOPKS:
-                for path in ("device", "host"):
+                for path in ("device", "eager", "host") if k == 4 else ("device", "host"):
                     tag = f"{oracle}-k{k}-{path}-s{streams}"
                     out.append({"oracle": oracle, "streams": streams, "topk": k, "path": path,
                                 "cp": {"ddtree_oracle": oracle, "ddtree_test_topk": k, "ddtree_test_path": path,

@@ -30,6 +30,7 @@ Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` reques
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import torch
@@ -91,6 +92,9 @@ class DDTreeWorker(DFlashWorkerV2):
         _check_decode_reserve(int(self.block_size), self.window_width)
         self._depth_offsets = torch.arange(self.window_width, dtype=torch.int64, device=self.device)
         self._block_offsets = torch.arange(int(self.block_size), dtype=torch.int64, device=self.device)
+        # the device tree's ops replayed as CUDA graphs (tree_device.GraphedTree); off: SGLANG_DDTREE_TREE_GRAPHS=0
+        self._graphed_tree = (tree_device.GraphedTree(self.ddtree.budget, int(self.block_size))
+                              if os.environ.get("SGLANG_DDTREE_TREE_GRAPHS", "1") != "0" else None)
         self._prof = StepProfiler.from_env()  # per-stage timing for bench/ddtree_step.py, off by default
         logger.info(
             "DDTree on: budget=%d topk=%d block=%d verify width=%d",
@@ -259,10 +263,13 @@ class DDTreeWorker(DFlashWorkerV2):
         w = self.verify_width
         prefix_lens = batch.seq_lens
         topk = self._request_topk(batch)
-        host_path = self._request_path(batch) == "host"
+        path = self._request_path(batch)
+        host_path = path == "host"
+        graphed = self._graphed_tree if path == "device" else None
         prof = self._prof
         if prof is not None:
-            prof.begin(f"{'host' if host_path else 'device'}/k{topk}/bs{bs}{self._profile_tag(batch)}")
+            kind = path if path != "device" or graphed is not None else "eager"
+            prof.begin(f"{kind}/k{topk}/bs{bs}{self._profile_tag(batch)}")
         window = self._window_locs(batch, prefix_lens, self.window_width)  # [bs, max(W, B)]
 
         # the host copy of the prefix lengths: the scheduler's when it has one (no sync here)
@@ -294,7 +301,11 @@ class DDTreeWorker(DFlashWorkerV2):
                 prof.mark("tree")
             mask = self._tree_mask(tree, prefix_cpu, pad_to=mask_cells).to(device, non_blocking=True)
         else:
-            dtree = tree_device.build(draft_input.bonus_tokens.view(-1), logp, ids, self.ddtree.budget, topk=topk)
+            roots = draft_input.bonus_tokens.view(-1)
+            if graphed is not None:
+                dtree = graphed.build(roots, logp, ids, topk)
+            else:
+                dtree = tree_device.build(roots, logp, ids, self.ddtree.budget, topk=topk)
             tokens = dtree.tokens.reshape(-1)
             depths = dtree.depths
             if prof is not None:
@@ -347,7 +358,10 @@ class DDTreeWorker(DFlashWorkerV2):
             bonus = torch.from_numpy(acc.bonus).to(device)
             paths = torch.from_numpy(acc.paths).to(device)  # [bs, B] slots in the old window order
         else:
-            dacc = tree_device.accept(dtree, target_tokens.view(bs, w), block)
+            if graphed is not None:
+                dacc = graphed.accept(dtree, target_tokens.view(bs, w))
+            else:
+                dacc = tree_device.accept(dtree, target_tokens.view(bs, w), block)
             perm = dacc.permutation
             commit_lens = dacc.commit_lens.to(torch.int32)
             out_tokens, bonus, paths = dacc.out_tokens, dacc.bonus, dacc.paths
@@ -411,15 +425,16 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
     def _request_path(self, batch: ScheduleBatch) -> str:
-        """``device`` (the default: tree, mask and walk as tensor ops) or ``host`` (the numpy
-        reference in ``tree``, kept to measure against); tests and bench/ddtree_step.py choose
-        per batch through ``ddtree_test_path`` in a request's custom_params."""
+        """``device`` (the default: tree, mask and walk as tensor ops, the tree and walk replayed as
+        CUDA graphs), ``eager`` (the same ops launched one by one) or ``host`` (the numpy reference in
+        ``tree``, kept to measure against); tests and bench/ddtree_step.py choose per batch through
+        ``ddtree_test_path`` in a request's custom_params."""
         wanted = {
             str((getattr(r.sampling_params, "custom_params", None) or {}).get("ddtree_test_path", "device"))
             for r in batch.reqs
         }
-        if not wanted <= {"device", "host"} or len(wanted) > 1:
-            raise ValueError(f"ddtree_test_path must be one of device, host per batch, got {sorted(wanted)}")
+        if not wanted <= {"device", "eager", "host"} or len(wanted) > 1:
+            raise ValueError(f"ddtree_test_path must be one of device, eager, host per batch, got {sorted(wanted)}")
         return wanted.pop() if wanted else "device"
 
     @staticmethod

@@ -9,8 +9,9 @@ only its proposals are replaced. Two modes:
 - ``true`` / ``"branch"``: at each depth the recorded token is among the top-k, at rank 0, or at
   rank 1 on every third depth (so DDTree's acceptance has to leave the first branch), with random
   siblings. The DFLASH chain proposes rank 0, so it misses on those depths.
-- ``"top1"``: the recorded token at rank 0 at every depth (chain and tree both accept the whole
-  block while the recording lasts): the step's cost at full acceptance.
+- ``"top1"``: the recorded token at rank 0 at every depth: the chain accepts its whole block while
+  the recording lasts; the tree, shaped by the same fixed log-probs (0.55, 0.35, ...), still spends
+  part of its budget on siblings.
 
 DDTree is hooked at ``DDTreeWorker._tree_candidates``; the DFLASH chain at
 ``DFlashVerifyInput.prepare_for_verify`` (its draft tokens are written in place before the
