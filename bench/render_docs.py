@@ -204,7 +204,15 @@ def render_gpu_proof(raw: dict[str, Any], path: str) -> str:
     return render_doc(raw, path)
 
 
+def render_ddtree_step(raw: dict[str, Any], path: str) -> str:
+    """DDTree's decode step at Llama-3-8B shape on the H200 (bench/ddtree_step.py)."""
+    from bench.render_ddtree_step import render
+
+    return render(raw, path)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "ddtree-step": render_ddtree_step,
     "ddtree-gpu-proof": render_gpu_proof,
     "relative-coherence": render_relative_coherence,
     "ci-run": render_ci_run,

@@ -10,7 +10,7 @@ import pytest
 import torch
 from sglang_ddtree import tree as T
 from sglang_ddtree import tree_device as TD
-from test_ddtree_tree import _chi2_two_tokens, _draft, _reference_nodes, _reference_walk
+from test_ddtree_tree import _draft, _reference_nodes, _reference_walk
 
 
 def _t(x: np.ndarray) -> torch.Tensor:
@@ -136,19 +136,29 @@ def test_walk_takes_the_first_of_equal_siblings_and_stops_at_the_block() -> None
         assert int(dacc.accept_lens[0]) == int(acc.accept_lens[0])
 
 
-def _emit_exact_device(tb: T.TreeBatch, rng: np.random.Generator, block: int) -> tuple[int, ...]:
-    from test_ddtree_tree import VOCAB, _node_prefix, _target_dist
-
-    target = np.array([[rng.choice(VOCAB, p=_target_dist(_node_prefix(tb, j))) for j in range(tb.width)]])
-    dev = TD.DeviceTree(tokens=_t(tb.tokens), parents=_t(tb.parents), depths=_t(tb.depths), valid=_t(tb.valid),
-                        n_nodes=int(tb.n_nodes[0]), ancestors=_t(tb.ancestor_mask()))
-    acc = TD.accept(dev, _t(target), block)
-    n = int(acc.accept_lens[0])
-    return tuple(int(x) for x in acc.out_tokens[0, : n + 1])
-
-
 def test_device_walk_samples_exactly_the_target_distribution() -> None:
-    chi2, _dof = _chi2_two_tokens(_emit_exact_device, trials=6000, seed=11)
+    """test_ddtree_tree's chi-square on the first two emitted tokens, the 6000 trees walked in one batch."""
+    from test_ddtree_tree import VOCAB, _node_prefix, _target_dist, _tree_for
+
+    rng = np.random.default_rng(11)
+    root, trials = 2, 6000
+    trees = [_tree_for(root, rng, depth=3, k=2, budget=6) for _ in range(trials)]
+    targets = np.array([[rng.choice(VOCAB, p=_target_dist(_node_prefix(tb, j))) for j in range(tb.width)]
+                        for tb in trees])
+    cat = lambda name: _t(np.concatenate([getattr(tb, name) for tb in trees]))  # noqa: E731
+    dev = TD.DeviceTree(tokens=cat("tokens"), parents=cat("parents"), depths=cat("depths"), valid=cat("valid"),
+                        n_nodes=6, ancestors=_t(np.concatenate([tb.ancestor_mask() for tb in trees])))
+    acc = TD.accept(dev, _t(targets), 4)
+    counts = np.zeros((VOCAB, VOCAB))
+    for i in range(trials):
+        n = int(acc.accept_lens[i])
+        seq = [int(x) for x in acc.out_tokens[i, : n + 1]]
+        if len(seq) < 2:
+            seq.append(int(rng.choice(VOCAB, p=_target_dist((root, seq[0])))))
+        counts[seq[0], seq[1]] += 1
+    p1 = _target_dist((root,))
+    expected = np.array([[p1[a] * _target_dist((root, a))[b] for b in range(VOCAB)] for a in range(VOCAB)]) * trials
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 51.2, f"chi2={chi2:.1f}: the device walk is not distributed as the target"
 
 
