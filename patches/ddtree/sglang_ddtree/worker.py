@@ -8,8 +8,10 @@ Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` reques
    raw logits in vocabulary slices and normalised by one logsumexp (no full log-softmax).
 2. Tree: ``tree_device.build`` picks ``n`` nodes best-first by cumulative log-probability as
    batched tensor ops on the GPU (level by level, no heap), and ``tree_device.flat_mask`` writes
-   the tree mask on the GPU. ``tree`` (numpy, on the host) is the reference the CPU tests hold
-   the device code to; a request can ask for it (``ddtree_test_path: host``) to measure against.
+   the tree mask on the GPU; the build and the walk of step 4 replay as CUDA graphs per shape
+   (``tree_device.GraphedTree``; ``SGLANG_DDTREE_TREE_GRAPHS=0`` launches the ops one by one).
+   ``tree`` (numpy, on the host) is the reference the CPU tests hold the device code to; a request
+   can ask for it or for the eager ops (``ddtree_test_path: host | eager``) to measure against.
 3. Verify: one TARGET_VERIFY pass over ``bs x W`` tokens, positions ``prefix + depth``, a tree
    mask (each node sees the prefix, its ancestors and itself), KV written to the request's
    window ``[prefix, prefix + W)`` (the scheduler reserves ``max(B, W)`` per step because patch
