@@ -208,7 +208,15 @@ def render_gate_heldout(raw: dict[str, Any], path: str) -> str:
     return render(raw, path) + "\n"
 
 
+def render_ddtree_step(raw: dict[str, Any], path: str) -> str:
+    """DDTree's decode step at Llama-3-8B shape on the H200 (bench/ddtree_step.py)."""
+    from bench.render_ddtree_step import render
+
+    return render(raw, path)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "ddtree-step": render_ddtree_step,
     "gate-heldout-seeds": render_gate_heldout_seeds,
     "gate-heldout": render_gate_heldout,
     "ddtree-gpu-proof": render_gpu_proof,

@@ -173,6 +173,19 @@ class LosslessConfig(StrictModel):
     # seeds' mask bug where it was sure (docs/results/ddtree-serve-smollm2-full-0016-2026-12-01.json).
     # 0 asks for exact equality.
     near_tie_nats: float = Field(default=0.25, ge=0, le=5)
+    # The same limit in the engine's own log-prob resolution (validation/lossless.py NearTieRule): SGLang's bf16
+    # log-probs move in steps of 0.125 nats, so 0.25 nats sits on the grid and float rounding decided a correct
+    # build's verdict on the H200 (issue 30: a gap of 0.2500000596). `steps` (default): near_tie_steps steps of
+    # the grid (logprob_step, or inferred from the baseline's recorded log-probs), compared with a margin of
+    # near_tie_margin_steps of a step; near_tie_nats applies where no grid is found. `nats`: near_tie_nats always.
+    near_tie_unit: Literal["steps", "nats"] = "steps"
+    near_tie_steps: int = Field(default=2, ge=0, le=64, description="near-tie limit in log-prob grid steps")
+    logprob_step: float | None = Field(default=None, gt=0, le=2, description="the engine's log-prob grid step in "
+                                       "nats; unset: inferred from the baseline's recorded log-probs")
+    near_tie_margin_steps: float = Field(default=1 / 3, ge=0.05, le=0.95, description="fraction of a step past "
+                                         "the limit's grid point that still counts (off every power-of-two grid)")
+    grid_min_fraction: float = Field(default=0.9, gt=0.5, le=1, description="share of recorded log-prob "
+                                     "differences that must sit on the inferred grid")
     top_logprobs: int = Field(default=5, ge=2, le=20, description="alternatives record-baseline keeps per token")
     # A live target-only server that continues a final assistant message (sglang: continue_final_message):
     # after a near-tie the candidate's other greedy path is checked against it too (validation/lossless.py).

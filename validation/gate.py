@@ -47,6 +47,7 @@ from validation.lossless import (
     decode_logprobs,
     encode_logprobs,
     end_tokens_of,
+    near_tie_rule,
     read_baseline,
 )
 from validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
@@ -399,7 +400,7 @@ class Gate:
         cfg = self.cfg
         mine = _t0_suite(samples)
         lps = self.baseline_logprobs
-        tol = cfg.lossless.near_tie_nats
+        tol = near_tie_rule(cfg.lossless, list(lps.values()))
         ends = end_tokens_of([(lps[pid], text) for pid, text in ref.items() if lps.get(pid)])
         first = {pid: compare_answer(mine[pid].text if pid in mine else None, text, lps.get(pid), tol,
                                      ends if pid in mine and mine[pid].finish_reason == "stop" else frozenset())
@@ -557,15 +558,20 @@ def lossless_case(ref: dict[str, str], cfg: GateConfig, source: str, comps: dict
     of the baseline where its token log-probs were recorded, each re-anchored on a target-only server
     where one can continue (`comps` and `reanchor` from Gate._lossless_paths; validation/lossless.py)."""
     lps = ref_logprobs or {}
-    tol = cfg.lossless.near_tie_nats
+    tol = near_tie_rule(cfg.lossless, list(lps.values()))
     diffs = [f"{pid}: {c.detail}" for pid, c in comps.items() if not c.ok]
     ties = [f"{pid}: {c.detail}" for pid, c in comps.items() if c.verdict in ("near_tie", "reanchored")]
     identical = sum(1 for c in comps.values() if c.verdict == "identical")
     whole = sum(1 for c in comps.values() if c.verdict == "reanchored")
     same = 1 - len(diffs) / max(1, len(ref))
     ok = not diffs if cfg.lossless.require_identical else same >= cfg.lossless.min_identical_fraction
-    basis = (f"near-ties up to {tol:g} nats from the baseline's log-probs ({len(lps)} of {len(ref)} answers "
-             "recorded with them)" if lps and tol > 0 else "exact comparison (no recorded log-probs)")
+    if not lps:
+        basis = "exact comparison (no recorded log-probs)"
+    elif tol.exact:
+        basis = f"exact comparison (near-tie limit {tol.describe()})"
+    else:
+        basis = (f"near-ties up to {tol.describe()} from the baseline's log-probs ({len(lps)} of {len(ref)} "
+                 "answers recorded with them)")
     ra = reanchor
     if ties and ra.get("url") and not ra.get("off"):
         basis += f"; re-anchored on {ra['url']}"

@@ -9,8 +9,21 @@ build (the seeds' mask bug) diverges where the target was sure of its token.
 
 So the baseline records each T=0 answer's tokens with their log-prob and top alternatives
 (`record-baseline`, OpenAI `logprobs` / `top_logprobs`), and an answer that differs is accepted only
-when, at its first difference, (a) the baseline's top-2 gap is within `lossless.near_tie_nats` and
-(b) the candidate continues with one of the baseline's listed alternatives there. Everything after
+when, at its first difference, (a) the baseline's top-2 gap is within the near-tie limit and
+(b) the candidate continues with one of the baseline's listed alternatives there.
+
+The limit is stated in the engine's own resolution (`NearTieRule`). A bf16 engine's log-probs sit
+on a grid: two tokens' log-probs differ by a difference of bf16 logits, a multiple of the logits'
+bf16 spacing (0.125 nats for logits in [16, 32)), so a true gap of exactly 2 steps is common and a
+limit written as 0.25 nats sits on the grid, where float32 rounding (0.2500000596) decides the
+verdict. The rule is `lossless.near_tie_steps` steps of the grid, compared with a margin of
+`lossless.near_tie_margin_steps` of a step (1/3 by default: past the limit's grid point by far more
+than any rounding, short of the next one, and never on a finer power-of-two grid either, since a
+third is no dyadic fraction). The step is `lossless.logprob_step`, or inferred from the baseline's
+recorded log-probs (`infer_logprob_step`: the coarsest power-of-two grid that at least
+`lossless.grid_min_fraction` of the recorded differences sit on). Without a grid (an fp32 engine, too
+few recorded differences) the limit is `lossless.near_tie_nats`, and the report says which applies;
+`lossless.near_tie_unit: nats` asks for that absolute limit always (0: exact comparison). Everything after
 that point is another greedy path. Without recorded log-probs (an older baseline file, a server that
 returns none) the comparison is exact, and the report says so.
 
@@ -39,6 +52,89 @@ from pipeline.errors import TargetError, UsageError
 
 # A baseline file's form of TokenLogprob: [token bytes as hex, logprob, [[alt hex, logprob], ...]]
 EncodedLogprobs = list[list[Any]]
+
+GRID_TOLERANCE = 0.05  # a difference is on a grid when within 5 % of a step of a multiple of it
+MIN_GRID_DIFFS = 20  # fewer recorded differences than this: no grid is inferred
+STEP_CANDIDATES = tuple(2.0**-e for e in range(-1, 11))  # 2 .. 1/1024 nats, coarsest first
+
+
+@dataclass(frozen=True)
+class NearTieRule:
+    """The near-tie limit (module docstring): ``steps`` grid steps of ``step`` nats plus a margin of
+    ``margin`` step when the engine's grid is known, else ``nats`` (absolute)."""
+
+    nats: float
+    steps: int | None = None
+    step: float | None = None
+    margin: float = 1 / 3
+    source: str = "configured in nats"
+
+    @property
+    def limit(self) -> float:
+        """The largest gap that is a near-tie, in nats."""
+        if self.steps is not None and self.step:
+            return (self.steps + self.margin) * self.step
+        return self.nats
+
+    def allows(self, gap: float) -> bool:
+        return gap <= self.limit
+
+    @property
+    def exact(self) -> bool:
+        """No difference is ever excused (the absolute limit 0)."""
+        return self.limit <= 0
+
+    def describe(self) -> str:
+        if self.steps is not None and self.step:
+            return (f"{self.steps} steps of {self.step:g} nats ({self.source}), compared at "
+                    f"{self.limit:.4g} nats")
+        return f"{self.nats:g} nats ({self.source})"
+
+
+def as_rule(tol: float | NearTieRule) -> NearTieRule:
+    """A rule from a rule or an absolute limit in nats."""
+    return tol if isinstance(tol, NearTieRule) else NearTieRule(nats=float(tol))
+
+
+def recorded_differences(rows_by_answer: list[list[TokenLogprob]]) -> list[float]:
+    """Every positive log-prob difference between a recorded token and its listed alternatives (under 16
+    nats: past that a grid is not what decides)."""
+    out = []
+    for rows in rows_by_answer:
+        for _tok, lp, top in rows:
+            vals = sorted({lp, *(alp for _a, alp in top)}, reverse=True)
+            out += [vals[0] - v for v in vals[1:] if 0 < vals[0] - v < 16]
+    return out
+
+
+def infer_logprob_step(rows_by_answer: list[list[TokenLogprob]], min_fraction: float) -> tuple[float | None, str]:
+    """The engine's log-prob grid from recorded log-probs: the coarsest power of two (2 .. 1/1024 nats) that at
+    least `min_fraction` of the recorded differences are a multiple of (within rounding). (None, why) when none
+    is: an fp32 engine, or too few differences."""
+    diffs = recorded_differences(rows_by_answer)
+    if len(diffs) < MIN_GRID_DIFFS:
+        return None, f"{len(diffs)} recorded log-prob differences, too few to infer a grid"
+    for step in STEP_CANDIDATES:
+        on = sum(1 for d in diffs if abs(d / step - round(d / step)) <= GRID_TOLERANCE)
+        if on / len(diffs) >= min_fraction:
+            return step, f"inferred: {on} of {len(diffs)} recorded differences on it"
+    return None, f"no power-of-two grid down to {STEP_CANDIDATES[-1]:g} nats holds {min_fraction:.0%} of " \
+        f"{len(diffs)} recorded differences"
+
+
+def near_tie_rule(cfg: Any, rows_by_answer: list[list[TokenLogprob]]) -> NearTieRule:
+    """The rule a gate applies, from its `lossless` config (validation/config.py LosslessConfig) and the
+    baseline's recorded log-probs."""
+    if cfg.near_tie_unit == "nats":
+        return NearTieRule(nats=cfg.near_tie_nats, source="lossless.near_tie_unit nats")
+    if cfg.logprob_step is not None:
+        return NearTieRule(nats=cfg.near_tie_nats, steps=cfg.near_tie_steps, step=cfg.logprob_step,
+                           margin=cfg.near_tie_margin_steps, source="lossless.logprob_step")
+    step, why = infer_logprob_step(rows_by_answer, cfg.grid_min_fraction)
+    if step is None:
+        return NearTieRule(nats=cfg.near_tie_nats, source=f"lossless.near_tie_nats: {why}")
+    return NearTieRule(nats=cfg.near_tie_nats, steps=cfg.near_tie_steps, step=step,
+                       margin=cfg.near_tie_margin_steps, source=why)
 
 
 @dataclass(frozen=True)
@@ -114,10 +210,11 @@ def _quote(text: str, limit: int = 90) -> str:
 
 
 def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
-                   near_tie_nats: float, end_tokens: frozenset[bytes] = frozenset()) -> Comparison:
+                   near_tie: float | NearTieRule, end_tokens: frozenset[bytes] = frozenset()) -> Comparison:
     """Compare a candidate's T=0 answer with the baseline's (see the module docstring). `end_tokens`: the
     server's end-of-turn token(s) as its log-probs list them ('<|im_end|>'): a candidate that stops where
     the baseline goes on chose one of those, a near-tie when it is listed close to the baseline's token."""
+    rule = as_rule(near_tie)
     if got is None:
         return Comparison("missing", "no T=0 answer")
     if got == ref:
@@ -173,10 +270,10 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
     gap = lp - took[1]
     tie = (f"baseline token {j} {shown!r} vs the candidate's {took[0].decode(errors='replace')!r}: "
            f"{gap:.3f} nats apart")
-    if gap <= near_tie_nats:
+    if rule.allows(gap):
         return Comparison("near_tie", f"{where}: a near-tie ({tie}{', the end of turn' if ended else ''})", char=i,
                           token=j, gap_nats=gap, cut_byte=None if ended else start + len(took[0]), ended=ended)
-    return diverged(f"{tie}, above the near-tie limit {near_tie_nats:g}", token=j, gap_nats=gap)
+    return diverged(f"{tie}, above the near-tie limit {rule.describe()}", token=j, gap_nats=gap)
 
 
 def _char_cut(data: bytes, cut: int) -> str | None:
@@ -196,7 +293,7 @@ def end_tokens_of(rows_by_text: list[tuple[list[TokenLogprob], str]]) -> frozens
 
 
 def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
-                 near_tie_nats: float, cont: Continue | None = None, max_reanchors: int = 16,
+                 near_tie_nats: float | NearTieRule, cont: Continue | None = None, max_reanchors: int = 16,
                  no_reanchor: str = "no lossless.reanchor_url",
                  end_tokens: frozenset[bytes] = frozenset()) -> Comparison:
     """compare_answer, then, at each near-tie, re-anchor on the target-only server (module docstring).
@@ -272,7 +369,7 @@ def spelled(rows: list[TokenLogprob], text: str) -> list[TokenLogprob] | None:
 
 
 def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont: Continue,
-                     near_tie_nats: float) -> str | None:
+                     near_tie_nats: float | NearTieRule) -> str | None:
     """Check re-anchoring itself on this server: the baseline's answer `ref`, cut after about half of its
     tokens and continued, must give its own rest (up to near-ties). None when it does; else the reason."""
     rows = spelled(ref_logprobs, ref)
@@ -305,5 +402,6 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
             f"({cmp.detail}): this server does not continue a final assistant message faithfully")
 
 
-__all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "compare_answer", "compare_path",
-           "control_reanchor", "decode_logprobs", "encode_logprobs", "end_tokens_of", "read_baseline", "spelled"]
+__all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "NearTieRule", "as_rule", "compare_answer",
+           "compare_path", "control_reanchor", "decode_logprobs", "encode_logprobs", "end_tokens_of",
+           "infer_logprob_step", "near_tie_rule", "read_baseline", "recorded_differences", "spelled"]

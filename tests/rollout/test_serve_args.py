@@ -22,7 +22,7 @@ def test_a_good_command_resolves() -> None:
 
 @pytest.mark.parametrize("edit,message", [
     (lambda c: [x for x in c if x != "--disable-overlap-schedule"],
-     "b300-01: DDTree settings cannot start: DDTree builds the tree on the host"),
+     "b300-01: DDTree settings cannot start: DDTree's decode step is written for the non-overlap scheduler"),
     (lambda c: [("trtllm_mha" if x == "triton" else x) for x in c], "--attention-backend trtllm_mha has no tree-mask"),
     (lambda c: [("0" if x == "16" else x) for x in c], "must be in 1..255"),
     (lambda c: [*c, "--page-size", "64"], "--page-size must be 1"),

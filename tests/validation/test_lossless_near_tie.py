@@ -112,3 +112,109 @@ def test_a_longer_candidate_token_is_found_at_its_own_start() -> None:
     assert c.ok and c.token == 2 and c.cut_byte == len("Use a mix")
     # and a longer token the baseline did not list is a divergence at the token holding the difference
     assert not compare_answer("Use a mixing bowl", "Use a mix of", base, 0.25).ok
+
+
+# ----------------------------------------------------------------------------- the limit in engine steps
+# A bf16 engine (SGLang on the H200): log-prob gaps are multiples of 0.125 nats, seen in float32.
+STEP = 0.125
+
+
+def _grid_base(gap: float) -> list:
+    """A baseline whose ' sea' / ' ocean' gap is `gap`, every other listed difference on the 0.125 grid."""
+    return rows(("The", -0.125, [("The", -0.125), ("A", -2.625)]),
+                (" sea", -0.5, [(" sea", -0.5), (" ocean", -0.5 - gap), (" lake", -4.0)]),
+                (" is", -0.0625 * 2, [(" is", -0.125), (" was", -3.25)]),
+                (" deep", -0.375, [(" deep", -0.375), (" blue", -1.625)]))
+
+
+def _rule(**kw):
+    from validation.lossless import NearTieRule
+
+    return NearTieRule(nats=0.25, steps=2, step=STEP, **kw)
+
+
+@pytest.mark.parametrize("gap,ok", [
+    (0.25, True),  # exactly on the limit (2 steps)
+    (0.2500000596, True),  # the H200's float32 reading of a 2-step gap (issue 30): refused by `gap <= 0.25`
+    (0.2499999404, True),  # the same from below
+    (0.125, True),  # just under: one step less
+    (0.375, False),  # just over: the next gap the engine can produce
+    (0.3749999404, False),  # the next step read from below
+    (0.25 + STEP / 3 - 1e-4, True),  # inside the margin
+    (0.25 + STEP / 3 + 1e-4, False),  # past the margin
+])
+def test_near_tie_limit_in_grid_steps(gap: float, ok: bool) -> None:
+    c = compare_answer("The ocean was calm", REF, _grid_base(gap), _rule())
+    assert c.ok is ok, c.detail
+    if not ok:
+        assert "2 steps of 0.125 nats" in c.detail
+
+
+def test_the_absolute_limit_is_what_float_rounding_decided() -> None:
+    """The old rule in nats: the same true gap of 2 steps passes or fails with its last float bit."""
+    assert compare_answer("The ocean was calm", REF, _grid_base(0.2499999404), 0.25).ok
+    assert not compare_answer("The ocean was calm", REF, _grid_base(0.2500000596), 0.25).ok
+
+
+def test_margin_is_off_every_finer_grid() -> None:
+    """The compared limit is never a multiple of a power-of-two step down to 1/1024 nats (a position whose
+    logits sit in a lower binade has a finer grid): rounding cannot decide there either."""
+    for steps in range(0, 9):
+        lim = _rule().__class__(nats=0.25, steps=steps, step=STEP).limit
+        for e in range(1, 11):
+            g = 2.0**-e
+            assert abs(lim / g - round(lim / g)) * g > 1e-4, (steps, g)
+
+
+def test_grid_is_inferred_from_recorded_logprobs() -> None:
+    from validation.lossless import infer_logprob_step
+
+    answers = [_grid_base(0.25 + STEP * (i % 5)) for i in range(8)]
+    step, why = infer_logprob_step(answers, 0.9)
+    assert step == STEP and "recorded differences" in why
+    # float32 readings of the same grid (rounded as the baseline file stores them)
+    noisy = [[(t, round(lp + 3e-8, 6), [(a, round(alp - 5e-8, 6)) for a, alp in top]) for t, lp, top in r]
+             for r in answers]
+    assert infer_logprob_step(noisy, 0.9)[0] == STEP
+    # an fp32 engine (no grid): none inferred; too few differences: none
+    import random
+
+    rnd = random.Random(1)
+    cont = [[(b"x", -rnd.random(), [(b"x", -0.1), (b"y", -0.1 - rnd.random() * 3), (b"z", -3.1 - rnd.random())])
+             for _ in range(30)]]
+    assert infer_logprob_step(cont, 0.9)[0] is None
+    assert infer_logprob_step(answers[:1], 0.9)[0] is None
+
+
+def test_the_real_h200_baseline_grid() -> None:
+    """The incident's recorded SGLang baseline (SmolLM2 on the H200, bf16): its grid is 0.125 nats."""
+    import json
+    from pathlib import Path
+
+    from validation.lossless import decode_logprobs, infer_logprob_step
+
+    doc = json.loads(Path("docs/results/incident-gated-baseline-2026-12-02.json").read_text())
+    answers = [decode_logprobs(r) for r in doc["logprobs"].values()]
+    step, _why = infer_logprob_step(answers, 0.9)
+    assert step == 0.125
+
+
+def test_rule_from_config() -> None:
+    from validation.config import LosslessConfig
+    from validation.lossless import near_tie_rule
+
+    answers = [_grid_base(0.25 + STEP * (i % 5)) for i in range(8)]
+    r = near_tie_rule(LosslessConfig(), answers)
+    assert (r.steps, r.step) == (2, STEP) and r.allows(0.2500000596) and not r.allows(0.375)
+    r = near_tie_rule(LosslessConfig(logprob_step=0.0625), answers)
+    assert r.step == 0.0625 and r.allows(0.125) and not r.allows(0.1875)
+    r = near_tie_rule(LosslessConfig(near_tie_unit="nats"), answers)
+    assert r.step is None and r.limit == 0.25
+    r = near_tie_rule(LosslessConfig(), [])  # nothing recorded: the absolute limit, and the report says why
+    assert r.step is None and r.limit == 0.25 and "too few" in r.describe()
+    r = near_tie_rule(LosslessConfig(near_tie_unit="nats", near_tie_nats=0), answers)
+    assert r.exact
+    with pytest.raises(ValueError):
+        LosslessConfig(near_tie_margin_steps=1.0)
+    with pytest.raises(ValueError):
+        LosslessConfig(near_tie_unit="bits")

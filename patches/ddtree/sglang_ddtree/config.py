@@ -117,7 +117,8 @@ def resolve(
         )
     if not disable_overlap_schedule:
         raise DDTreeArgError(
-            "DDTree builds the tree on the host every step and does not support overlap scheduling: "
+            "DDTree's decode step is written for the non-overlap scheduler (it plans each step's verify window "
+            "from the prefix lengths committed by the step before) and does not support overlap scheduling: "
             "add --disable-overlap-schedule"
         )
     if dp_attention:

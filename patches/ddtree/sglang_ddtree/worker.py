@@ -4,16 +4,23 @@ Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` reques
 ``B`` (the drafter's), budget ``n``, verify width ``W = n + 1``:
 
 1. Draft: the DFlash drafter runs its block ``[root, mask x (B-1)]`` exactly as DFLASH does; its
-   hidden states give a distribution per depth ``1..B-1``; the top-k log-probabilities per depth
-   go to the host.
-2. Tree: ``tree.build_batch`` picks ``n`` nodes best-first by cumulative log-probability.
+   hidden states give a distribution per depth ``1..B-1``; the top-k per depth is taken from the
+   raw logits in vocabulary slices and normalised by one logsumexp (no full log-softmax).
+2. Tree: ``tree_device.build`` picks ``n`` nodes best-first by cumulative log-probability as
+   batched tensor ops on the GPU (level by level, no heap), and ``tree_device.flat_mask`` writes
+   the tree mask on the GPU; the build and the walk of step 4 replay as CUDA graphs per shape
+   (``tree_device.GraphedTree``; ``SGLANG_DDTREE_TREE_GRAPHS=0`` launches the ops one by one).
+   ``tree`` (numpy, on the host) is the reference the CPU tests hold the device code to; a request
+   can ask for it or for the eager ops (``ddtree_test_path: host | eager``) to measure against.
 3. Verify: one TARGET_VERIFY pass over ``bs x W`` tokens, positions ``prefix + depth``, a tree
    mask (each node sees the prefix, its ancestors and itself), KV written to the request's
    window ``[prefix, prefix + W)`` (the scheduler reserves ``max(B, W)`` per step because patch
    0015 declares ``W`` as the largest draft width). With CUDA graphs the target replays graphs
    captured at width ``W`` (patches 0012-0014).
 4. Accept: the target's token at every node (argmax at T = 0, a draw from its adjusted
-   distribution at T > 0), walked down the tree on the host (``tree.accept``).
+   distribution at T > 0), walked down the tree as tensor ops (``tree_device.accept``: the
+   deepest node whose whole root path matches). No value goes to the host in steps 1-5 beyond
+   the prefix lengths the scheduler already keeps there.
 5. Commit: the accepted path's KV slots move to the front of the window by permuting the
    request's ``req_to_token`` row (no KV is copied); the drafter's context features for the
    committed tokens are written to the draft KV like DFLASH's; the bonus token starts the next
@@ -25,6 +32,7 @@ Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` reques
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import torch
@@ -50,7 +58,9 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from . import tree as tree_mod
+from . import tree_device
 from .config import resolve_from_server_args
+from .profile import StepProfiler
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +94,10 @@ class DDTreeWorker(DFlashWorkerV2):
         _check_decode_reserve(int(self.block_size), self.window_width)
         self._depth_offsets = torch.arange(self.window_width, dtype=torch.int64, device=self.device)
         self._block_offsets = torch.arange(int(self.block_size), dtype=torch.int64, device=self.device)
-        self._last_tree: tree_mod.TreeBatch | None = None  # for tests and debugging
+        # the device tree's ops replayed as CUDA graphs (tree_device.GraphedTree); off: SGLANG_DDTREE_TREE_GRAPHS=0
+        self._graphed_tree = (tree_device.GraphedTree(self.ddtree.budget, int(self.block_size))
+                              if os.environ.get("SGLANG_DDTREE_TREE_GRAPHS", "1") != "0" else None)
+        self._prof = StepProfiler.from_env()  # per-stage timing for bench/ddtree_step.py, off by default
         logger.info(
             "DDTree on: budget=%d topk=%d block=%d verify width=%d",
             self.ddtree.budget,
@@ -189,7 +202,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if lm_head is None or not hasattr(lm_head, "weight"):
             raise RuntimeError("DDTree needs the target's lm_head weight for the draft distributions")
         h = draft_hidden[:, 1:, :].reshape(-1, draft_hidden.shape[-1])
-        logits = torch.matmul(h, lm_head.weight.t()).float()
+        logits = torch.matmul(h, lm_head.weight.t())
         vocab = int(self.model_runner.model_config.vocab_size)
         shard = getattr(lm_head, "shard_indices", None)
         tp = get_parallel().tp_size
@@ -200,7 +213,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
             start = int(shard.org_vocab_start_index) if shard is not None else 0
             n_org = int(shard.num_org_elements) if shard is not None else logits.shape[1]
-            logits = logits[:, :n_org]
+            logits = logits[:, :n_org].float()
             lse = torch.logsumexp(logits, dim=-1, keepdim=True)
             vals, ids = torch.topk(logits, min(self.topk, logits.shape[1]), dim=-1)
             all_vals = tensor_model_parallel_all_gather(vals.contiguous(), dim=-1)
@@ -211,9 +224,11 @@ class DDTreeWorker(DFlashWorkerV2):
             top_ids = torch.gather(all_ids, 1, pos)
             logp = top_vals - total
         else:
+            # top-k of the raw logits in vocabulary slices (exact, more parallel than one
+            # selection per row), normalised by one logsumexp: no full log-softmax is written
             logits = logits[:, :vocab]
-            logp_all = torch.log_softmax(logits, dim=-1)
-            logp, top_ids = torch.topk(logp_all, self.topk, dim=-1)
+            vals, top_ids = tree_device.topk_chunked(logits, self.topk)
+            logp = vals.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)
         bs, block = draft_hidden.shape[0], draft_hidden.shape[1]
         return logp.view(bs, block - 1, -1), top_ids.view(bs, block - 1, -1)
 
@@ -249,27 +264,60 @@ class DDTreeWorker(DFlashWorkerV2):
         block = int(self.block_size)
         w = self.verify_width
         prefix_lens = batch.seq_lens
+        topk = self._request_topk(batch)
+        path = self._request_path(batch)
+        host_path = path == "host"
+        graphed = self._graphed_tree if path == "device" else None
+        prof = self._prof
+        if prof is not None:
+            kind = path if path != "device" or graphed is not None else "eager"
+            prof.begin(f"{kind}/k{topk}/bs{bs}{self._profile_tag(batch)}")
         window = self._window_locs(batch, prefix_lens, self.window_width)  # [bs, max(W, B)]
 
-        # 1) draft distributions -> 2) tree (host)
-        prefix_cpu = prefix_lens.to("cpu", torch.int64)  # one host copy per step
+        # the host copy of the prefix lengths: the scheduler's when it has one (no sync here)
+        if batch.seq_lens_cpu is not None and not host_path:
+            prefix_cpu = batch.seq_lens_cpu.to(torch.int64)
+        else:
+            prefix_cpu = prefix_lens.to("cpu", torch.int64)
+        # 1) draft distributions
         draft_hidden = self._draft_block(batch, prefix_lens, prefix_cpu, window)
+        if prof is not None:
+            prof.mark("draft")
         logp, ids = self._tree_candidates(batch, draft_hidden)
-        roots = draft_input.bonus_tokens.view(-1).to("cpu", torch.int64).numpy()
-        tree = tree_mod.build_batch(
-            roots, logp.float().cpu().numpy(), ids.cpu().numpy(), self.ddtree.budget, topk=self._request_topk(batch)
-        )
-
-        # 3) target verify over the tree
-        tokens = torch.from_numpy(tree.tokens).to(device, non_blocking=True).reshape(-1)
-        positions = (prefix_lens.to(torch.int64).unsqueeze(1) + torch.from_numpy(tree.depths).to(device)).reshape(-1)
-        verify_locs = window[:, :w].reshape(-1).contiguous()
+        if prof is not None:
+            prof.mark("topk")
         # host bound = committed prefix + the verify window (DFLASH's convention); the mask is
         # padded to the size the backends check against that bound (cells past the last block
         # are never read)
+        verify_locs = window[:, :w].reshape(-1).contiguous()
         plan, seq_lens_cpu = self._window_plan(batch, prefix_lens, prefix_cpu, verify_locs, w)
-        mask = self._tree_mask(tree, prefix_cpu, pad_to=w * int(seq_lens_cpu.sum()) + bs * w * w)
-        mask = mask.to(device, non_blocking=True)
+        mask_cells = w * int(seq_lens_cpu.sum()) + bs * w * w
+        # 2) tree: on the device by default (tree_device), on the host for comparison (tree)
+        if host_path:
+            roots = draft_input.bonus_tokens.view(-1).to("cpu", torch.int64).numpy()
+            tree = tree_mod.build_batch(roots, logp.float().cpu().numpy(), ids.cpu().numpy(), self.ddtree.budget,
+                                        topk=topk)
+            tokens = torch.from_numpy(tree.tokens).to(device, non_blocking=True).reshape(-1)
+            depths = torch.from_numpy(tree.depths).to(device)
+            if prof is not None:
+                prof.mark("tree")
+            mask = self._tree_mask(tree, prefix_cpu, pad_to=mask_cells).to(device, non_blocking=True)
+        else:
+            roots = draft_input.bonus_tokens.view(-1)
+            if graphed is not None:
+                dtree = graphed.build(roots, logp, ids, topk)
+            else:
+                dtree = tree_device.build(roots, logp, ids, self.ddtree.budget, topk=topk)
+            tokens = dtree.tokens.reshape(-1)
+            depths = dtree.depths
+            if prof is not None:
+                prof.mark("tree")
+            mask = tree_device.flat_mask(dtree.ancestors, prefix_lens, mask_cells)
+        if prof is not None:
+            prof.mark("mask")
+
+        # 3) target verify over the tree
+        positions = (prefix_lens.to(torch.int64).unsqueeze(1) + depths).reshape(-1)
         verify_input = DFlashVerifyInput(
             draft_token=tokens,
             positions=positions,
@@ -284,6 +332,8 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens_sum = int(seq_lens_cpu.sum())
         verify_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         batch.seq_lens_cpu, batch.seq_lens_sum = saved_cpu, saved_sum
+        if prof is not None:
+            prof.mark("prepare")
         target_out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=verify_batch, is_verify=True, skip_attn_backend_init=True
         )
@@ -297,24 +347,36 @@ class DDTreeWorker(DFlashWorkerV2):
             apply_dflash_verify_logits_adjustments(
                 next_token_logits=logits, sampling_info=sampling_info, draft_token_num=w
             )
+        if prof is not None:
+            prof.mark("verify")
 
-        # 4) accept (host walk)
+        # 4) accept: the target's token at every node, walked down the tree
         target_tokens = self._target_tokens(logits, sampling_info, positions)
-        acc = tree_mod.accept(tree, target_tokens.view(bs, w).cpu().numpy(), block)
+        if host_path:
+            acc = tree_mod.accept(tree, target_tokens.view(bs, w).cpu().numpy(), block)
+            perm = torch.from_numpy(tree_mod.window_permutation(acc, w)).to(device)
+            commit_lens = torch.from_numpy(acc.commit_lens.astype(np.int32)).to(device)
+            out_tokens = torch.from_numpy(acc.out_tokens).to(device)
+            bonus = torch.from_numpy(acc.bonus).to(device)
+            paths = torch.from_numpy(acc.paths).to(device)  # [bs, B] slots in the old window order
+        else:
+            if graphed is not None:
+                dacc = graphed.accept(dtree, target_tokens.view(bs, w))
+            else:
+                dacc = tree_device.accept(dtree, target_tokens.view(bs, w), block)
+            perm = dacc.permutation
+            commit_lens = dacc.commit_lens.to(torch.int32)
+            out_tokens, bonus, paths = dacc.out_tokens, dacc.bonus, dacc.paths
+        if prof is not None:
+            prof.mark("accept")
 
         # 5) commit: accepted path to the front of each window (req_to_token permutation)
-        perm = torch.from_numpy(tree_mod.window_permutation(acc, w)).to(device)
         new_window = window.clone()
         new_window[:, :w] = torch.gather(window[:, :w], 1, perm)
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
         cols = prefix_lens.to(torch.int64).unsqueeze(1) + self._depth_offsets[:w].unsqueeze(0)
         rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand_as(cols)
         req_to_token[rows, cols] = new_window[:, :w].to(req_to_token.dtype)
-
-        commit_lens = torch.from_numpy(acc.commit_lens.astype(np.int32)).to(device)
-        out_tokens = torch.from_numpy(acc.out_tokens).to(device)
-        bonus = torch.from_numpy(acc.bonus).to(device)
-        paths = torch.from_numpy(acc.paths).to(device)  # [bs, B] slots in the old window order
         row_index = (torch.arange(bs, device=device).unsqueeze(1) * w + paths).reshape(-1)
 
         if batch.return_logprob:
@@ -327,6 +389,8 @@ class DDTreeWorker(DFlashWorkerV2):
         new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
         if on_publish is not None:
             on_publish(new_seq_lens)
+        if prof is not None:
+            prof.mark("commit")
 
         # drafter context features of the committed tokens, DFLASH's writer
         hidden = logits_output.hidden_states
@@ -344,8 +408,12 @@ class DDTreeWorker(DFlashWorkerV2):
             commit_lens=commit_lens,
         )
         logits_output.hidden_states = None
+        if prof is not None:
+            prof.mark("draft_kv")
 
         next_draft_input = self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+        if prof is not None:
+            prof.end()
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=out_tokens.reshape(-1),
@@ -357,6 +425,27 @@ class DDTreeWorker(DFlashWorkerV2):
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output,
         )
+
+    def _request_path(self, batch: ScheduleBatch) -> str:
+        """``device`` (the default: tree, mask and walk as tensor ops, the tree and walk replayed as
+        CUDA graphs), ``eager`` (the same ops launched one by one) or ``host`` (the numpy reference in
+        ``tree``, kept to measure against); tests and bench/ddtree_step.py choose per batch through
+        ``ddtree_test_path`` in a request's custom_params."""
+        wanted = {
+            str((getattr(r.sampling_params, "custom_params", None) or {}).get("ddtree_test_path", "device"))
+            for r in batch.reqs
+        }
+        if not wanted <= {"device", "eager", "host"} or len(wanted) > 1:
+            raise ValueError(f"ddtree_test_path must be one of device, eager, host per batch, got {sorted(wanted)}")
+        return wanted.pop() if wanted else "device"
+
+    @staticmethod
+    def _profile_tag(batch: ScheduleBatch) -> str:
+        for r in batch.reqs:
+            tag = (getattr(r.sampling_params, "custom_params", None) or {}).get("ddtree_profile_tag")
+            if tag:
+                return f"/{tag}"
+        return ""
 
     def _request_topk(self, batch: ScheduleBatch) -> int:
         """The server's top-k; tests narrow it per batch through ``ddtree_test_topk`` in a
