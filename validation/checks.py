@@ -360,10 +360,13 @@ def _determinism(purpose: str, name: str) -> Runner:
     numerical near-tie of the engine's batch-variant numerics (validation/determinism.py)."""
     def run(ctx: GateContext, t: float | None) -> list[CheckResult]:
         from validation.determinism import Answer, judge_repeats
-        from validation.lossless import decode_logprobs
+        from validation.lossless import decode_logprobs, near_tie_rule
 
         dc = ctx.cfg.determinism
-        tol = ctx.cfg.lossless.near_tie_nats if dc.near_tie_nats is None else dc.near_tie_nats
+        rows = [decode_logprobs(s.logprobs) for s in ctx.good if s.temperature == 0 and s.logprobs
+                and s.prompt_id in dc.prompt_ids]
+        # the lossless check's rule (a number of the engine's log-prob grid steps) unless configured in nats
+        tol = near_tie_rule(ctx.cfg.lossless, rows).limit if dc.near_tie_nats is None else dc.near_tie_nats
         msgs, ok, per = [], True, {}
         for pid in dc.prompt_ids:
             mine = [s for s in ctx.good
