@@ -31,6 +31,8 @@ from typing import Any
 
 import yaml
 
+from bench.history import raw_text
+
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = "docs/claims.yaml"
 # the pages where every number must be claimed or rendered (the other pages: their tables need a raw file)
@@ -168,7 +170,7 @@ def _load_raw(repo: Path, path: str) -> Any:
     if not f.is_file():
         raise ClaimError(f"raw file {path} does not exist")
     try:
-        return json.loads(f.read_text(encoding="utf-8"))
+        return json.loads(raw_text(f))
     except ValueError as exc:
         raise ClaimError(f"{path}: not JSON ({exc})") from None
 

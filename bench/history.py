@@ -23,12 +23,21 @@ def _git(*args: str, repo: Path = REPO) -> str:
     return r.stdout
 
 
+def raw_text(f: Path) -> str:
+    """A committed raw file's text; a large one may be kept gzip-compressed (NAME.json.gz)."""
+    if f.suffix == ".gz":
+        import gzip
+
+        return gzip.decompress(f.read_bytes()).decode("utf-8")
+    return f.read_text(encoding="utf-8")
+
+
 def read_text(path: str | Path, repo: Path = REPO) -> str:
     """The file's text from the tree, or from the last commit before it was removed."""
     p = Path(path)
     f = p if p.is_absolute() else repo / p
     if f.is_file():
-        return f.read_text(encoding="utf-8")
+        return raw_text(f)
     rel = str(f.relative_to(repo)) if f.is_relative_to(repo) else str(p)
     last = _git("rev-list", "-1", "HEAD", "--", rel, repo=repo).strip()  # the commit that removed or last changed it
     if not last:

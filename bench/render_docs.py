@@ -27,6 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: bench/ is the lab, not an installed package
     sys.path.insert(0, str(REPO))
+from bench.history import raw_text  # noqa: E402
+
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+) (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /render -->)", re.S)
 
@@ -252,7 +254,7 @@ def render_one(name: str, path: str, repo: Path = REPO) -> str:
     if not f.is_file():
         raise RenderError(f"render block '{name}' names {path}, which does not exist")
     try:
-        raw = json.loads(f.read_text())
+        raw = json.loads(raw_text(f))
     except ValueError as exc:
         raise RenderError(f"{path}: not JSON ({exc})") from None
     return RENDERERS[name](raw, path)
