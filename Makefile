@@ -61,10 +61,18 @@ lint-py: setup
 	$(VENV)/bin/ruff check .
 
 # ----------------------------------------------------------------------------- validation gate
-validate: setup ## gate a live target: make validate TARGET=http://host:port [CONFIG=file] [OUT=dir]
+# Exit codes as the tool's: 0 PASS, 1 gate FAIL, 2 bad input / unreachable target (mk/exit-code.inc).
+VALIDATE_CMD = $(PY) -m validation run --target $(TARGET) $(if $(CONFIG),--config $(CONFIG)) $(if $(OUT),--out $(OUT)) \
+  $(if $(BASELINE),--baseline $(BASELINE)) $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) \
+  $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
+KEEP_RC_GOAL := validate
+KEEP_RC_CMD = $(VALIDATE_CMD)
+KEEP_RC_NEED = $(TARGET)
+include mk/exit-code.inc
+
+validate: $(KEEP_RC_PREREQ) ## gate a live target (exit 0 PASS, 1 FAIL, 2 bad input): make validate TARGET=http://host:port [CONFIG=file] [OUT=dir] [API_KEY_FILE=f | API_KEY_ENV=NAME]
 	@test -n "$(TARGET)" || { echo "error: TARGET=http://host:port is required" >&2; exit 2; }
-	$(PY) -m validation run --target $(TARGET) $(if $(CONFIG),--config $(CONFIG)) $(if $(OUT),--out $(OUT)) \
-	  $(if $(BASELINE),--baseline $(BASELINE))
+	$(call KEEP_RC_RUN,$(VALIDATE_CMD))
 
 check-text: setup ## score a JSONL file offline: make check-text FILE=texts.jsonl
 	@test -n "$(FILE)" || { echo "error: FILE=texts.jsonl is required" >&2; exit 2; }
@@ -72,7 +80,8 @@ check-text: setup ## score a JSONL file offline: make check-text FILE=texts.json
 
 record-baseline: setup ## T=0 answers of a non-speculative deployment: make record-baseline TARGET=... OUT=file.json
 	@test -n "$(TARGET)" -a -n "$(OUT)" || { echo "error: TARGET=... and OUT=baseline.json are required" >&2; exit 2; }
-	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(CONFIG),--config $(CONFIG))
+	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(CONFIG),--config $(CONFIG)) \
+	  $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
 
 sweep: setup ## speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=validation/grids/embedded-draft.yaml
 	$(PY) -m validation sweep --grid $(or $(GRID),validation/grids/embedded-draft.yaml) $(if $(HOST),--host $(HOST)) \
