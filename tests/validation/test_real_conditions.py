@@ -54,9 +54,8 @@ def _sim_gate_cfg(**kw: object) -> GateConfig:
 # ---------------------------------------------------------------------------------------------- time limits
 def test_a_mid_stream_stall_fails_the_request_as_stalled(server) -> None:
     srv = server("--tokens", "6", "--itl-ms", "1", "--stall-after", "3", "--stall-s", "5")
-    with OpenAIClient(srv.url, timeout_s=60.0, stall_s=0.5) as c:
-        with pytest.raises(TargetTimeout) as exc:
-            c.chat("hi", max_tokens=6)
+    with OpenAIClient(srv.url, timeout_s=60.0, stall_s=0.5) as c, pytest.raises(TargetTimeout) as exc:
+        c.chat("hi", max_tokens=6)
     assert exc.value.kind == "stall"
     assert "mid-stream after 3 content chunks" in str(exc.value) and "0.5s" in str(exc.value)
 
@@ -71,9 +70,8 @@ def test_a_stall_shorter_than_the_limit_passes(server) -> None:
 def test_a_slow_trickle_is_cut_at_the_total_limit(server) -> None:
     # one chunk every 0.3 s never trips a 1 s stall limit; the total limit of 1 s ends the request
     srv = server("--tokens", "20", "--itl-ms", "300")
-    with OpenAIClient(srv.url, timeout_s=1.0, stall_s=1.0) as c:
-        with pytest.raises(TargetTimeout) as exc:
-            c.chat("hi", max_tokens=20)
+    with OpenAIClient(srv.url, timeout_s=1.0, stall_s=1.0) as c, pytest.raises(TargetTimeout) as exc:
+        c.chat("hi", max_tokens=20)
     assert exc.value.kind == "total"
 
 
