@@ -317,10 +317,12 @@ class GateConfig(StrictModel):
     # Time limits on a target that hangs (pipeline/client.py): a request that gets no bytes for request_stall_s
     # (before its answer starts or mid-stream) fails with a 'stalled' error; after request_timeouts_in_row
     # timed-out requests in a row the client's breaker opens and every further request fails at once
-    # ("target hung"). With c = concurrency the gate stops waiting on a silent target after at most
-    # (ceil(request_timeouts_in_row / c) + 1) * request_stall_s, on one that trickles bytes after at most
-    # (ceil(request_timeouts_in_row / c) + 1) * (request_timeout_s + request_stall_s); one that hangs from the
-    # start is refused (exit 2) after request_stall_s on /v1/models.
+    # ("target hung"). With K = request_timeouts_in_row and c requests in flight (concurrency in the suite
+    # phase, 1 in the sequential determinism phase) the gate stops waiting on a silent target after at most
+    # (ceil(K / c) + 1) * request_stall_s (defaults: 60 s at c = 4, 120 s at c = 1), on one that trickles bytes
+    # after at most (ceil(K / c) + 1) * (request_timeout_s + request_stall_s); every later request fails at once
+    # and the gate FAILs (request_errors). One that hangs from the start is refused (exit 2) after
+    # request_stall_s on /v1/models.
     request_stall_s: float = Field(default=30.0, gt=0, le=3600, description="longest wait for the next bytes "
                                    "(at most request_timeout_s: the smaller of the two applies)")
     request_timeouts_in_row: int = Field(default=3, ge=1, le=1000, description="timed-out requests in a row "
