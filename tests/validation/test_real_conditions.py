@@ -235,3 +235,15 @@ def test_breaker_error_is_raised_without_a_request(server) -> None:
         c.chat("hi", max_tokens=2)
     assert c.metrics_text() is None and c.server_info() is None
     c.close()
+
+
+def test_a_slow_target_that_keeps_answering_is_not_called_hung(server) -> None:
+    # every request runs past the total, but bytes keep coming: each fails as `total`, the breaker stays shut
+    srv = server("--tokens", "20", "--itl-ms", "100")
+    c = OpenAIClient(srv.url, model="sim", timeout_s=0.5, stall_s=0.5, max_timeouts_in_row=1)
+    for _ in range(3):
+        with pytest.raises(TargetTimeout) as exc:
+            c.chat("hi", max_tokens=20)
+        assert exc.value.kind == "total" and not isinstance(exc.value, TargetHung)
+    assert c.hung is None
+    c.close()
