@@ -160,9 +160,10 @@ class Gate:
                 top_p=cfg.sampling.top_p if temperature > 0 else None,
                 top_k=cfg.sampling.top_k if temperature > 0 else None,
                 seed=seed, stream=True, extra=extra or None,
-                top_logprobs=self.t0_logprobs if temperature == 0 and purpose in ("suite", "baseline") else
-                (cfg.determinism.top_logprobs if temperature == 0 and cfg.determinism.enabled and p.id in
-                 cfg.determinism.prompt_ids and purpose in ("suite", "determinism-seq", "determinism-conc") else None),
+                top_logprobs=(self.t0_logprobs if temperature == 0 and purpose in ("suite", "baseline") else None)
+                or (cfg.determinism.top_logprobs if temperature == 0 and cfg.determinism.enabled and p.id
+                    in cfg.determinism.prompt_ids and purpose in ("suite", "determinism-seq", "determinism-conc")
+                    else None),
             )
         except TargetError as exc:
             s.error = str(exc)
