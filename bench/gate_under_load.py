@@ -126,9 +126,12 @@ def main() -> int:
                     h.wait()
     by = {}
     for hog in phases:
-        rs = [r for r in doc["runs"] if r["hog"] == hog]
-        by["hog" if hog else "alone"] = {"runs": len(rs), "pass": sum(r.get("verdict") == "PASS" for r in rs),
-                                         "median_wall_s": sorted(r["wall_s"] for r in rs)[len(rs) // 2]}
+        rs = [r for r in doc["runs"] if r["hog"] == hog and "verdict" in r]  # a run killed mid-way has none
+        by["hog" if hog else "alone"] = {"runs": len(rs), "pass": sum(r["verdict"] == "PASS" for r in rs),
+                                         "no_verdict": sum(1 for r in doc["runs"] if r["hog"] == hog
+                                                           and "verdict" not in r),
+                                         "median_wall_s": sorted(r["wall_s"] for r in rs)[len(rs) // 2] if rs
+                                         else None}
     doc["totals"] = by
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(by))
