@@ -82,10 +82,18 @@ lint-py: setup
 	$(VENV)/bin/ruff check .
 
 # ----------------------------------------------------------------------------- validation gate
-validate: setup ## [validation] gate a live target: TARGET=http://host:port [GATE_CONFIG=f BASELINE=f OUT=dir]
+# Exit codes as the tool's: 0 PASS, 1 gate FAIL, 2 bad input / unreachable target (mk/exit-code.inc).
+VALIDATE_CMD = $(PY) -m validation run --target $(TARGET) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
+  $(if $(OUT),--out $(OUT)) $(if $(BASELINE),--baseline $(BASELINE)) \
+  $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
+KEEP_RC_GOAL := validate
+KEEP_RC_CMD = $(VALIDATE_CMD)
+KEEP_RC_NEED = $(TARGET)
+include mk/exit-code.inc
+
+validate: $(KEEP_RC_PREREQ) ## [validation] gate a live target (exit 0 PASS, 1 FAIL, 2 bad input): TARGET=http://host:port [GATE_CONFIG=f BASELINE=f OUT=dir API_KEY_FILE=f|API_KEY_ENV=NAME]
 	@test -n "$(TARGET)" || { echo "error: TARGET=http://host:port is required" >&2; exit 2; }
-	$(PY) -m validation run --target $(TARGET) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) $(if $(OUT),--out $(OUT)) \
-	  $(if $(BASELINE),--baseline $(BASELINE))
+	$(call KEEP_RC_RUN,$(VALIDATE_CMD))
 
 check-text: setup ## [validation] score a JSONL file offline: FILE=texts.jsonl [GATE_CONFIG=f]
 	@test -n "$(FILE)" || { echo "error: FILE=texts.jsonl is required" >&2; exit 2; }
@@ -93,7 +101,8 @@ check-text: setup ## [validation] score a JSONL file offline: FILE=texts.jsonl [
 
 record-baseline: setup ## [validation] record a target-only deployment's answers: TARGET=url OUT=baseline.json [GATE_CONFIG=f]
 	@test -n "$(TARGET)" -a -n "$(OUT)" || { echo "error: TARGET=... and OUT=baseline.json are required" >&2; exit 2; }
-	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(GATE_CONFIG),--config $(GATE_CONFIG))
+	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
+	  $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
 
 sweep: setup ## [validation] speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=validation/grids/embedded-draft.yaml
 	$(PY) -m validation sweep --grid $(or $(GRID),validation/grids/embedded-draft.yaml) $(if $(HOST),--host $(HOST)) \

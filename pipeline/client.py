@@ -11,10 +11,12 @@ of a stream: a stream that goes silent mid-answer fails after `stall_s`, not aft
 `timeout_s` bounds a whole request (checked between chunks, so a request ends within
 `timeout_s + stall_s`). Both raise `TargetTimeout`, whose `kind` is `stall`, `total` or `connect`.
 A target that hangs (accepts connections, never answers, or stops answering) trips the client's breaker:
-after `max_timeouts_in_row` timed-out requests in a row every further request fails at once with
-`TargetHung`, so a caller with `c` requests in flight stops waiting on the target after at most
-`(ceil(max_timeouts_in_row / c) + 1) * (timeout_s + stall_s)` (one stall per request for a silent
-target), not one timeout per remaining request.
+after `max_timeouts_in_row` silent requests in a row (stall or connect timeouts) every further request fails
+at once with `TargetHung`, so a caller with `c` requests in flight stops waiting on the target after at most
+`(ceil(max_timeouts_in_row / c) + 1) * stall_s`, not one timeout per remaining request. A request over the
+total limit fails (`total`) but does not count: bytes kept coming, the target is slow, not hung (measured:
+docs/results/gate-under-load-2026-12-03-total-in-breaker.json, where counting them called a slow, loaded
+embedded target hung).
 
 API keys: `api_key` is sent as `Authorization: Bearer ...` and never appears in an error message (it is
 masked in every server text this client quotes). A 401/403 is `UsageError` ("the target needs an API
@@ -340,9 +342,9 @@ class OpenAIClient:
             raise TargetError(self._mask(f"{url}: {type(exc).__name__}: {exc}")) from None
         latency = time.perf_counter() - t0
         self._answered()
-        if latency > self.timeout_s:
-            raise self._timed_out(TargetTimeout(f"{url}: request took {latency:.1f}s, over the total limit "
-                                                f"{self.timeout_s:g}s (request_timeout_s)", "total"))
+        if latency > self.timeout_s:  # slow, not hung: it answered (the breaker counts silent requests only)
+            raise TargetTimeout(f"{url}: request took {latency:.1f}s, over the total limit {self.timeout_s:g}s "
+                                "(request_timeout_s)", "total")
         if resp.status_code in (401, 403):
             raise auth_error(url, resp.status_code, self._key is not None)
         if resp.status_code != 200:
@@ -394,10 +396,10 @@ class OpenAIClient:
                     break
                 except httpx.TimeoutException as exc:
                     raise self._timeout(url, exc, chunks) from None
-                if time.perf_counter() > deadline:
-                    raise self._timed_out(TargetTimeout(
-                        f"{url}: request over the total limit {self.timeout_s:g}s (request_timeout_s) after "
-                        f"{chunks} content chunks", "total"))
+                if time.perf_counter() > deadline:  # slow, not hung: bytes keep coming (no breaker count)
+                    self._answered()
+                    raise TargetTimeout(f"{url}: request over the total limit {self.timeout_s:g}s "
+                                        f"(request_timeout_s) after {chunks} content chunks", "total")
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()

@@ -42,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
             print((run_dir / "report.json").read_text())
         return rc
     if args.action == "render":
-        print(json.dumps(d.render(cfg, args.hosts, args.image), indent=2))
+        from rollout.serve_args import check_serve_command
+
+        rendered = d.render(cfg, args.hosts, args.image)
+        for host, spec in sorted(rendered.items()):  # the DDTree rules deploy runs: bad input, exit 2, one line
+            check_serve_command(host, [str(x) for x in ((spec or {}).get("command") or [])])
+        print(json.dumps(rendered, indent=2))
         return EXIT_OK
     rc, out = d.status(cfg, args.hosts)
     if args.json:

@@ -141,9 +141,11 @@ def test_summary_goodput_errors_warmup_and_lengths() -> None:
         _rec(1009.9, ttft=10, itl=(5, 5)),           # still running at stop (ends after 1010.0): left out
     ]
     recs[-1]["e2e"] = 500.0
+    # killed by Locust mid-request at the stop (locustfile): counted apart, neither failed nor dropped
+    recs.append({"t": 1009.0, "ok": False, "running_at_stop": True, "e2e": 1000.0, "n": 0, "aout": 8, "exact": True})
     s = summarize(recs, cfg, stop_at=1010.0)
     assert s["requests"] == {"total": 6, "ok": 5, "failed": 1, "errors": {"http_503": 1}, "warmup_excluded": 1,
-                             "after_stop_excluded": 1}
+                             "after_stop_excluded": 1, "in_flight_at_stop": 1}
     assert s["error_rate"] == pytest.approx(1 / 6, abs=1e-3)
     assert s["throughput"]["good_requests"] == 3
     assert s["itl_ms"]["count"] == 10 and s["itl_ms"]["max"] == 90

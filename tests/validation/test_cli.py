@@ -138,3 +138,13 @@ def test_run_refuses_a_baseline_of_another_model_before_any_request(http_peer, t
     assert_one_line_error(run_cli("run", "--target", http_peer.url, "--baseline", str(base), "--no-judge"),
                           "recorded for model 'another-model'")
     assert http_peer.posts == []
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n\t\n"])
+@pytest.mark.parametrize("judge", [True, False])
+def test_check_text_empty_file_is_bad_input(tmp_path: Path, content: bytes, judge: bool) -> None:
+    f = tmp_path / "empty.jsonl"
+    f.write_bytes(content)
+    p = run_cli("check-text", *([] if judge else ["--no-judge"]), str(f))
+    assert_one_line_error(p, "has no texts to score")
+    assert p.stdout == ""

@@ -96,9 +96,11 @@ def test_a_target_that_hangs_from_the_start_is_refused_after_one_stall(server) -
     assert "stalled" in str(exc.value) and "/v1/models" in str(exc.value)
 
 
-def test_stall_limit_above_the_total_is_bad_config() -> None:
-    with pytest.raises(ValueError, match="request_stall_s"):
-        GateConfig.model_validate({"request_stall_s": 200, "request_timeout_s": 100})
+def test_stall_limit_above_the_total_is_the_total() -> None:
+    cfg = GateConfig.model_validate({"request_stall_s": 200, "request_timeout_s": 100})
+    c = OpenAIClient("http://127.0.0.1:9", timeout_s=cfg.request_timeout_s, stall_s=cfg.request_stall_s)
+    assert c.stall_s == 100
+    c.close()
 
 
 # ---------------------------------------------------------------------------------------------- API keys
@@ -232,4 +234,16 @@ def test_breaker_error_is_raised_without_a_request(server) -> None:
     with pytest.raises(TargetHung):
         c.chat("hi", max_tokens=2)
     assert c.metrics_text() is None and c.server_info() is None
+    c.close()
+
+
+def test_a_slow_target_that_keeps_answering_is_not_called_hung(server) -> None:
+    # every request runs past the total, but bytes keep coming: each fails as `total`, the breaker stays shut
+    srv = server("--tokens", "20", "--itl-ms", "100")
+    c = OpenAIClient(srv.url, model="sim", timeout_s=0.5, stall_s=0.5, max_timeouts_in_row=1)
+    for _ in range(3):
+        with pytest.raises(TargetTimeout) as exc:
+            c.chat("hi", max_tokens=20)
+        assert exc.value.kind == "total" and not isinstance(exc.value, TargetHung)
+    assert c.hung is None
     c.close()

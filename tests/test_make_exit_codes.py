@@ -1,0 +1,82 @@
+"""Exit codes through make: `make validate` keeps the gate's 0 / 1 / 2 apart (mk/exit-code.inc), and `make
+render` refuses DDTree settings outside the rules with exit 2 and one line, as deploy does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.loadtests.conftest import free_port
+from tests.support.simserver import SimServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+REPO = Path(__file__).resolve().parents[1]
+DETECTORS = ["empty", "char_run", "ngram_loop", "token_soup", "bad_chars", "script_salad", "collapse",
+             "subword_repeat", "mojibake", "word_order", "near_repeat"]
+
+
+def make(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=500, check=False, env=env)
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimServer]:
+    with SimServer(free_port(), "--tokens", "8", "--itl-ms", "1") as srv:
+        yield srv
+
+
+def _profile(tmp_path: Path, disabled: list[str]) -> Path:
+    p = tmp_path / f"gate-{len(disabled)}.yaml"
+    p.write_text(json.dumps({"gate": {
+        "temperatures": [0], "max_tokens": 8, "judge": {"enabled": False}, "determinism": {"enabled": False},
+        "variation": {"enabled": False}, "quality": {"enabled": False}, "long_copy": {"enabled": False},
+        "thresholds": {"disabled": disabled}}}))
+    return p
+
+
+def test_make_validate_keeps_pass_fail_and_bad_input_apart(sim: SimServer, tmp_path: Path) -> None:
+    # every detector off: the simulator's answers pass; detectors on: its " tok0 tok1 ..." fails them
+    ok = make("validate", f"TARGET={sim.url}", f"CONFIG={_profile(tmp_path, DETECTORS)}", f"OUT={tmp_path / 'p'}")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json.loads(ok.stdout.strip().splitlines()[-1])["verdict"] == "PASS"
+    bad = make("validate", f"TARGET={sim.url}", f"CONFIG={_profile(tmp_path, [])}", f"OUT={tmp_path / 'f'}")
+    assert bad.returncode == 1, bad.stderr[-2000:]
+    assert json.loads(bad.stdout.strip().splitlines()[-1])["verdict"] == "FAIL"
+    assert "make validate: FAILED (exit 1)" in bad.stderr
+    unreachable = make("validate", "TARGET=http://127.0.0.1:9", f"OUT={tmp_path / 'u'}")
+    assert unreachable.returncode == 2 and "error: cannot reach" in unreachable.stderr
+    missing = make("validate")
+    assert missing.returncode == 2 and "TARGET=http://host:port is required" in missing.stderr
+
+
+def test_make_dry_run_does_not_run_the_gate() -> None:
+    p = make("-n", "validate", "TARGET=http://127.0.0.1:9")
+    assert p.returncode == 0 and "-m validation run --target http://127.0.0.1:9" in p.stdout
+
+
+def _inventory(tmp_path: Path, budget: str) -> Path:
+    inv = tmp_path / f"inv-{budget}"
+    shutil.copytree(REPO / "ansible" / "inventories" / "example", inv)
+    gv = inv / "group_vars" / "all.yml"
+    text = gv.read_text()
+    assert "serve_spec_ddtree_budget: 16" in text
+    gv.write_text(text.replace("serve_spec_ddtree_budget: 16", f"serve_spec_ddtree_budget: {budget}"))
+    return inv
+
+
+def test_make_render_refuses_a_budget_outside_the_ddtree_rules(tmp_path: Path) -> None:
+    good = make("render", "HOST=all", f"INVENTORY={_inventory(tmp_path, '16')}")
+    assert good.returncode == 0, good.stderr[-2000:]
+    bad = make("render", "HOST=all", f"INVENTORY={_inventory(tmp_path, '0')}")
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "DDTree settings cannot start" in errors[0] and "1..255" in errors[0], bad.stderr
+    assert "Traceback" not in bad.stderr and "{" not in bad.stdout  # nothing rendered is printed
