@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.simserver import SimServer
 
 from tests.loadtests.conftest import free_port
-from tests.support.simserver import SimServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[1]
