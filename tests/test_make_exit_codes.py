@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.simserver import SimServer
 
+from testbed.simserver import SimServer
 from tests.loadtests.conftest import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
