@@ -103,7 +103,20 @@ class Gate:
             except KeyError:
                 raise UsageError(f"config names prompt '{pid}' which is not in suite {cfg.suite}") from None
         self._judge_ready = False
+        if not self._oracle_everywhere():  # the judge may decide: one clear error before any request
+            self._prepare_judge()
         self.derive_seeds = recording_baseline and cfg.likelihood.enabled  # and in oracle mode (run)
+
+    def _oracle_everywhere(self) -> bool:
+        """Whether the config alone puts every temperature in oracle mode (then the judge is never needed,
+        unless no scorer of the target can be made: checked again in run)."""
+        cfg = self.cfg
+        if self.recording_baseline:
+            return False
+        t0 = not any(t == 0 for t in cfg.temperatures) or (
+            cfg.lossless.enabled and bool(cfg.lossless.baseline or cfg.baseline_url))
+        hot = not hot_temperatures(cfg) or (cfg.likelihood.enabled and bool(cfg.lossless.baseline or cfg.baseline_url))
+        return t0 and hot
 
     def _prepare_judge(self) -> None:
         """One clear error naming what to install, before any request; the weight cache is made here (once)."""

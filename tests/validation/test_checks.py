@@ -145,3 +145,14 @@ def test_reports_are_built_from_the_typed_results() -> None:
         assert c.name == r.label and c.skipped == (r.status is Status.SKIP)
         assert c.not_run == (r.status is Status.NOT_RUN)
         assert c.ok == (r.status in (Status.PASS, Status.SKIP))
+
+
+def test_invalid_utf8_fails_at_t0_and_is_listed_not_failed_at_t_above_0() -> None:
+    """A byte-level sampler can emit a lone byte at T>0 (measured on real answers): the likelihood judges it."""
+    cfg = _cfg(temperatures=[0.0, 0.8], determinism={"enabled": False}, variation={"enabled": False})
+    text = "A small café \ufffd by the sea, open late for anyone who wanders past."
+    res = {r.label: r for r in run_checks(GateContext(cfg, "llama.cpp", [_sample("poem", 0.0, text),
+                                                                           _sample("poem", 0.8, text)]))}
+    assert res["backstop@T0"].status is Status.FAIL
+    assert res["backstop@T0.8"].status is Status.PASS and "invalid UTF-8" in res["backstop@T0.8"].message
+    assert res["backstop@T0.8"].evidence["sampled_invalid_utf8"]

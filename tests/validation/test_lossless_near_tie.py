@@ -188,12 +188,11 @@ def test_grid_is_inferred_from_recorded_logprobs() -> None:
 
 def test_the_real_h200_baseline_grid() -> None:
     """The incident's recorded SGLang baseline (SmolLM2 on the H200, bf16): its grid is 0.125 nats."""
-    import json
-    from pathlib import Path
 
+    from bench.history import read_json  # the file left the tree (docs/ size); git history keeps it
     from validation.lossless import decode_logprobs, infer_logprob_step
 
-    doc = json.loads(Path("docs/results/incident-gated-baseline-2026-12-02.json").read_text())
+    doc = read_json("docs/results/incident-gated-baseline-2026-12-02.json")
     answers = [decode_logprobs(r) for r in doc["logprobs"].values()]
     step, _why = infer_logprob_step(answers, 0.9)
     assert step == 0.125
