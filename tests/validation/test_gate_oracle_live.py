@@ -3,8 +3,8 @@
 A baseline is recorded from the embedded llama.cpp server (`record-baseline`), then the same server is gated
 against it: every temperature is judged by the target (lossless_t0, likelihood@T under the in-process
 reference model, the same SmolLM2 weights) and the build passes. The same server asked to sample from a
-broken distribution (no top-p/top-k cut at a temperature of 3, or a logit bias forcing one token) is the
-candidate that must fail by the target's own verdict, with the detectors only explaining.
+broken distribution (no top-p/top-k cut at a temperature of 2 where the gate asks for 0.8) is the candidate
+that must fail by the target's own verdict, with the detectors only explaining.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def test_the_correct_engine_passes_with_the_target_deciding_every_temperature(
 
 
 @pytest.mark.parametrize("extra", [
-    {"logit_bias": {"17": 6}},  # one token pushed up: fluent-looking, but not the target's distribution
+    # the sampler draws at T=2 with no cut while the request says 0.8: not the target's distribution at 0.8
+    {"temperature": 2.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0},
 ])
 def test_a_distribution_that_is_not_the_targets_fails_by_the_targets_likelihood(
         embedded_target: EmbeddedServer, recorded: Path, tmp_path: Path, extra: dict) -> None:
@@ -74,3 +75,5 @@ def test_a_distribution_that_is_not_the_targets_fails_by_the_targets_likelihood(
     assert not result.passed
     failed = {c.name for c in result.failed_cases}
     assert "likelihood@T0.8" in failed, failed
+    lik = next(c for c in result.cases if c.name == "likelihood@T0.8")
+    assert lik.details["support"]["impossible"] or lik.details["p_value"] < lik.details["alpha"], lik.message
