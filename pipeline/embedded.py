@@ -28,6 +28,7 @@ from pydantic import Field, field_validator
 
 from pipeline.config import StrictModel, load_config
 from pipeline.errors import PipelineError, TargetError, UsageError, cli_main
+from pipeline.procs import stop_child
 
 MODEL_ALIAS = "smollm2-135m-instruct"
 
@@ -204,13 +205,7 @@ class EmbeddedServer:
         )
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)
         self.proc = None
         self.pid_path.unlink(missing_ok=True)
 

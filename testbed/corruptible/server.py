@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from pipeline.procs import stop_child
 from testbed.corruptible.engine import Engine, EngineConfig, Generation, Request, TokenOut
 
 REPO = Path(__file__).resolve().parents[2]
@@ -329,13 +330,7 @@ class CorruptibleServer:
         raise RuntimeError(f"corruptible engine not ready after {self.ready_timeout_s:.0f}s; log {self.log_path}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc)
         self.proc = None
 
     def __enter__(self) -> str:
