@@ -3,6 +3,7 @@ deliberately broken copy of the model for the gate-failure tests."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import random
 import shutil
@@ -20,7 +21,48 @@ DOCKERFILE = REPO_ROOT / "images" / "cpu" / "Dockerfile"
 CONTEXT = REPO_ROOT / ".cache" / "cpu-image-context"
 # Versions the image carries: the same pins as pyproject.toml's runtime deps.
 SITE_PINS = ["xllamacpp==2026.10.11549", "pydantic==2.14.4", "PyYAML==6.0.4", "httpx==0.28.1"]
-PIPELINE_FILES = ["__init__.py", "config.py", "errors.py", "embedded.py"]
+ENTRY_MODULE = "pipeline.embedded"  # the image's entry point (python -m pipeline.embedded)
+
+
+def pipeline_files(entry: str = ENTRY_MODULE) -> list[str]:
+    """The files of the pipeline package the entry module needs: its import closure inside `pipeline`
+    (read from the source, so a new `from pipeline.x import y` in embedded.py reaches the image without
+    a list to keep in step). Imports outside the package must be in SITE_PINS or the standard library."""
+    root = REPO_ROOT / "pipeline"
+    seen: set[str] = set()
+    todo = [entry]
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        rel = mod.split(".")[1:]
+        path = root.joinpath(*rel).with_suffix(".py") if rel else root / "__init__.py"
+        if rel and not path.is_file() and (root.joinpath(*rel) / "__init__.py").is_file():
+            path = root.joinpath(*rel) / "__init__.py"
+        if not path.is_file():
+            raise UsageError(f"{mod} is imported by the CPU image's entry point but {path} does not exist")
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            required: list[str] = []  # modules named as modules
+            optional: list[str] = []  # `from pipeline.x import y`: y may be a submodule or a name
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                required = [node.module]
+                optional = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                required = [a.name for a in node.names]
+            for name in required + optional:
+                if name != "pipeline" and not name.startswith("pipeline."):
+                    continue
+                cand = root.joinpath(*name.split(".")[1:])
+                if name in required or cand.with_suffix(".py").is_file():
+                    todo.append(name)
+    files = {"__init__.py"}
+    for mod in seen:
+        rel = mod.split(".")[1:]
+        if rel:
+            pkg = root.joinpath(*rel) / "__init__.py"
+            files.add("/".join(rel) + ("/__init__.py" if pkg.is_file() else ".py"))
+    return sorted(files)
 
 
 def _docker():
@@ -59,7 +101,8 @@ def _context() -> Path:
         shutil.copyfile(model, dst)
     shutil.rmtree(CONTEXT / "pipeline", ignore_errors=True)
     (CONTEXT / "pipeline").mkdir()
-    for f in PIPELINE_FILES:
+    for f in pipeline_files():
+        (CONTEXT / "pipeline" / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO_ROOT / "pipeline" / f, CONTEXT / "pipeline" / f)
     shutil.copy2(DOCKERFILE, CONTEXT / "Dockerfile")
     return CONTEXT
