@@ -43,6 +43,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         o["lossless"] = {"baseline": args.baseline}
     if getattr(args, "reanchor_url", None):
         o.setdefault("lossless", {})["reanchor_url"] = args.reanchor_url
+    if getattr(args, "scorer", None):
+        o["likelihood"] = {"scorer": args.scorer}
     if getattr(args, "speculative", False):
         o["spec"] = {"enabled": "on"}
     if getattr(args, "no_judge", False):
@@ -241,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--baseline", help="baseline JSON for the lossless T=0 check")
     r.add_argument("--reanchor-url", help="target-only server (sglang) to continue from the candidate's text at each "
                    "near-tie, so the lossless check covers the whole answer (lossless.reanchor_url)")
+    r.add_argument("--scorer", help="likelihood scorer of the T>0 verdict: 'reference' or the target-only "
+                   "SGLang server's URL (likelihood.scorer; default: baseline_url or --reanchor-url when it is SGLang)")
     r.add_argument("--no-judge", action="store_true", help="skip the fluency judge (reported as skipped)")
     r.add_argument("--speculative", action="store_true",
                    help="the deployment uses speculative decoding (spec.enabled: on): lossless baseline required")

@@ -311,8 +311,11 @@ class Gate:
                                    "samples by record-baseline)")
             return None
         kind = lc.scorer
-        if kind is None and cfg.baseline_url:
-            kind = cfg.baseline_url if self._baseline_client().server_kind() == "sglang" else None
+        if kind is None:  # a live target-only SGLang server the gate already talks to scores the answers
+            for role, url in (("baseline", cfg.baseline_url), ("re-anchor server", cfg.lossless.reanchor_url)):
+                if url and self._same_model_client(url, role).server_kind() == "sglang":
+                    kind = url
+                    break
         if kind is not None:  # a scorer named, or a live target-only SGLang server: one that cannot score is bad input
             return _LikelihoodPlan(make_scorer(kind, cfg, model=model, candidate_url=self.client.base_url,
                                                api_key=self.api_key), rows)

@@ -152,8 +152,9 @@ def support_from_topk(own: float, top: list[tuple[float, int]], own_id: int, tem
 # ---------------------------------------------------------------------------- the reference scorer
 
 
-def render_chat(template: str, messages: list[dict[str, str]], bos: str = "", eos: str = "") -> str:
-    """The model's own chat template (GGUF tokenizer.chat_template, Jinja) applied with the generation prompt."""
+def render_chat(template: str, messages: list[dict[str, str]], bos: str = "", eos: str = "",
+                add_generation_prompt: bool = True) -> str:
+    """The model's own chat template (GGUF tokenizer.chat_template, Jinja), by default with the generation prompt."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False)
@@ -162,8 +163,8 @@ def render_chat(template: str, messages: list[dict[str, str]], bos: str = "", eo
         raise UsageError(f"chat template: {msg}")
 
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(messages=messages, add_generation_prompt=True, bos_token=bos,
-                                            eos_token=eos)
+    return env.from_string(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                            bos_token=bos, eos_token=eos)
 
 
 class ReferenceScorer:
@@ -334,7 +335,8 @@ class SGLangScorer:
 
     def _pieces(self, ids: list[int]) -> tuple[str, ...]:
         try:
-            got = self._post("/detokenize", {"tokens": ids, **({"model": self.model} if self.model else {})})
+            got = self._post("/detokenize", {"tokens": [[i] for i in ids], "skip_special_tokens": False,
+                                             **({"model": self.model} if self.model else {})})
             text = got.get("text")
             if isinstance(text, list) and len(text) == len(ids):
                 return tuple(str(t) for t in text)

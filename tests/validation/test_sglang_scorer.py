@@ -1,0 +1,142 @@
+"""validation.likelihood.SGLangScorer against a peer that speaks SGLang 0.5.23's scoring protocol, backed by
+the embedded target's reference model (real SGLang needs a GPU: the scorer ran on the H200, docs/gpu-runs.md).
+
+The peer follows sglang/srt/managers/scheduler_components/logprob_result_processor.py: input log-probs start
+at `logprob_start_len`, the first row is None and each later row is log p(token | everything before it),
+top alternatives likewise; `/tokenize` takes `prompt` or chat `messages`; `/detokenize` takes a list of lists.
+So SGLang's answer to the scorer is the reference model's own, and the scores must agree."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from pipeline.errors import UsageError
+from validation.config import GateConfig
+from validation.likelihood import SGLangScorer, make_scorer, render_chat
+
+MSG = [{"role": "user", "content": "Write a short poem about the ocean."}]
+ANSWER = "The ocean hums a song of blue,\nof tides that come and go."
+
+
+def _log_softmax(rows: np.ndarray) -> np.ndarray:
+    m = rows.max(axis=1, keepdims=True)
+    return rows - m - np.log(np.exp(rows - m).sum(axis=1, keepdims=True))
+
+
+@pytest.fixture(scope="module")
+def reference() -> Iterator:
+    s = make_scorer("reference", GateConfig(), model="smollm2-135m-instruct")
+    yield s
+    s.close()
+
+
+def _peer(ref, *, shift: bool = True) -> tuple[ThreadingHTTPServer, str]:
+    """shift=False: a server whose rows are not aligned to their tokens (the first row dropped, not None)."""
+    j = ref._judge
+
+    def generate(body: dict) -> dict:
+        ids = [int(x) for x in body["input_ids"]]
+        start = int(body.get("logprob_start_len", -1))
+        k = int(body.get("top_logprobs_num") or 0)
+        if start < 0 or start >= len(ids):
+            raise ValueError("logprob_start_len out of range")
+        lsm = _log_softmax(np.asarray(j.logits(ids[: start + 1], ids[start + 1:]), dtype=np.float64))
+        vals = [(float(lsm[r, t]), t, None) for r, t in enumerate(ids[start + 1:])]
+        tops = [[(float(lsm[r, i]), int(i), None) for i in np.argsort(-lsm[r])[:k]] for r in range(lsm.shape[0])]
+        if shift:
+            vals, tops = [(None, ids[start], None), *vals], [None, *tops]
+        return {"text": "", "meta_info": {"input_token_logprobs": vals, "input_top_logprobs": tops if k else None,
+                                          "completion_tokens": 0, "finish_reason": {"type": "length", "length": 0}}}
+
+    def tokenize(body: dict) -> dict:
+        if body.get("messages") is not None:
+            text = render_chat(ref.template, body["messages"], ref._bos, ref._eos,
+                               add_generation_prompt=body.get("add_generation_prompt") is not False)
+        else:
+            text = body["prompt"]
+        toks = ref.tokenize(text)
+        return {"tokens": toks, "count": len(toks), "max_model_len": 8192}
+
+    def detokenize(body: dict) -> dict:
+        tk = j._tk._tok
+        lists = body["tokens"]
+        return {"text": [tk.decode(x, skip_special_tokens=False) for x in lists] if lists and
+                isinstance(lists[0], list) else tk.decode(lists)}
+
+    posts = {"/generate": generate, "/tokenize": tokenize, "/detokenize": detokenize}
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, obj: object) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": "smollm2-135m-instruct", "object": "model"}]})
+            elif self.path == "/server_info":
+                self._send(200, {"version": "0.5.23"})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            fn = posts.get(self.path)
+            if fn is None:
+                self._send(404, {"error": "not found"})
+                return
+            try:
+                self._send(200, fn(body))
+            except (ValueError, KeyError) as exc:
+                self._send(400, {"error": str(exc)})
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def test_the_sglang_scorer_gives_the_models_own_scores(reference) -> None:
+    srv, url = _peer(reference)
+    try:
+        s = make_scorer(url, GateConfig(), model="smollm2-135m-instruct")
+        assert isinstance(s, SGLangScorer) and s.eos_id == reference.eos_id   # learnt from the chat template
+        for t in (1.0, 0.8):
+            mine, ref = s.score(MSG, ANSWER, t, stop=True), reference.score(MSG, ANSWER, t, stop=True)
+            assert mine.error is None and mine.n_tokens == ref.n_tokens > 10
+            np.testing.assert_allclose(mine.token_logprobs, ref.token_logprobs, atol=1e-4)  # log p_1: exact
+            # log p_T from the top-k only over-estimates p_T (conservative), never under-estimates it
+            assert np.all(np.asarray(mine.support_logprobs) >= np.asarray(ref.support_logprobs) - 1e-4)
+        assert mine.pieces[-1] == "<|im_end|>" and "".join(mine.pieces[:-1]) == ANSWER
+        s.close()
+    finally:
+        srv.shutdown()
+
+
+def test_a_server_whose_rows_miss_their_tokens_cannot_score(reference) -> None:
+    srv, url = _peer(reference, shift=False)
+    try:
+        with pytest.raises(UsageError, match="cannot return input log-probs"):
+            make_scorer(url, GateConfig(), model="smollm2-135m-instruct")
+    finally:
+        srv.shutdown()
+
+
+def test_a_scorer_serving_another_model_is_refused(reference) -> None:
+    srv, url = _peer(reference)
+    try:
+        with pytest.raises(UsageError, match="not the candidate's model"):
+            make_scorer(url, GateConfig(), model="llama-3-8b")
+    finally:
+        srv.shutdown()
