@@ -25,8 +25,13 @@
 # bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
-step=${1:?step: install1|install2|install3|gguf1|warm|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
+step=${1:?step: install1|install2|install3|gguf1|warm|gate30|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# pieces of the SmolLM2 GGUF ride along with the install calls (tests/ddtree/split_gguf.sh): each call copies
+# the ones it carries into /tmp/gguf, and the gate30 step joins them
+mkdir -p /tmp/gguf
+for f in .carry/gguf/p*/part*; do [ -f "$f" ] && cp "$f" /tmp/gguf/; done
+[ -d .carry/gate-py ] && [ ! -d /tmp/gate-py ] && cp -r .carry/gate-py /tmp/gate-py
 case $step in
   install1)
     S=/tmp/site; mkdir -p $S
@@ -62,6 +67,25 @@ case $step in
     wait $train
     tail -3 /tmp/train.log; mkdir -p "$OUT/drafter"; cp /tmp/smollm2-dflash/{config.json,train.json} "$OUT/drafter/" 2>/dev/null
     cp /tmp/train.log "$OUT/" ;;
+  gate30)
+    # issue 30 in one call: the correct b7/k4 and b16/k4 builds gated 10 times each and the mutant once,
+    # against a baseline recorded while a drafter trains (carry .carry/gguf/p3 and .carry/ddtree-srv; the
+    # install calls brought the other GGUF pieces and /tmp/gate-py)
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf && ls -l /tmp/gguf/smollm2.gguf || exit 1
+    PYTHONPATH=$PYTHONPATH:. python3 -m models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
+    { PYTHONPATH=$PYTHONPATH:. python3 -m models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
+        --device cuda --layers 2 --seqs ${SEQS:-320} --max-new ${MAXNEW:-192} --steps ${STEPS:-900} > /tmp/train.log 2>&1
+      echo "train rc=$?" >> /tmp/train.log; touch /tmp/drafter.done; } &
+    timeout "${LIMIT:-430}" python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline "${DEADLINE:-390}" \
+      --wait-drafter /tmp/drafter.done --repeat "${REPEAT:-10}" --only patched-b7-k4,patched-b16-k4,mutant-b16-k4
+    cp /tmp/train.log "$OUT/"
+    [ -f "$OUT/baseline.json" ] && mkdir -p "$OUT/gates" && mv "$OUT/baseline.json" "$OUT/gates/"
+    tar -C "$OUT" -czf "$OUT/gates.tgz" gates profiles 2>/dev/null; rm -rf "$OUT/gates" "$OUT/logs" "$OUT/profiles"
+    if [ -f /tmp/smollm2-dflash/model.safetensors ]; then  # the drafter, for a later session's carry
+      tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-"
+    fi ;;
   matrix)
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh

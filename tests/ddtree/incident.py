@@ -158,36 +158,74 @@ def fixtures(s: GateServer, tok) -> dict:
 
 def validation_env() -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = ":".join([str(ROOT), str(ROOT / ".carry" / "gate-py"), str(sm.SITE)])
+    gate_py = Path("/tmp/gate-py") if Path("/tmp/gate-py").is_dir() else ROOT / ".carry" / "gate-py"
+    env["PYTHONPATH"] = ":".join([str(ROOT), str(gate_py), str(sm.SITE)])
     return env
 
 
-def run_gate(s: GateServer, baseline: Path | None, timeout: float, reanchor: str | None = None) -> None:
-    out = OUT / "gates" / s.name
-    cmd = [sys.executable, "-m", "validation", "run", "--target", s.url, "--config", str(PROFILE),
+def run_gate(s: GateServer, baseline: Path | None, timeout: float, reanchor: str | None = None,
+             name: str | None = None, profile: Path = PROFILE) -> dict:
+    """One `python -m validation run` against `s`; its record (also kept as s.gate when name is None)."""
+    out = OUT / "gates" / (name or s.name)
+    cmd = [sys.executable, "-m", "validation", "run", "--target", s.url, "--config", str(profile),
            "--out", str(out), "--no-judge"]
     if s.budget is not None or s.chain:
         cmd += ["--speculative"]
     if baseline is not None:
         cmd += ["--baseline", str(baseline)]
-    if reanchor:  # the target-only server: near-ties are continued there (validation/lossless.py)
+    if reanchor:  # the target-only server: near-ties are continued there, and it scores the T>0 answers
         cmd += ["--reanchor-url", reanchor]
     t = time.time()
-    r = subprocess.run(cmd, cwd=ROOT, env=validation_env(), capture_output=True, text=True, timeout=max(30.0, timeout))
-    s.gate = {"cmd": " ".join(cmd), "rc": r.returncode, "wall_s": time.time() - t,
-              "tail": (r.stdout + r.stderr)[-3000:]}
+    rec: dict = {"name": name or s.name, "server": s.name, "profile": str(profile), "cmd": " ".join(cmd)}
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, env=validation_env(), capture_output=True, text=True,
+                           timeout=max(30.0, timeout))
+        rec.update(rc=r.returncode, tail=(r.stdout + r.stderr)[-3000:])
+    except subprocess.TimeoutExpired as exc:  # no verdict: recorded as such, never as a pass
+        rec.update(rc=None, timed_out=True, tail=str(exc.stdout or "")[-1500:])
+    rec["wall_s"] = time.time() - t
     rep = out / "report.json"
     if rep.is_file():
         doc = json.loads(rep.read_text())
-        s.gate["passed"] = doc.get("passed")
+        rec["passed"] = doc.get("passed")
         keys = ("name", "ok", "skipped", "message")
-        s.gate["cases"] = [{k: c.get(k) for k in keys} for c in doc.get("cases", [])]
-        for c, full in zip(s.gate["cases"], doc.get("cases", []), strict=True):
+        rec["cases"] = [{k: c.get(k) for k in keys} for c in doc.get("cases", [])]
+        for c, full in zip(rec["cases"], doc.get("cases", []), strict=True):
             if c["name"] == "lossless_t0":  # the counts the incident table shows, as numbers
                 d = full.get("details") or {}
                 c["counts"] = {"identical": d.get("identical"), "answers": len(d.get("per_prompt") or {}),
                                "near_ties": len(d.get("near_ties") or []), "reanchored": d.get("reanchored")}
-        s.gate["summary"] = doc.get("summary")
+            if c["name"].startswith("likelihood@"):
+                d = full.get("details") or {}
+                c["details"] = d if len(json.dumps(d)) < 40000 else {k: v for k, v in d.items()
+                                                                   if len(json.dumps(v)) < 4000}
+        rec["summary"] = doc.get("summary")
+    if name is None:
+        s.gate = rec
+    return rec
+
+
+def run_profile(r: int) -> Path:
+    """The profile for repeat r (1-based): run 1 is the shipped profile; run r > 1 samples its T>0 answers
+    with seeds of its own, so the runs are independent draws at T>0 (the baseline's seeds stay disjoint)."""
+    if r == 1:
+        return PROFILE
+    import yaml
+
+    doc = yaml.safe_load(PROFILE.read_text())
+    doc["gate"].setdefault("likelihood", {})["seeds"] = [10000 * r + 1, 10000 * r + 2, 10000 * r + 3]
+    path = OUT / "profiles" / f"run-{r:02d}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def wait_for(path: Path, until: float) -> bool:
+    while time.time() < until:
+        if path.exists():
+            return True
+        time.sleep(2)
+    return path.exists()
 
 
 def main() -> int:
@@ -195,58 +233,105 @@ def main() -> int:
     ap.add_argument("--drafter", required=True, help="python -m models train-drafter output dir")
     ap.add_argument("--deadline", type=float, default=560.0)
     ap.add_argument("--only", default="", help="comma-separated server names (default: all)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="gate runs per server, all at once (issue 30: 10); above 1 the speed phase is left out")
+    ap.add_argument("--wait-drafter", default="",
+                    help="a file the drafter's training writes when done: the target-only server starts (and "
+                         "records the baseline) while the drafter trains; the speculative servers start after")
     a = ap.parse_args()
+    if a.repeat < 1:
+        print("error: --repeat must be >= 1", file=sys.stderr)
+        return 2
     t0 = time.time()
     (OUT / "logs").mkdir(parents=True, exist_ok=True)
-    sm.setup_model("smollm2", a.drafter)
     plug = sm.install_plugins()
     sys.path.insert(0, str(plug))  # sglang_ddtree: the cells' commands are checked with its rules
-    servers = plan()
-    if a.only:
-        keep = set(a.only.split(",")) | {"base"}
-        servers = [s for s in servers if s.name in keep]
-    for v in sorted({s.variant for s in servers if s.variant}):
-        sm.build_variant(v)
-    for s in servers:
-        s.start(plug)
-        time.sleep(0.5)
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(sm.MODEL["path"])
-    while time.time() < t0 + min(300, a.deadline / 2):
-        pending = [s for s in servers if not s.poll_up() and not s.error]
-        if not pending:
-            break
-        time.sleep(2)
-    up = [s for s in servers if s.up_s]
-    print(f"servers up: {len(up)}/{len(servers)} at {time.time() - t0:.0f}s", flush=True)
+    base: GateServer | None = None
+    if a.wait_drafter:
+        sm.setup_model("smollm2")  # the target alone needs no drafter
+        base = plan()[0]
+        base.start(plug)
+    keep = set(a.only.split(",")) | {"base"} if a.only else None
+    for v in ("patched", "mutant", "unpatched"):
+        if keep is None or any(n.startswith(v) for n in keep):
+            sm.build_variant(v)
+    baseline = OUT / "baseline.json"
     doc: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": sm._machine(),
                  "command": " ".join(sys.argv), "drafter": a.drafter, "speed_tokens": SPEED_TOKENS,
-                 "profile": str(PROFILE.relative_to(ROOT))}
-    train = Path(a.drafter) / "train.json"
-    if train.is_file():
-        doc["drafter_train"] = json.loads(train.read_text())
-    base = next((s for s in servers if s.name == "base"), None)
+                 "profile": str(PROFILE.relative_to(ROOT)), "repeat": a.repeat}
+    with cf.ThreadPoolExecutor(1) as bg:
+        recorded = None
+        if base is not None:  # record the baseline while the drafter trains
+            def record() -> dict:
+                while time.time() < t0 + min(300, a.deadline / 2) and not base.poll_up() and not base.error:
+                    time.sleep(2)
+                if not base.up_s:
+                    return {"rc": None, "tail": "baseline server not up: " + (base.error or "")[-1500:]}
+                r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url,
+                                    "--out", str(baseline), "--config", str(PROFILE), "--no-judge"], cwd=ROOT,
+                                   env=validation_env(), capture_output=True, text=True, timeout=300)
+                return {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:], "at_s": time.time() - t0}
+            recorded = bg.submit(record)
+            if not wait_for(Path(a.wait_drafter), t0 + a.deadline / 2):
+                print(f"the drafter did not finish by {a.deadline / 2:.0f}s", flush=True)
+            print(f"drafter ready at {time.time() - t0:.0f}s", flush=True)
+        try:
+            sm.setup_model("smollm2", a.drafter)
+            servers = plan()
+        except SystemExit as exc:  # no usable drafter: the baseline alone, the reason recorded
+            doc["drafter_error"] = str(exc)[:1500]
+            print(f"drafter unusable: {exc}", flush=True)
+            servers = [base] if base is not None else []
+        if keep is not None:
+            servers = [s for s in servers if s.name in keep]
+        if base is not None:
+            servers = [base, *[s for s in servers if s.name != "base"]]
+        for s in servers:
+            if s.proc is None:
+                s.start(plug)
+                time.sleep(0.5)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(sm.MODEL["path"])
+        while time.time() < t0 + min(400, a.deadline * 0.6):
+            pending = [s for s in servers if not s.poll_up() and not s.error]
+            if not pending:
+                break
+            time.sleep(2)
+        up = [s for s in servers if s.up_s]
+        print(f"servers up: {len(up)}/{len(servers)} at {time.time() - t0:.0f}s", flush=True)
+        train = Path(a.drafter) / "train.json"
+        if train.is_file():
+            doc["drafter_train"] = json.loads(train.read_text())
+        base = next((s for s in servers if s.name == "base"), None)
+        if recorded is None and base is not None and base.up_s:
+            r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
+                                str(baseline), "--config", str(PROFILE), "--no-judge"], cwd=ROOT,
+                               env=validation_env(), capture_output=True, text=True, timeout=300)
+            doc["baseline"] = {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:]}
+        elif recorded is not None:
+            doc["baseline"] = recorded.result()
     if base is None or not base.up_s:
         print("baseline server not up:", base.error[-1500:] if base and base.error else "", flush=True)
     else:
-        baseline = OUT / "baseline.json"
-        r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
-                            str(baseline), "--config", str(PROFILE), "--no-judge"], cwd=ROOT, env=validation_env(),
-                           capture_output=True, text=True, timeout=300)
-        doc["baseline"] = {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:]}
-        print(f"baseline rc={r.returncode} at {time.time() - t0:.0f}s", flush=True)
-        with cf.ThreadPoolExecutor(max(1, len(up))) as ex:  # 3) every gate at once
-            left = t0 + a.deadline - time.time() - 25
-            gated = [s for s in up if s is not base]  # the baseline's own check is record-baseline's
-            list(ex.map(lambda s: run_gate(s, baseline if baseline.is_file() else None, left, base.url), gated))
+        print(f"baseline rc={doc['baseline']['rc']} at {time.time() - t0:.0f}s", flush=True)
+        gated = [s for s in up if s is not base]  # the baseline's own check is record-baseline's
+        # the mutant is gated once: it must fail; the correct builds `--repeat` times: they must pass every time
+        jobs = [(s, r) for r in range(1, a.repeat + 1) for s in gated if r == 1 or s.variant != "mutant"]
+        left = t0 + a.deadline - time.time() - 25
+        with cf.ThreadPoolExecutor(max(1, len(jobs))) as ex:  # 3) every gate at once
+            futs = [ex.submit(run_gate, s, baseline if baseline.is_file() else None, left, base.url,
+                              None if a.repeat == 1 else f"{s.name}-r{r:02d}",
+                              PROFILE if a.repeat == 1 else run_profile(r)) for s, r in jobs]
+            doc["gates"] = [f.result() for f in futs]
         print(f"gates done at {time.time() - t0:.0f}s", flush=True)
-        # 2) speed after the gates (the mutant's device-side assert at T=0.8 killed it in the speed phase before
-        # its gate could run, 2026-12-01): one server busy at a time, so the ratios are side by side
-        for s in up:
-            speed(s, tok)
-        print(f"speed done at {time.time() - t0:.0f}s", flush=True)
-        doc["fixtures"] = [fixtures(s, tok) for s in up if s.name in ("base", "patched-b16-k4", "chain")]
+        if a.repeat == 1:
+            # 2) speed after the gates (the mutant's device-side assert at T=0.8 killed it in the speed phase
+            # before its gate could run, 2026-12-01): one server busy at a time, so the ratios are side by side
+            for s in up:
+                speed(s, tok)
+            print(f"speed done at {time.time() - t0:.0f}s", flush=True)
+            doc["fixtures"] = [fixtures(s, tok) for s in up if s.name in ("base", "patched-b16-k4", "chain")]
     for s in servers:
         if s.proc is not None and s.up_s is None and s.error is None:
             s.error = "not up before the deadline: " + s.log.read_text(errors="replace")[-1500:]
@@ -263,9 +348,9 @@ def main() -> int:
     (OUT / "incident.json").write_text(json.dumps(doc))
     sm.stop_all(servers)
     subprocess.run(["tar", "-C", str(OUT), "-czf", str(OUT / "incident-logs.tgz"), "logs"], check=False)
-    print(json.dumps([{"name": s["name"], "up": s["up_s"], "tps": s["median_tokens_per_s_t0"],
-                       "gate": s["gate"].get("rc"), "passed": s["gate"].get("passed")} for s in doc["servers"]]),
-          flush=True)
+    print(json.dumps([{"name": g["name"], "rc": g.get("rc"), "passed": g.get("passed"),
+                       "failed": [c["name"] for c in g.get("cases", []) if not c["ok"] and not c["skipped"]]}
+                      for g in doc.get("gates", [])]), flush=True)
     return 0
 
 
