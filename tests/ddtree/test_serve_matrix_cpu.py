@@ -38,6 +38,7 @@ def test_variants_apply_and_differ_where_they_should(sm) -> None:
     assert (roots["mutant"] / tb).read_text().count("MUTANT seeds") >= 3
 
 
+@pytest.mark.network  # the sm fixture fetches the sglang wheel (cached after the first run)
 def test_plan_covers_the_matrix(sm) -> None:
     names = [s.name for s in sm.plan("full")]
     assert len(names) == len(set(names))
