@@ -220,6 +220,14 @@ def run_profile(r: int) -> Path:
     return path
 
 
+def record_baseline(base: GateServer, out: Path) -> dict:
+    """`validation record-baseline` on the target-only server (the profile's baseline seeds at T>0)."""
+    r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out", str(out),
+                        "--config", str(PROFILE), "--no-judge"], cwd=ROOT, env=validation_env(),
+                       capture_output=True, text=True, timeout=300)
+    return {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:]}
+
+
 def wait_for(path: Path, until: float) -> bool:
     while time.time() < until:
         if path.exists():
@@ -267,10 +275,7 @@ def main() -> int:
                     time.sleep(2)
                 if not base.up_s:
                     return {"rc": None, "tail": "baseline server not up: " + (base.error or "")[-1500:]}
-                r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url,
-                                    "--out", str(baseline), "--config", str(PROFILE), "--no-judge"], cwd=ROOT,
-                                   env=validation_env(), capture_output=True, text=True, timeout=300)
-                return {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:], "at_s": time.time() - t0}
+                return {**record_baseline(base, baseline), "at_s": time.time() - t0}
             recorded = bg.submit(record)
             if not wait_for(Path(a.wait_drafter), t0 + a.deadline / 2):
                 print(f"the drafter did not finish by {a.deadline / 2:.0f}s", flush=True)
@@ -305,10 +310,7 @@ def main() -> int:
             doc["drafter_train"] = json.loads(train.read_text())
         base = next((s for s in servers if s.name == "base"), None)
         if recorded is None and base is not None and base.up_s:
-            r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
-                                str(baseline), "--config", str(PROFILE), "--no-judge"], cwd=ROOT,
-                               env=validation_env(), capture_output=True, text=True, timeout=300)
-            doc["baseline"] = {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:]}
+            doc["baseline"] = record_baseline(base, baseline)
         elif recorded is not None:
             doc["baseline"] = recorded.result()
     if base is None or not base.up_s:
