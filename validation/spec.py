@@ -31,7 +31,10 @@ def parse_prometheus(text: str) -> SpecReading | None:
     """Mean over label sets of sglang:spec_accept_length / _rate, None when absent."""
     vals: dict[str, list[float]] = {}
     for name, value in _PROM.findall(text):
-        vals.setdefault(name, []).append(float(value))
+        v = float(value)
+        if name.endswith("length") and v < 1.0:
+            continue  # the gauge's default (0.0) before any verify, and on a server without speculation
+        vals.setdefault(name, []).append(v)
     if not vals:
         return None
 
@@ -42,11 +45,21 @@ def parse_prometheus(text: str) -> SpecReading | None:
     return SpecReading(mean("sglang:spec_accept_length"), mean("sglang:spec_accept_rate"), "/metrics")
 
 
+def _declares_no_speculation(info: dict) -> bool:
+    """Whether SGLang's /server_info says the server runs no speculative algorithm (its server args, top level or
+    in ``internal_states``, carry ``speculative_algorithm: null``)."""
+    states = [info, *[s for s in info.get("internal_states") or [] if isinstance(s, dict)]]
+    declared = [s["speculative_algorithm"] for s in states if "speculative_algorithm" in s]
+    return bool(declared) and not any(declared)
+
+
 def read_spec_metrics(client: OpenAIClient, kind: str) -> SpecReading | None:
     """Best server-side reading, or None when the server reports none."""
     if kind != "sglang":
         return None
     info = client.server_info() or {}
+    if _declares_no_speculation(info):
+        return None  # sglang exports its spec gauges at 0.0 on every server; the server's own args decide
     lengths = [s.get("avg_spec_accept_length") for s in info.get("internal_states") or [] if isinstance(s, dict)]
     lengths = [float(x) for x in lengths if x is not None]
     if lengths:

@@ -25,7 +25,7 @@
 # bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
-step=${1:?step: install1|install2|install3|gguf1|warm|gate30|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
+step=${1:?step: install1|install2|install3|train|drafter|gguf1|warm|gate30|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # pieces of the SmolLM2 GGUF ride along with the install calls (tests/ddtree/split_gguf.sh): each call copies
 # the ones it carries into /tmp/gguf, and the gate30 step joins them
@@ -52,6 +52,19 @@ case $step in
       tar -C "$S" -xzf "$C/p3/fislim.tgz" && tar -C "$S" -xzf "$C/p3/fi-cutlass-inc.tgz" && touch "$S/.sgk45" || exit 1
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh && python3 -c "import sglang, sgl_kernel; print('sglang ok')" ;;
+  train)
+    # the drafter alone (about 270 s on the H200), in its own call: training beside the gates' servers does not fit
+    # one call on a fresh machine (2026-12-03). Carry .carry/gguf/p3; gate30 then finds /tmp/smollm2-dflash.
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf || exit 1
+    PYTHONPATH=$PYTHONPATH:. python3 -m models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
+    PYTHONPATH=$PYTHONPATH:. timeout 560 python3 -m models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
+      --device cuda --layers 2 --seqs "${SEQS:-512}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-1500}" > /tmp/train.log 2>&1
+    echo "train rc=$?" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/" ;;
+  drafter)
+    # a drafter an earlier gate30 returned (drafter.tar.part-*), carried as .carry/drafter, for gate30 to unpack
+    mkdir -p /tmp/drafter-parts && cp .carry/drafter/drafter.tar.part-* /tmp/drafter-parts/ && ls /tmp/drafter-parts ;;
   gguf1)
     mkdir -p /tmp/gguf && cp .carry/gguf-a/part00 /tmp/gguf/ ;;
   warm)
@@ -75,11 +88,19 @@ case $step in
     source tests/ddtree/device-env.sh
     cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf && ls -l /tmp/gguf/smollm2.gguf || exit 1
     PYTHONPATH=$PYTHONPATH:. python3 -m models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
-    { PYTHONPATH=$PYTHONPATH:. python3 -m models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
-        --device cuda --layers 2 --seqs ${SEQS:-320} --max-new ${MAXNEW:-192} --steps ${STEPS:-900} > /tmp/train.log 2>&1
-      echo "train rc=$?" >> /tmp/train.log; touch /tmp/drafter.done; } &
-    timeout "${LIMIT:-430}" python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline "${DEADLINE:-390}" \
-      --wait-drafter /tmp/drafter.done --repeat "${REPEAT:-10}" --only patched-b7-k4,patched-b16-k4,mutant-b16-k4
+    wait=()
+    if [ -f /tmp/smollm2-dflash/model.safetensors ]; then  # the `train` step's drafter, on this warm machine
+      echo "drafter from an earlier call" >> /tmp/train.log
+    elif ls /tmp/drafter-parts/drafter.tar.part-* >/dev/null 2>&1; then  # a drafter trained in an earlier call
+      cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - && echo "drafter from the carry" > /tmp/train.log || exit 1
+    else
+      { PYTHONPATH=$PYTHONPATH:. python3 -m models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
+          --device cuda --layers 2 --seqs ${SEQS:-512} --max-new ${MAXNEW:-256} --steps ${STEPS:-1500} > /tmp/train.log 2>&1
+        echo "train rc=$?" >> /tmp/train.log; touch /tmp/drafter.done; } &
+      wait=(--wait-drafter /tmp/drafter.done)
+    fi
+    timeout "${LIMIT:-560}" python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline "${DEADLINE:-520}" \
+      "${wait[@]}" --repeat "${REPEAT:-10}" --only patched-b7-k4,patched-b16-k4,mutant-b16-k4
     cp /tmp/train.log "$OUT/"
     [ -f "$OUT/baseline.json" ] && mkdir -p "$OUT/gates" && mv "$OUT/baseline.json" "$OUT/gates/"
     tar -C "$OUT" -czf "$OUT/gates.tgz" gates profiles 2>/dev/null; rm -rf "$OUT/gates" "$OUT/logs" "$OUT/profiles"

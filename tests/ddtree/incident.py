@@ -46,6 +46,8 @@ import serve_matrix as sm
 
 ROOT = sm.ROOT
 sys.path.insert(0, str(ROOT))  # validation, rollout, models
+from pipeline.errors import UsageError  # noqa: E402
+
 OUT = sm.OUT
 PROFILE = ROOT / "validation" / "profiles" / "sglang-smollm2.yaml"
 SPEED_PROMPTS = (
@@ -246,6 +248,8 @@ def main() -> int:
     ap.add_argument("--wait-drafter", default="",
                     help="a file the drafter's training writes when done: the target-only server starts (and "
                          "records the baseline) while the drafter trains; the speculative servers start after")
+    ap.add_argument("--gate-reserve", type=float, default=120.0,
+                    help="seconds kept for the gates after the servers' wait (21 gates at once took about 50 s)")
     a = ap.parse_args()
     if a.repeat < 1:
         print("error: --repeat must be >= 1", file=sys.stderr)
@@ -255,14 +259,15 @@ def main() -> int:
     plug = sm.install_plugins()
     sys.path.insert(0, str(plug))  # sglang_ddtree: the cells' commands are checked with its rules
     base: GateServer | None = None
+    keep = set(a.only.split(",")) | {"base"} if a.only else None
+    # the variants first: the target-only server imports the patched tree, so it must be whole before it starts
+    for v in ("patched", "mutant", "unpatched"):
+        if keep is None or any(n.startswith(v) for n in keep):
+            sm.build_variant(v)
     if a.wait_drafter:
         sm.setup_model("smollm2")  # the target alone needs no drafter
         base = plan()[0]
         base.start(plug)
-    keep = set(a.only.split(",")) | {"base"} if a.only else None
-    for v in ("patched", "mutant", "unpatched"):
-        if keep is None or any(n.startswith(v) for n in keep):
-            sm.build_variant(v)
     baseline = OUT / "baseline.json"
     doc: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": sm._machine(),
                  "command": " ".join(sys.argv), "drafter": a.drafter, "speed_tokens": SPEED_TOKENS,
@@ -283,7 +288,7 @@ def main() -> int:
         try:
             sm.setup_model("smollm2", a.drafter)
             servers = plan()
-        except SystemExit as exc:  # no usable drafter: the baseline alone, the reason recorded
+        except (SystemExit, UsageError) as exc:  # no usable drafter: the baseline alone, the reason recorded
             doc["drafter_error"] = str(exc)[:1500]
             print(f"drafter unusable: {exc}", flush=True)
             servers = [base] if base is not None else []
@@ -298,7 +303,9 @@ def main() -> int:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(sm.MODEL["path"])
-        while time.time() < t0 + min(400, a.deadline * 0.6):
+        # the servers get all the time but the gates' reserve: on a fresh machine their JIT compiles and graph
+        # captures took over 216 s (2026-12-03), past the 0.6 x deadline this loop used to stop at
+        while time.time() < t0 + a.deadline - a.gate_reserve:
             pending = [s for s in servers if not s.poll_up() and not s.error]
             if not pending:
                 break

@@ -45,3 +45,25 @@ def test_recorded_meta_info_accept_length_is_tokens_per_verify(recorded: dict) -
     for r in recorded["results"]:
         m = r["meta"]
         assert m["spec_accept_length"] == pytest.approx(m["completion_tokens"] / m["spec_verify_ct"])
+
+
+def test_target_only_server_reads_as_not_speculative(recorded: dict, http_peer) -> None:
+    """sglang 0.5.23 exports sglang:spec_accept_length on every server, 0.0 until a verify step ran
+    (metrics_collector.py: the stats field defaults to 0.0). A target-only server declares
+    speculative_algorithm null in /server_info: no reading, so record-baseline does not take it for a
+    speculative deployment (found on the H200, 2026-12-03: the baseline was refused)."""
+    states = [{**st, "speculative_algorithm": None} for st in recorded["info"]["server_info"]]
+    for st in states:
+        st.pop("avg_spec_accept_length", None)
+    gauge0 = [ln.rsplit(" ", 1)[0] + " 0.0" for ln in recorded["info"]["metrics"]
+              if ln.startswith("sglang:spec_accept_length{")]
+    http_peer.routes["/server_info"] = (200, "application/json", json.dumps({"internal_states": states}).encode())
+    http_peer.routes["/metrics"] = (200, "text/plain", ("\n".join(gauge0) + "\n").encode())
+    assert read_spec_metrics(OpenAIClient(http_peer.url, model="m"), "sglang") is None
+    # the speculative server's own states still give its reading
+    spec_states = recorded["info"]["server_info"]
+    assert spec_states[0].get("speculative_algorithm")
+    http_peer.routes["/server_info"] = (200, "application/json", json.dumps({"internal_states": spec_states}).encode())
+    assert read_spec_metrics(OpenAIClient(http_peer.url, model="m"), "sglang") is not None
+    # a gauge at its default is no reading on its own either
+    assert parse_prometheus("\n".join(gauge0) + "\n") is None
