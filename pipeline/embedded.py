@@ -43,6 +43,16 @@ def default_model_path() -> str:
     return str(files[0]) if files else ""
 
 
+def default_threads(cap: int = 4) -> int:
+    """Compute threads for the embedded engine: the CPUs this process may use, less one, at most `cap`
+    (a 135M model gains little beyond 4), at least 1."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count() or 1
+    return max(1, min(cap, usable - 1))
+
+
 class EmbeddedConfig(StrictModel):
     """Settings of the embedded engine. Field defaults are the project's defaults."""
 
@@ -52,7 +62,10 @@ class EmbeddedConfig(StrictModel):
     port: int = Field(default=8080, ge=1, le=65535)
     n_ctx: int = Field(default=8192, ge=256)
     n_parallel: int = Field(default=4, ge=1, le=64)
-    threads: int = Field(default=2, ge=1)
+    # llama.cpp's compute threads meet at a barrier after every op, so one thread the OS preempts stalls them all:
+    # with 2 threads on 2 cores beside one busy process, decode fell from 111 to 1.5 tok/s, with 1 thread it held
+    # 53 (bench/embedded_threads.py, docs/real-conditions.md). The default leaves one core to everything else.
+    threads: int = Field(default_factory=lambda: default_threads(), ge=1)
     # Speculative decoding of the engine itself (used by the sweep on CPU).
     spec_type: Literal["none", "draft", "ngram"] = "none"
     draft_model_path: str | None = None

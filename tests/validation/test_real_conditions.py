@@ -247,3 +247,16 @@ def test_a_slow_target_that_keeps_answering_is_not_called_hung(server) -> None:
         assert exc.value.kind == "total" and not isinstance(exc.value, TargetHung)
     assert c.hung is None
     c.close()
+
+
+@pytest.mark.parametrize(("usable", "want"), [(1, 1), (2, 1), (3, 2), (8, 4), (64, 4)])
+def test_embedded_threads_leave_a_core_free(monkeypatch: pytest.MonkeyPatch, usable: int, want: int) -> None:
+    """The embedded engine's default threads: the usable CPUs less one, 1 to 4. With as many llama.cpp threads
+    as cores, one busy neighbour stalls every op barrier (docs/results/embedded-threads-2026-12-03.json:
+    2 threads beside one hog 0.5 tok/s, 1 thread 52)."""
+    from pipeline import embedded
+
+    monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda _pid: set(range(usable)))
+    assert embedded.default_threads() == want
+    assert embedded.EmbeddedConfig(model_path=__file__).threads == want
+    assert embedded.EmbeddedConfig(model_path=__file__, threads=3).threads == 3
