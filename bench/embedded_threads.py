@@ -30,17 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
+from pipeline.procs import free_port as _free_port  # noqa: E402
 
 HOG = "while True:\n    pass\n"
 PROMPT = "Write a short poem about the sea."
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ints(text: str) -> list[int]:

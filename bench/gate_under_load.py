@@ -28,19 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
+from pipeline.procs import free_port as _free_port  # noqa: E402
 from validation.determinism import Answer, judge_repeats  # noqa: E402
 from validation.lossless import decode_logprobs  # noqa: E402
 
 PROFILE = REPO / "validation" / "profiles" / "embedded.yaml"
 HOG = "while True:\n    pass\n"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def determinism_view(run_dir: Path, tol: float) -> dict[str, Any]:
@@ -103,7 +96,9 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
                     "note": "shared with other sessions' work: see each run's loadavg"},
-        "profile": str(PROFILE.relative_to(REPO)), "hog_procs": args.hog_procs, "runs": []}
+        "profile": str(PROFILE.relative_to(REPO)), "hog_procs": args.hog_procs,
+        "embedded_threads": EmbeddedConfig.model_fields["threads"].get_default(call_default_factory=True),
+        "runs": []}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     phases = {"both": [False, True], "off": [False], "on": [True]}[args.hog]

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from loadtests.runner import load_records  # noqa: E402
+from pipeline.procs import free_port as _free_port  # noqa: E402
 from pipeline.reports import new_run_dir, utc_now, write_json  # noqa: E402
 from testbed.simserver import SimServer  # noqa: E402
 
@@ -204,14 +205,6 @@ def timing_error(out: Path, duration: float) -> dict[str, Any]:
                 "p90_ms": round(v[int(0.9 * (len(v) - 1))], 4), "p99_ms": round(v[int(0.99 * (len(v) - 1))], 4),
                 "share_under_1ms": round(sum(x < 1 for x in v) / len(v), 4)}
     return {"itl_abs_error": d(itl_err), "ttft_abs_error": d(ttft_err)}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer
+from pipeline.procs import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,12 +71,6 @@ def _test_fast_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket.socket, "connect", refuse_socket)
     monkeypatch.setattr(socket.socket, "bind", refuse_bind)
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded_popen)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -90,6 +90,7 @@ class Gate:
         self.recording_baseline = recording_baseline
         self.api_key = gate_api_key(cfg)  # before any request; the key never reaches a report
         self.client = target_client(target, cfg, self.api_key)
+        self._peers: dict[str, OpenAIClient] = {}  # the baseline / re-anchor servers: /v1/models asked once each
         self.console = console or Console(stderr=True)
         self.suite: Suite = load_suite(cfg.suite)
         self.backstop = Backstop(tuple(cfg.backstop_tokens))
@@ -217,23 +218,7 @@ class Gate:
         samples: list[Sample] = []
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=self.console, transient=False) as progress:
-            jobs = [(p, t, seed, "suite") for t in cfg.temperatures for seed in self.seeds(t, likely is not None)
-                    for p in self.suite.prompts]
-            samples += self._run_all(jobs, progress, "suite")
-            if cfg.determinism.enabled:
-                for pid in cfg.determinism.prompt_ids:
-                    p = self.suite.get(pid)
-                    seq = [(p, 0.0, cfg.seed, "determinism-seq")] * cfg.determinism.repeats
-                    samples += self._run_all(seq, progress, f"determinism {pid} sequential", workers=1)
-                    conc = [(p, 0.0, cfg.seed, "determinism-conc")] * cfg.determinism.concurrent
-                    samples += self._run_all(conc, progress, f"determinism {pid} concurrent",
-                                             workers=cfg.determinism.concurrent)
-            if cfg.variation.enabled:
-                v = cfg.variation
-                jobs = [(self.suite.get(pid), v.temperature, s, "variation") for pid in v.prompt_ids for s in v.seeds]
-                if v.check_seed_reproducible:
-                    jobs += [(self.suite.get(pid), v.temperature, v.seeds[0], "reproduce") for pid in v.prompt_ids]
-                samples += self._run_all(jobs, progress, "variation")
+            samples += self._request_phases(progress, likely is not None)
             if baseline_answers is None and cfg.baseline_url and cfg.lossless.enabled and oracle_t0:
                 baseline_answers, source = self._baseline_answers(progress), cfg.baseline_url
             verdicts: dict[float, Any] = {}
@@ -258,12 +243,42 @@ class Gate:
         results = run_checks(ctx)
         cases = [r.case() for r in results]
         passed = all((c.ok or c.skipped) and not c.not_run for c in cases)
+        summary = self._summary(ctx, cases, passed, model, time.perf_counter() - t_start)
+        return GateResult(self.client.base_url, model, self.kind, passed, cases, samples, summary)
+
+    def _request_phases(self, progress: Progress, derived_seeds: bool) -> list[Sample]:
+        """Every request of the gate but the baseline's and the scorer's: the suite at each temperature, then the
+        determinism repeats (sequential, then concurrent) and the seed-variation requests when enabled."""
+        cfg = self.cfg
+        jobs = [(p, t, seed, "suite") for t in cfg.temperatures for seed in self.seeds(t, derived_seeds)
+                for p in self.suite.prompts]
+        samples = self._run_all(jobs, progress, "suite")
+        if cfg.determinism.enabled:
+            for pid in cfg.determinism.prompt_ids:
+                p = self.suite.get(pid)
+                seq = [(p, 0.0, cfg.seed, "determinism-seq")] * cfg.determinism.repeats
+                samples += self._run_all(seq, progress, f"determinism {pid} sequential", workers=1)
+                conc = [(p, 0.0, cfg.seed, "determinism-conc")] * cfg.determinism.concurrent
+                samples += self._run_all(conc, progress, f"determinism {pid} concurrent",
+                                         workers=cfg.determinism.concurrent)
+        if cfg.variation.enabled:
+            v = cfg.variation
+            jobs = [(self.suite.get(pid), v.temperature, s, "variation") for pid in v.prompt_ids for s in v.seeds]
+            if v.check_seed_reproducible:
+                jobs += [(self.suite.get(pid), v.temperature, v.seeds[0], "reproduce") for pid in v.prompt_ids]
+            samples += self._run_all(jobs, progress, "variation")
+        return samples
+
+    def _summary(self, ctx: GateContext, cases: list[Case], passed: bool, model: str, duration_s: float
+                 ) -> dict[str, Any]:
+        """The report's summary block (report.json `summary`, the console table's header)."""
+        cfg, samples, spec_after = self.cfg, ctx.samples, ctx.spec_after
         ok_samples = [s for s in samples if not s.error]
         modes = {f"T{t:g}": ("oracle: lossless_t0 against the target-only server" if t == 0 else
                              "oracle: likelihood under the target model against the target-only server")
                  if ctx.mode(t) == "oracle" else "detectors + judge (weaker: no target-only baseline)"
                  for t in cfg.temperatures}
-        summary = {
+        return {
             "verdict": "PASS" if passed else "FAIL",
             "target": self.client.base_url,
             "model": model,
@@ -276,7 +291,7 @@ class Gate:
             "checks": len(cases),
             "failed_checks": [c.name for c in cases if not c.ok and not c.skipped],
             "not_run_checks": [{"name": c.name, "reason": c.message} for c in cases if c.not_run],
-            "duration_s": round(time.perf_counter() - t_start, 2),
+            "duration_s": round(duration_s, 2),
             "median_ttft_s": _median(s.ttft_s for s in ok_samples),
             "median_tokens_per_s": _median(s.tokens_per_s for s in ok_samples),
             "spec": spec_after.as_dict() if spec_after else None,
@@ -284,7 +299,6 @@ class Gate:
             "skipped_checks": [{"name": c.name, "reason": c.message} for c in cases if c.skipped],
             "waivers": [c.details["waiver"] for c in cases if c.details.get("waiver")],
         }
-        return GateResult(self.client.base_url, model, self.kind, passed, cases, samples, summary)
 
     # ------------------------------------------------------------------ the target's likelihood at T>0
     likelihood_off: str | None = None  # why T>0 is not judged by the target's likelihood (detectors mode)
@@ -452,7 +466,9 @@ class Gate:
     def _same_model_client(self, url: str, role: str) -> OpenAIClient:
         """A client of another deployment of the target's model (the baseline, the re-anchor server); UsageError
         when it serves another model, TargetError when it cannot be reached."""
-        base = target_client(url, self.cfg, self.api_key)
+        if url not in self._peers:
+            self._peers[url] = target_client(url, self.cfg, self.api_key)
+        base = self._peers[url]
         if base.model != self.client.model:
             raise UsageError(f"{role} {url} serves {base.model!r}, target serves {self.client.model!r}: they must "
                              "serve the same model")

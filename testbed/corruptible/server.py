@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from pipeline.procs import stop_child
+from pipeline.procs import free_port, stop_child
 from testbed.corruptible.engine import Engine, EngineConfig, Generation, Request, TokenOut
 
 REPO = Path(__file__).resolve().parents[2]
@@ -272,12 +271,6 @@ def serve(cfg: EngineConfig, host: str, port: int) -> None:
     with contextlib.suppress(KeyboardInterrupt):
         httpd.serve_forever()
     httpd.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class CorruptibleServer:

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -23,6 +22,7 @@ import pytest
 from images.build import BuildError, build, connect, next_rc, push_image
 from images.config import load_image_config
 from patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series, series_dir_for
+from pipeline.procs import free_port as _free_port
 
 pytestmark = pytest.mark.docker
 
@@ -167,12 +167,6 @@ def test_series_that_does_not_apply_fails_build_and_tags_nothing(client: docker.
         build(cfg, rc=1, say=lines.append)
     assert any("DOES NOT APPLY" in ln for ln in lines)
     assert client.images.list(name=name) == []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _small_image(client: docker.DockerClient):

@@ -6,7 +6,6 @@ Locust always runs in a child process (`python -m loadtests ...` starts it), nev
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,15 +14,10 @@ from typing import Any
 
 import pytest
 
+from pipeline.procs import free_port
 from testbed.simserver import SimServer, _raise_priority
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_cli(*args: str, timeout: float = 180, priority: bool = False) -> subprocess.CompletedProcess[str]:

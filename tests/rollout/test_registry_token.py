@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,17 +15,12 @@ import httpx
 import pytest
 
 from pipeline.errors import TargetError, UsageError
+from pipeline.procs import free_port as _free_port
 from rollout import registry as reglib
 from testbed.tokenserver import TokenServer
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 USER, PASSWORD = "deployer", "tok3n-Pa55-do-not-print"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

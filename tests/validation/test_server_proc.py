@@ -4,7 +4,6 @@ once, and a real HTTP server that never answers /health. No HTTP or process is m
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -13,17 +12,12 @@ import pytest
 from pipeline.client import OpenAIClient
 from pipeline.embedded import MODEL_ALIAS, default_model_path
 from pipeline.errors import TargetError
+from pipeline.procs import free_port as _free_port
 from pipeline.procs import group_alive
 from pipeline.server_proc import ServerProcess, port_in_use
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _embedded_cmd(port: int, *extra: str) -> list[str]:
