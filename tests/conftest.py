@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer
 from pipeline.procs import free_port
+from testbed.simserver import SimServer
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -81,6 +83,21 @@ def embedded_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedd
         yield srv
 
 
+@pytest.fixture
+def sim() -> Iterator[Callable[..., SimServer]]:
+    """Factory: sim("--ttft-ms", "20", ...) starts a simulator on a free port; all stopped at teardown."""
+    started: list[SimServer] = []
+
+    def start(*args: str) -> SimServer:
+        srv = SimServer(free_port(), *args).start()
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.stop()
+
+
 @dataclass
 class HttpPeer:
     """A real local HTTP server answering GETs from `routes`: path -> (status, content type, body); every POST
@@ -89,6 +106,8 @@ class HttpPeer:
     url: str
     routes: dict[str, tuple[int, str, bytes]] = field(default_factory=dict)
     posts: list[str] = field(default_factory=list)
+    # when set, answers every POST: (path, JSON body) -> (status, content type, body)
+    on_post: Callable[[str, dict], tuple[int, str, bytes]] | None = None
 
 
 @pytest.fixture
@@ -106,9 +125,16 @@ def http_peer() -> Iterator[HttpPeer]:
 
         def do_POST(self) -> None:
             peer.posts.append(self.path)
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(404)
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if peer.on_post is None:
+                self.send_response(404)
+                self.end_headers()
+                return
+            status, ctype, body = peer.on_post(self.path, json.loads(raw or b"{}"))
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
             self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *a: object) -> None:
             pass

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.procs import free_port
 from testbed.simserver import SimServer
-from tests.loadtests.conftest import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[1]

@@ -8,14 +8,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from pipeline.procs import free_port
-from testbed.simserver import SimServer, _raise_priority
+from testbed.simserver import _raise_priority
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,21 +24,6 @@ def run_cli(*args: str, timeout: float = 180, priority: bool = False) -> subproc
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
-
-
-@pytest.fixture
-def sim() -> Iterator[Callable[..., SimServer]]:
-    """Factory: sim("--ttft-ms", "20", ...) starts a simulator on a free port; all stopped at teardown."""
-    started: list[SimServer] = []
-
-    def start(*args: str) -> SimServer:
-        srv = SimServer(free_port(), *args).start()
-        started.append(srv)
-        return srv
-
-    yield start
-    for srv in started:
-        srv.stop()
 
 
 def records(out: Path) -> list[dict[str, Any]]:

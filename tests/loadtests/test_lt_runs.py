@@ -139,7 +139,8 @@ def test_web_ui_runs_the_same_locustfile(sim, tmp_path: Path) -> None:
 
     import httpx
 
-    from tests.loadtests.conftest import REPO, free_port
+    from pipeline.procs import free_port
+    from tests.loadtests.conftest import REPO
 
     srv = sim("--tokens", "4", "--itl-ms", "1", "--no-record")
     port = free_port()

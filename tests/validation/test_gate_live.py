@@ -73,7 +73,7 @@ def test_a_target_that_dies_mid_gate_fails_with_named_checks_not_an_exception(tm
     from rich.console import Console
 
     from pipeline.embedded import EmbeddedConfig
-    from tests.conftest import free_port
+    from pipeline.procs import free_port
 
     srv = EmbeddedServer(EmbeddedConfig(port=free_port()), tmp_path / "srv").start()
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -240,30 +238,15 @@ def test_the_embedded_candidate_is_the_reference_models_own(embedded_target) -> 
 
 
 @pytest.fixture
-def other_tokenizer_server() -> Iterator[str]:
+def other_tokenizer_server(http_peer) -> str:
     """A real local server whose /tokenize is another tokenizer (byte-level: one token per UTF-8 byte)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-            text = body.get("content") or body.get("prompt") or ""
-            out = json.dumps({"tokens": list(text.encode())}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(out)
+    def tokenize(_path: str, body: dict) -> tuple[int, str, bytes]:
+        text = body.get("content") or body.get("prompt") or ""
+        return 200, "application/json", json.dumps({"tokens": list(text.encode())}).encode()
 
-        def do_GET(self) -> None:
-            self.send_response(404)
-            self.end_headers()
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    http_peer.on_post = tokenize
+    return http_peer.url
 
 
 @pytest.mark.integration

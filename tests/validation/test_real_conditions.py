@@ -18,8 +18,7 @@ import pytest
 from pipeline.client import OpenAIClient, TargetHung, TargetTimeout
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer
 from pipeline.errors import UsageError
-from testbed.simserver import SimServer
-from tests.loadtests.conftest import free_port
+from pipeline.procs import free_port
 from validation.config import GateConfig
 from validation.gate import Gate
 
@@ -29,17 +28,8 @@ SECRET = "sk-test-7f3c9a1e55d04b2c"  # a made-up key: every report file is searc
 
 
 @pytest.fixture
-def server() -> Iterator:
-    started: list[SimServer] = []
-
-    def start(*args: str) -> SimServer:
-        srv = SimServer(free_port(), *args).start()
-        started.append(srv)
-        return srv
-
-    yield start
-    for s in started:
-        s.stop()
+def server(sim):  # the simulator factory of tests/conftest.py, under this module's name for it
+    return sim
 
 
 def _sim_gate_cfg(**kw: object) -> GateConfig:
