@@ -63,8 +63,8 @@ class EmbeddedConfig(StrictModel):
     n_ctx: int = Field(default=8192, ge=256)
     n_parallel: int = Field(default=4, ge=1, le=64)
     # llama.cpp's compute threads meet at a barrier after every op, so one thread the OS preempts stalls them all:
-    # with 2 threads on 2 cores beside one busy process, decode fell from 111 to 1.5 tok/s, with 1 thread it held
-    # 53 (bench/embedded_threads.py, docs/real-conditions.md). The default leaves one core to everything else.
+    # with 2 threads on 2 cores beside one busy process, decode fell from 111 to 0.5 tok/s, with 1 thread it held
+    # 52 (bench/embedded_threads.py, docs/real-conditions.md). The default leaves one core to everything else.
     threads: int = Field(default_factory=lambda: default_threads(), ge=1)
     # Speculative decoding of the engine itself (used by the sweep on CPU).
     spec_type: Literal["none", "draft", "ngram"] = "none"
