@@ -29,10 +29,12 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "bench"))
+from gate_under_load import HOG  # noqa: E402 - the same busy loop as the gate's load bench
+
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
 from pipeline.procs import free_port as _free_port  # noqa: E402
 
-HOG = "while True:\n    pass\n"
 PROMPT = "Write a short poem about the sea."
 
 

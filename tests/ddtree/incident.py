@@ -230,6 +230,12 @@ def record_baseline(base: GateServer, out: Path) -> dict:
     return {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:]}
 
 
+def wait_up(servers: list, until: float) -> None:
+    """Until every server is up or has failed, or `until` (time.time()) has passed."""
+    while time.time() < until and any(not s.poll_up() and not s.error for s in servers):
+        time.sleep(2)
+
+
 def wait_for(path: Path, until: float) -> bool:
     while time.time() < until:
         if path.exists():
@@ -255,6 +261,9 @@ def main() -> int:
         print("error: --repeat must be >= 1", file=sys.stderr)
         return 2
     t0 = time.time()
+    # the servers get all the time but the gates' reserve: on a fresh machine their JIT compiles and graph
+    # captures took over 216 s (2026-12-03), past the 0.6 x deadline the wait used to stop at
+    servers_until = t0 + a.deadline - a.gate_reserve
     (OUT / "logs").mkdir(parents=True, exist_ok=True)
     plug = sm.install_plugins()
     sys.path.insert(0, str(plug))  # sglang_ddtree: the cells' commands are checked with its rules
@@ -276,8 +285,7 @@ def main() -> int:
         recorded = None
         if base is not None:  # record the baseline while the drafter trains
             def record() -> dict:
-                while time.time() < t0 + min(300, a.deadline / 2) and not base.poll_up() and not base.error:
-                    time.sleep(2)
+                wait_up([base], servers_until)
                 if not base.up_s:
                     return {"rc": None, "tail": "baseline server not up: " + (base.error or "")[-1500:]}
                 return {**record_baseline(base, baseline), "at_s": time.time() - t0}
@@ -303,13 +311,7 @@ def main() -> int:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(sm.MODEL["path"])
-        # the servers get all the time but the gates' reserve: on a fresh machine their JIT compiles and graph
-        # captures took over 216 s (2026-12-03), past the 0.6 x deadline this loop used to stop at
-        while time.time() < t0 + a.deadline - a.gate_reserve:
-            pending = [s for s in servers if not s.poll_up() and not s.error]
-            if not pending:
-                break
-            time.sleep(2)
+        wait_up(servers, servers_until)
         up = [s for s in servers if s.up_s]
         print(f"servers up: {len(up)}/{len(servers)} at {time.time() - t0:.0f}s", flush=True)
         train = Path(a.drafter) / "train.json"
