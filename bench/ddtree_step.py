@@ -12,9 +12,10 @@ drafter (tests/ddtree/oracle) in two modes: `branch` (the recorded token at rank
 depth: the tree must branch, the chain misses there) and `top1` (the recorded token at rank 0 at
 every depth: the chain accepts its whole block; the tree still follows the oracle's fixed
 log-probs, 0.55 / 0.35 / ..., and spends part of its budget on siblings). DDTree runs each tree
-path per request (`device`, the
-default: tensor ops replayed as CUDA graphs; `eager`: the same ops launched one by one, top-k 4
-only; `host`: the numpy reference), with the worker's per-stage CUDA-event profile on
+path per request (`device`, the default: the top-k head inside the drafter's CUDA graph, the tree
+in one Triton launch, the walk replayed as a CUDA graph; `graphed`, the previous default: the head
+after the draft forward, the tree's tensor ops replayed as a CUDA graph; `host`: the numpy
+reference, top-k 4 only), with the worker's per-stage CUDA-event profile on
 (SGLANG_DDTREE_PROFILE_DIR; sglang_ddtree/profile.py).
 
 Decode tok/s is read from the stream: tokens after the first chunk over the time after it (the
@@ -148,7 +149,7 @@ def cells_for(s: StepServer) -> list[dict]:
                 out.append({"oracle": oracle, "streams": streams, "cp": {"ddtree_oracle": oracle}})
                 continue
             for k in TOPKS:
-                for path in ("device", "eager", "host") if k == 4 else ("device", "host"):
+                for path in ("device", "graphed", "host") if k == 4 else ("device", "graphed"):
                     tag = f"{oracle}-k{k}-{path}-s{streams}"
                     out.append({"oracle": oracle, "streams": streams, "topk": k, "path": path,
                                 "cp": {"ddtree_oracle": oracle, "ddtree_test_topk": k, "ddtree_test_path": path,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 STAGES = ("draft", "topk", "tree", "mask", "prepare", "verify", "accept", "commit", "draft_kv")
+PATHS = ("device", "graphed", "eager", "host")
 
 
 def _f(v: float | None, d: int = 0) -> str:
@@ -31,7 +32,15 @@ def _graphs_measured(raw: dict) -> bool:
     return any(c.get("path") == "eager" for s in raw["servers"] for c in s.get("cells", []))
 
 
+def _kernel_measured(raw: dict) -> bool:
+    """Runs since the tree kernel and the draft graph's head have `graphed` cells (the previous default)."""
+    return any(c.get("path") == "graphed" for s in raw["servers"] for c in s.get("cells", []))
+
+
 def _path_name(raw: dict, path: str) -> str:
+    if _kernel_measured(raw):
+        return {"device": "device (head in the draft graph, tree kernel)",
+                "graphed": "graphed (run 2's default)", "eager": "eager ops", "host": "host (numpy)"}[path]
     if path == "device" and not _graphs_measured(raw):
         return "device (eager ops, before CUDA graphs)"
     return {"device": "device (CUDA graphs)", "eager": "device, eager ops", "host": "host (numpy)"}[path]
@@ -55,7 +64,7 @@ def throughput_rows(raw: dict) -> list[tuple[str, dict[str, dict | None]]]:
                                     "branch4": _cell(cells, streams=4), "top14": _cell(cells, streams=4)}))
             continue
         combos = [(None, None)] if s["kind"] == "chain" else [
-            (p, k) for k in raw.get("topks", (4, 8)) for p in ("device", "eager", "host")]
+            (p, k) for k in raw.get("topks", (4, 8)) for p in PATHS]
         for path, k in combos:
             sel = {} if path is None else {"path": path, "topk": k}
             got = {f"{o}{n}": _cell(cells, oracle=o, streams=n, **sel) for o in ("branch", "top1") for n in (1, 4)}
@@ -123,7 +132,7 @@ def render_breakdown(raw: dict, oracle: str = "branch", streams: int = 1) -> lis
             continue
         totals = profile_totals(s)
         for k in raw.get("topks", (4, 8)):
-            for path in ("device", "eager", "host"):
+            for path in PATHS:
                 key = next((key for key in totals if key.endswith(f"/{oracle}-k{k}-{path}-s{streams}")), None)
                 if key is None:
                     continue

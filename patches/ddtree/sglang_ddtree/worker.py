@@ -5,11 +5,14 @@ Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` reques
 
 1. Draft: the DFlash drafter runs its block ``[root, mask x (B-1)]`` exactly as DFLASH does; its
    hidden states give a distribution per depth ``1..B-1``; the top-k per depth is taken from the
-   raw logits in vocabulary slices and normalised by one logsumexp (no full log-softmax).
-2. Tree: ``tree_device.build`` picks ``n`` nodes best-first by cumulative log-probability as
-   batched tensor ops on the GPU (level by level, no heap), and ``tree_device.flat_mask`` writes
-   the tree mask on the GPU; the build and the walk of step 4 replay as CUDA graphs per shape
-   (``tree_device.GraphedTree``; ``SGLANG_DDTREE_TREE_GRAPHS=0`` launches the ops one by one).
+   raw logits in vocabulary slices and normalised by one logsumexp (no full log-softmax). With
+   CUDA graphs this head runs inside the drafter's graph (``head.DraftTopKHead``, in place of
+   DFLASH's greedy head, which DDTree never reads); eager forwards compute it after the forward.
+2. Tree: ``tree_kernel.KernelTree`` runs the reference heap in one Triton launch (a program per
+   request; widths up to 64), and ``tree_device.flat_mask`` writes the tree mask on the GPU; the
+   walk of step 4 replays as a CUDA graph per shape. Wider trees, and requests that ask for it
+   (``ddtree_test_path: graphed``, the previous default), take ``tree_device.build``'s
+   level-by-level tensor ops replayed as a CUDA graph (``tree_device.GraphedTree``).
    ``tree`` (numpy, on the host) is the reference the CPU tests hold the device code to; a request
    can ask for it or for the eager ops (``ddtree_test_path: host | eager``) to measure against.
 3. Verify: one TARGET_VERIFY pass over ``bs x W`` tokens, positions ``prefix + depth``, a tree
@@ -58,8 +61,9 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_utils import draft_tp_context
 
 from . import tree as tree_mod
-from . import tree_device
+from . import tree_device, tree_kernel
 from .config import resolve_from_server_args
+from .head import DraftTopKHead, draft_topk
 from .profile import StepProfiler
 
 logger = logging.getLogger(__name__)
@@ -97,6 +101,16 @@ class DDTreeWorker(DFlashWorkerV2):
         # the device tree's ops replayed as CUDA graphs (tree_device.GraphedTree); off: SGLANG_DDTREE_TREE_GRAPHS=0
         self._graphed_tree = (tree_device.GraphedTree(self.ddtree.budget, int(self.block_size))
                               if os.environ.get("SGLANG_DDTREE_TREE_GRAPHS", "1") != "0" else None)
+        # the tree in one Triton launch (tree_kernel); wider trees keep the graphed tensor ops
+        self._kernel_tree = (tree_kernel.KernelTree(self.ddtree.budget, int(self.block_size))
+                             if tree_kernel.KernelTree.supports(self.ddtree.budget) else None)
+        if self._kernel_tree is not None:
+            problem = tree_kernel.self_check(self.ddtree.budget, int(self.block_size), self.topk, self.device)
+            if problem is not None:  # loud, not fatal: the graphed tensor ops build the same tree
+                logger.error("DDTree tree kernel not used (%s); the graphed tensor ops build the tree", problem)
+                self._kernel_tree = None
+        self._head_rows = 0  # > 0: this step's candidates are in the draft graph's head buffers
+        self._want_graph_head = True  # the step's path reads them (ddtree_test_path device)
         self._prof = StepProfiler.from_env()  # per-stage timing for bench/ddtree_step.py, off by default
         logger.info(
             "DDTree on: budget=%d topk=%d block=%d verify width=%d",
@@ -123,6 +137,33 @@ class DDTreeWorker(DFlashWorkerV2):
         return self._decode_step(batch, on_publish)
 
     # ------------------------------------------------------------------ draft
+    def _maybe_build_draft_sampler(self):
+        """The draft graph's tail: DDTree's top-k head (``head.DraftTopKHead``) in place of DFLASH's
+        greedy argmax, which DDTree never reads. ``None`` keeps the head eager (``_tree_candidates``):
+        TP > 1 (the vocabulary-parallel head gathers across ranks), a head without a dense bf16 /
+        fp16 / fp32 weight or with added vocabulary, or ``SGLANG_DDTREE_GRAPH_HEAD=0``."""
+        from sglang.srt.runtime_context import get_exec
+
+        lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+        weight = getattr(lm_head, "weight", None)
+        shard = getattr(lm_head, "shard_indices", None)
+        vocab = int(self.model_runner.model_config.vocab_size)
+        reason = None
+        if os.environ.get("SGLANG_DDTREE_GRAPH_HEAD", "1") == "0":
+            reason = "SGLANG_DDTREE_GRAPH_HEAD=0"
+        elif get_parallel().tp_size > 1:
+            reason = "tp > 1"
+        elif weight is None or weight.dim() != 2 or weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            reason = "no dense head weight"
+        elif (shard is not None and int(shard.num_added_elements) != 0) or int(weight.shape[0]) < vocab:
+            reason = "added or missing vocabulary rows"
+        if reason is not None:
+            logger.info("DDTree draft top-k head kept eager (%s)", reason)
+            return None
+        logger.info("DDTree draft top-k head (k=%d) folded into the draft CUDA graph", self.topk)
+        return DraftTopKHead(weight=weight, vocab=vocab, block_size=int(self.block_size), k=self.topk,
+                             max_bs=max(get_exec().graph.cuda_graph_config.decode.bs))
+
     def _window_locs(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, width: int) -> torch.Tensor:
         """[bs, width] virtual KV slots of the request windows ``[prefix, prefix + width)``."""
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
@@ -190,6 +231,9 @@ class DDTreeWorker(DFlashWorkerV2):
         plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
         with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
             out = self.draft_model_runner.forward(forward_batch)
+        # the graph's head wrote this step's candidates (read by _tree_candidates)
+        graph_head = isinstance(self._draft_sampler, DraftTopKHead) and bool(getattr(out, "can_run_graph", False))
+        self._head_rows = bs if graph_head and self._want_graph_head else 0
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTree: the DFlash drafter returned no hidden states")
@@ -198,38 +242,36 @@ class DDTreeWorker(DFlashWorkerV2):
     def _tree_candidates(self, batch: ScheduleBatch, draft_hidden: torch.Tensor):
         """Top-k log-probabilities and token ids per depth, ``[bs, B-1, K]`` each (on the GPU).
         Tests hook this method to replace the drafter's proposals (tests/ddtree/oracle)."""
+        bs, block = int(draft_hidden.shape[0]), int(draft_hidden.shape[1])
+        if self._head_rows:  # computed inside the draft graph (head.DraftTopKHead)
+            return self._draft_sampler.read(self._head_rows)
         lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
         if lm_head is None or not hasattr(lm_head, "weight"):
             raise RuntimeError("DDTree needs the target's lm_head weight for the draft distributions")
+        vocab = int(self.model_runner.model_config.vocab_size)
+        if get_parallel().tp_size == 1:
+            logp, ids = draft_topk(draft_hidden.reshape(-1, draft_hidden.shape[-1]), lm_head.weight, vocab, block,
+                                   self.topk)
+            return logp.view(bs, block - 1, -1), ids.view(bs, block - 1, -1)
+        # vocab-parallel head: local top-k, gather, top-k again (exact: the global top-k is
+        # contained in the union of the local ones); normalise with a gathered logsumexp.
+        from sglang.srt.distributed import tensor_model_parallel_all_gather
+
         h = draft_hidden[:, 1:, :].reshape(-1, draft_hidden.shape[-1])
         logits = torch.matmul(h, lm_head.weight.t())
-        vocab = int(self.model_runner.model_config.vocab_size)
         shard = getattr(lm_head, "shard_indices", None)
-        tp = get_parallel().tp_size
-        if tp > 1:
-            # vocab-parallel head: local top-k, gather, top-k again (exact: the global top-k is
-            # contained in the union of the local ones); normalise with a gathered logsumexp.
-            from sglang.srt.distributed import tensor_model_parallel_all_gather
-
-            start = int(shard.org_vocab_start_index) if shard is not None else 0
-            n_org = int(shard.num_org_elements) if shard is not None else logits.shape[1]
-            logits = logits[:, :n_org].float()
-            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-            vals, ids = torch.topk(logits, min(self.topk, logits.shape[1]), dim=-1)
-            all_vals = tensor_model_parallel_all_gather(vals.contiguous(), dim=-1)
-            all_ids = tensor_model_parallel_all_gather((ids + start).contiguous(), dim=-1)
-            all_lse = tensor_model_parallel_all_gather(lse.contiguous(), dim=-1)
-            total = torch.logsumexp(all_lse, dim=-1, keepdim=True)
-            top_vals, pos = torch.topk(all_vals, self.topk, dim=-1)
-            top_ids = torch.gather(all_ids, 1, pos)
-            logp = top_vals - total
-        else:
-            # top-k of the raw logits in vocabulary slices (exact, more parallel than one
-            # selection per row), normalised by one logsumexp: no full log-softmax is written
-            logits = logits[:, :vocab]
-            vals, top_ids = tree_device.topk_chunked(logits, self.topk)
-            logp = vals.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)
-        bs, block = draft_hidden.shape[0], draft_hidden.shape[1]
+        start = int(shard.org_vocab_start_index) if shard is not None else 0
+        n_org = int(shard.num_org_elements) if shard is not None else logits.shape[1]
+        logits = logits[:, :n_org].float()
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+        vals, ids = torch.topk(logits, min(self.topk, logits.shape[1]), dim=-1)
+        all_vals = tensor_model_parallel_all_gather(vals.contiguous(), dim=-1)
+        all_ids = tensor_model_parallel_all_gather((ids + start).contiguous(), dim=-1)
+        all_lse = tensor_model_parallel_all_gather(lse.contiguous(), dim=-1)
+        total = torch.logsumexp(all_lse, dim=-1, keepdim=True)
+        top_vals, pos = torch.topk(all_vals, self.topk, dim=-1)
+        top_ids = torch.gather(all_ids, 1, pos)
+        logp = top_vals - total
         return logp.view(bs, block - 1, -1), top_ids.view(bs, block - 1, -1)
 
     # ------------------------------------------------------------------ target
@@ -267,10 +309,15 @@ class DDTreeWorker(DFlashWorkerV2):
         topk = self._request_topk(batch)
         path = self._request_path(batch)
         host_path = path == "host"
-        graphed = self._graphed_tree if path == "device" else None
+        # device: the graph's top-k head and the one-launch tree; graphed: the previous default
+        # (head after the forward, the tree's tensor ops as a CUDA graph); eager / host: references
+        kernel = self._kernel_tree if path == "device" else None
+        graphed = self._graphed_tree if path in ("device", "graphed") and kernel is None else None
+        self._want_graph_head = path == "device"
         prof = self._prof
         if prof is not None:
-            kind = path if path != "device" or graphed is not None else "eager"
+            kind = "kernel" if kernel is not None else "graphed" if graphed is not None else \
+                "host" if host_path else "eager"
             prof.begin(f"{kind}/k{topk}/bs{bs}{self._profile_tag(batch)}")
         window = self._window_locs(batch, prefix_lens, self.window_width)  # [bs, max(W, B)]
 
@@ -304,7 +351,9 @@ class DDTreeWorker(DFlashWorkerV2):
             mask = self._tree_mask(tree, prefix_cpu, pad_to=mask_cells).to(device, non_blocking=True)
         else:
             roots = draft_input.bonus_tokens.view(-1)
-            if graphed is not None:
+            if kernel is not None:
+                dtree = kernel.build(roots, logp, ids, topk)
+            elif graphed is not None:
                 dtree = graphed.build(roots, logp, ids, topk)
             else:
                 dtree = tree_device.build(roots, logp, ids, self.ddtree.budget, topk=topk)
@@ -360,7 +409,9 @@ class DDTreeWorker(DFlashWorkerV2):
             bonus = torch.from_numpy(acc.bonus).to(device)
             paths = torch.from_numpy(acc.paths).to(device)  # [bs, B] slots in the old window order
         else:
-            if graphed is not None:
+            if kernel is not None:
+                dacc = kernel.accept(dtree, target_tokens.view(bs, w))
+            elif graphed is not None:
                 dacc = graphed.accept(dtree, target_tokens.view(bs, w))
             else:
                 dacc = tree_device.accept(dtree, target_tokens.view(bs, w), block)
@@ -427,16 +478,19 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
     def _request_path(self, batch: ScheduleBatch) -> str:
-        """``device`` (the default: tree, mask and walk as tensor ops, the tree and walk replayed as
-        CUDA graphs), ``eager`` (the same ops launched one by one) or ``host`` (the numpy reference in
-        ``tree``, kept to measure against); tests and bench/ddtree_step.py choose per batch through
+        """``device`` (the default: the top-k head inside the draft graph, the tree in one Triton
+        launch, mask and walk as tensor ops, the walk replayed as a CUDA graph), ``graphed`` (the
+        previous default: the head after the draft forward, the tree's tensor ops replayed as a CUDA
+        graph), ``eager`` (those ops launched one by one) or ``host`` (the numpy reference in
+        ``tree``), the last three kept to measure against; tests and bench/ddtree_step.py choose per batch through
         ``ddtree_test_path`` in a request's custom_params."""
         wanted = {
             str((getattr(r.sampling_params, "custom_params", None) or {}).get("ddtree_test_path", "device"))
             for r in batch.reqs
         }
-        if not wanted <= {"device", "eager", "host"} or len(wanted) > 1:
-            raise ValueError(f"ddtree_test_path must be one of device, eager, host per batch, got {sorted(wanted)}")
+        if not wanted <= {"device", "graphed", "eager", "host"} or len(wanted) > 1:
+            raise ValueError(
+                f"ddtree_test_path must be one of device, graphed, eager, host per batch, got {sorted(wanted)}")
         return wanted.pop() if wanted else "device"
 
     @staticmethod
