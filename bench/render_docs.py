@@ -126,6 +126,13 @@ def render_incident(raw: dict[str, Any], path: str) -> str:
         "message, the recorded SGLang response shapes)\n"
 
 
+def render_gate_repeat(raw: dict[str, Any], path: str) -> str:
+    """Repeated gate runs per server from one incident call (tests/ddtree/incident.py --repeat N)."""
+    from bench.gate_repeat_table import render
+
+    return render(raw, path)
+
+
 def render_ci_run(raw: dict[str, Any], path: str) -> str:
     """One `.ci/run` from a fresh clone (bench/ci_run_summary.py)."""
     verdict = "all stages passed" if raw.get("passed") else "FAILED: " + ", ".join(
@@ -224,6 +231,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "ddtree-gpu-proof": render_gpu_proof,
     "ci-run": render_ci_run,
     "incident": render_incident,
+    "gate-repeat": render_gate_repeat,
     "ddtree-serve": render_ddtree_serve,
     "ddtree-serve-verdict": render_ddtree_verdict,
     "loadtest-ceiling": render_ceiling,

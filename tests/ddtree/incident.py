@@ -184,7 +184,10 @@ def run_gate(s: GateServer, baseline: Path | None, timeout: float, reanchor: str
                            timeout=max(30.0, timeout))
         rec.update(rc=r.returncode, tail=(r.stdout + r.stderr)[-3000:])
     except subprocess.TimeoutExpired as exc:  # no verdict: recorded as such, never as a pass
-        rec.update(rc=None, timed_out=True, tail=str(exc.stdout or "")[-1500:])
+        out_so_far = exc.stdout or b""  # bytes even with text=True: decode, so the tail shows where it stopped
+        if isinstance(out_so_far, bytes):
+            out_so_far = out_so_far.decode(errors="replace")
+        rec.update(rc=None, timed_out=True, tail=out_so_far[-1500:])
     rec["wall_s"] = time.time() - t
     rep = out / "report.json"
     if rep.is_file():

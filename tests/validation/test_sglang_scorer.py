@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.errors import UsageError
 from validation.config import GateConfig
-from validation.likelihood import SGLangScorer, make_scorer, render_chat
+from validation.likelihood import ScoreRequest, SGLangScorer, make_scorer, render_chat, score_all
 
 MSG = [{"role": "user", "content": "Write a short poem about the ocean."}]
 ANSWER = "The ocean hums a song of blue,\nof tides that come and go."
@@ -40,8 +40,16 @@ def _peer(ref, *, shift: bool = True) -> tuple[ThreadingHTTPServer, str]:
     """shift=False: a server whose rows are not aligned to their tokens (the first row dropped, not None)."""
     j = ref._judge
 
-    def generate(body: dict) -> dict:
-        ids = [int(x) for x in body["input_ids"]]
+    calls: dict[str, int] = {}
+
+    def generate(body: dict) -> dict | list:
+        ids_in = body["input_ids"]
+        if ids_in and isinstance(ids_in[0], list):  # a batch: per-input logprob_start_len (a list or one int)
+            starts = body.get("logprob_start_len", -1)
+            starts = starts if isinstance(starts, list) else [starts] * len(ids_in)
+            return [generate({**body, "input_ids": x, "logprob_start_len": st})
+                    for x, st in zip(ids_in, starts, strict=True)]
+        ids = [int(x) for x in ids_in]
         start = int(body.get("logprob_start_len", -1))
         k = int(body.get("top_logprobs_num") or 0)
         if start < 0 or start >= len(ids):
@@ -58,6 +66,9 @@ def _peer(ref, *, shift: bool = True) -> tuple[ThreadingHTTPServer, str]:
         if body.get("messages") is not None:
             text = render_chat(ref.template, body["messages"], ref._bos, ref._eos,
                                add_generation_prompt=body.get("add_generation_prompt") is not False)
+        elif isinstance(body["prompt"], list):  # sglang's list form: one token list per prompt
+            toks = [ref.tokenize(t) for t in body["prompt"]]
+            return {"tokens": toks, "count": [len(t) for t in toks], "max_model_len": 8192}
         else:
             text = body["prompt"]
         toks = ref.tokenize(text)
@@ -91,6 +102,7 @@ def _peer(ref, *, shift: bool = True) -> tuple[ThreadingHTTPServer, str]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
             fn = posts.get(self.path)
+            calls[self.path] = calls.get(self.path, 0) + 1
             if fn is None:
                 self._send(404, {"error": "not found"})
                 return
@@ -103,6 +115,7 @@ def _peer(ref, *, shift: bool = True) -> tuple[ThreadingHTTPServer, str]:
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.calls = calls  # type: ignore[attr-defined]
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv, f"http://127.0.0.1:{srv.server_address[1]}"
 
@@ -138,5 +151,59 @@ def test_a_scorer_serving_another_model_is_refused(reference) -> None:
     try:
         with pytest.raises(UsageError, match="not the candidate's model"):
             make_scorer(url, GateConfig(), model="llama-3-8b")
+    finally:
+        srv.shutdown()
+
+
+def test_batched_scores_equal_one_by_one_in_a_few_requests(reference) -> None:
+    """score_many (what the gate uses: 20 gates at once sent about 11 000 scoring requests to one H200 server,
+    2026-12-03) gives every answer the numbers score gives it, in four requests for the lot; an empty answer
+    keeps its own error."""
+    srv, url = _peer(reference)
+    try:
+        s = make_scorer(url, GateConfig(), model="smollm2-135m-instruct")
+        msgs2 = [{"role": "user", "content": "Name three colours."}]
+        reqs = [ScoreRequest(MSG, ANSWER, 0.8, "poem", 1, True), ScoreRequest(msgs2, "Red, green and blue.", 1.0,
+                                                                             "colours", 2, False),
+                ScoreRequest(MSG, "", 0.6, "poem", 3), ScoreRequest(MSG, ANSWER[:20], 1.0, "poem", 4, True)]
+        srv.calls.clear()
+        many = score_all(s, reqs)
+        assert srv.calls == {"/tokenize": 3, "/generate": 1, "/detokenize": 1}  # answers, 2 prompts; 1; 1
+        assert many[2].error == "empty answer"
+        for r, got in zip(reqs, many, strict=True):
+            if not r.answer:
+                continue
+            one = s.score(r.messages, r.answer, r.temperature, prompt_id=r.prompt_id, seed=r.seed, stop=r.stop)
+            assert got.error is None and (got.prompt_id, got.seed) == (r.prompt_id, r.seed)
+            np.testing.assert_allclose(got.token_logprobs, one.token_logprobs, atol=1e-9)
+            np.testing.assert_allclose(got.support_logprobs, one.support_logprobs, atol=1e-9)
+            assert got.pieces == one.pieces
+        with pytest.raises(ValueError, match="T>0"):
+            s.score_many([ScoreRequest(MSG, ANSWER, 0.0)])
+        s.close()
+    finally:
+        srv.shutdown()
+
+
+def test_a_batch_the_server_refuses_is_scored_one_by_one(reference) -> None:
+    """A server that answers batches with an error (an older sglang, a proxy): every answer is still scored, one
+    by one, with the same numbers."""
+    srv, url = _peer(reference)
+    try:
+        s = make_scorer(url, GateConfig(), model="smollm2-135m-instruct")
+        real = s._post
+
+        def no_batches(path: str, body: dict):
+            if isinstance(body.get("prompt"), list):
+                raise ValueError(f"{url}{path} answered HTTP 400: batch")
+            return real(path, body)
+
+        s._post = no_batches
+        reqs = [ScoreRequest(MSG, ANSWER, 0.8, "poem", 1, True), ScoreRequest(MSG, ANSWER[:30], 1.0, "poem", 2)]
+        got = score_all(s, reqs)
+        assert [g.error for g in got] == [None, None]
+        one = s.score(MSG, ANSWER, 0.8, prompt_id="poem", seed=1, stop=True)
+        np.testing.assert_allclose(got[0].token_logprobs, one.token_logprobs, atol=1e-9)
+        s.close()
     finally:
         srv.shutdown()
