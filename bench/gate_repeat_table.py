@@ -29,7 +29,8 @@ def _lossless(gates: list[dict[str, Any]]) -> str:
                 seen = True
     if not seen:
         return "—"
-    return f"{tot['identical']}/{tot['answers']} identical, {tot['near_ties']} near-ties, {tot['reanchored']} re-anchored"
+    return (f"{tot['identical']}/{tot['answers']} identical, {tot['near_ties']} near-ties, "
+            f"{tot['reanchored']} re-anchored")
 
 
 def _likelihood(gates: list[dict[str, Any]]) -> str:

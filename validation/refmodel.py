@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,36 +184,40 @@ class ReferenceLM:
         out[..., 1::2] = a * sin + b * cos
         return out
 
-    def hidden(self, ids: list[int]) -> np.ndarray:
-        """The final normed hidden state of every position, (n, n_embd), positions counted from 0."""
+    def rope_tables(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(cos, sin) of the rotary angles at positions `pos`, shaped (n, 1, head_dim / 2) for `_rope`."""
+        ang = np.asarray(pos, dtype=np.float64)[:, None] * self._inv_freq[None, :]
+        return np.cos(ang).astype(_F32)[:, None, :], np.sin(ang).astype(_F32)[:, None, :]
+
+    def attention(self, q: np.ndarray, keys: np.ndarray, vals: np.ndarray, bias: np.ndarray) -> np.ndarray:
+        """Grouped-query softmax attention of q (n, heads, head_dim) over keys / vals (kv_heads, T, head_dim)
+        with the additive mask `bias` (n, T); returns (n, n_embd)."""
+        n, H, hd = q.shape
+        KV = keys.shape[0]
+        qg = q.transpose(1, 0, 2).reshape(KV, H // KV, n, hd)    # query heads grouped by their KV head
+        s = qg @ keys.transpose(0, 2, 1)[:, None]                 # (KV, G, n, T)
+        s *= _F32(1.0 / np.sqrt(hd))
+        s += bias
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        return (s @ vals[:, None]).reshape(H, n, hd).transpose(1, 0, 2).reshape(n, H * hd)
+
+    def run_layers(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+                   attend: Callable[[int, np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+        """Every layer over the embeddings x (n, n_embd), in place, then the final norm. attend(layer, q, k, v)
+        (q (n, heads, head_dim) and k / v (n, kv_heads, head_dim), RoPE applied) returns the attention output
+        (n, n_embd): causal over the sequence in `hidden`, over a KV pool in the test engines."""
         hp = self.hp
-        n, D, H, KV, hd, F = len(ids), hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff
-        if n == 0:
-            return np.zeros((0, D), dtype=_F32)
-        idx = np.asarray(ids, dtype=np.int64)
-        if idx.min() < 0 or idx.max() >= hp.n_vocab:
-            raise ValueError(f"token id out of range 0..{hp.n_vocab - 1}")
-        x = self._embed(idx)
-        ang = np.arange(n, dtype=np.float64)[:, None] * self._inv_freq[None, :]
-        cos, sin = np.cos(ang).astype(_F32)[:, None, :], np.sin(ang).astype(_F32)[:, None, :]
-        mask = np.triu(np.full((n, n), -np.inf, dtype=_F32), 1)
-        scale = _F32(1.0 / np.sqrt(hd))
-        G, kvd = H // KV, KV * hd
+        D, H, KV, hd, F = hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff
+        n, kvd = x.shape[0], KV * hd
         for layer in range(hp.n_layer):
             h = _rms(x, self.attn_norm[layer], hp.rms_eps)
             qkv = h @ self.wqkv[layer]
             q = self._rope(qkv[:, :D].reshape(n, H, hd), cos, sin)
             k = self._rope(qkv[:, D:D + kvd].reshape(n, KV, hd), cos, sin)
             v = qkv[:, D + kvd:].reshape(n, KV, hd)
-            q = q.transpose(1, 0, 2).reshape(KV, G, n, hd)           # query heads grouped by their KV head
-            s = q @ k.transpose(1, 2, 0)[:, None]                     # (KV, G, n, n)
-            s *= scale
-            s += mask
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-            o = (s @ v.transpose(1, 0, 2)[:, None]).reshape(H, n, hd).transpose(1, 0, 2).reshape(n, D)
-            x += o @ self.wo[layer]
+            x += attend(layer, q, k, v) @ self.wo[layer]
             h = _rms(x, self.ffn_norm[layer], hp.rms_eps)
             gu = h @ self.wgu[layer]
             g, u = gu[:, :F], gu[:, F:]
@@ -220,6 +225,23 @@ class ReferenceLM:
                 act = g / (1.0 + np.exp(-g)) * u                      # SiLU(gate) * up
             x += act @ self.wd[layer]
         return _rms(x, self.out_norm, hp.rms_eps)
+
+    def hidden(self, ids: list[int]) -> np.ndarray:
+        """The final normed hidden state of every position, (n, n_embd), positions counted from 0."""
+        hp = self.hp
+        n = len(ids)
+        if n == 0:
+            return np.zeros((0, hp.n_embd), dtype=_F32)
+        idx = np.asarray(ids, dtype=np.int64)
+        if idx.min() < 0 or idx.max() >= hp.n_vocab:
+            raise ValueError(f"token id out of range 0..{hp.n_vocab - 1}")
+        cos, sin = self.rope_tables(np.arange(n))
+        mask = np.triu(np.full((n, n), -np.inf, dtype=_F32), 1)
+
+        def causal(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            return self.attention(q, k.transpose(1, 0, 2), v.transpose(1, 0, 2), mask)
+
+        return self.run_layers(self._embed(idx), cos, sin, causal)
 
 
 def nll_and_gap(h: np.ndarray, out_t: np.ndarray, targets: list[int],

@@ -267,23 +267,15 @@ class Engine:
         hidden states (n, n_embd). `verify`: this is the verify pass, where the configured fault lives."""
         lm, hp = self.lm, self.lm.hp
         fault = self.cfg.fault if verify else None
-        n, D, H, KV, hd, F = len(ids), hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff
+        n, KV, hd = len(ids), hp.n_head_kv, hp.head_dim
         T = n_past + n
-        x = lm._embed(np.asarray(ids, dtype=np.int64))
-        ang = pos.astype(np.float64)[:, None] * lm._inv_freq[None, :]
-        cos, sin = np.cos(ang).astype(_F32)[:, None, :], np.sin(ang).astype(_F32)[:, None, :]
-        scale = _F32(1.0 / np.sqrt(hd))
-        G, kvd = H // KV, KV * hd
         if fault == "row_stride":
             widx = ((n_past + np.arange(n))[:, None] * (hd - 1) + np.arange(hd)[None, :]).reshape(-1)
         other = (slot + 1) % self.cfg.n_slots
         page0 = ((n_past - 1) // PAGE) * PAGE if n_past > 0 else 0
-        for layer in range(hp.n_layer):
-            h = _rms(x, lm.attn_norm[layer], hp.rms_eps)
-            qkv = h @ lm.wqkv[layer]
-            q = lm._rope(qkv[:, :D].reshape(n, H, hd), cos, sin)
-            k = lm._rope(qkv[:, D:D + kvd].reshape(n, KV, hd), cos, sin)
-            v = qkv[:, D + kvd:].reshape(n, KV, hd)
+
+        def pooled(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+            """Write this pass's K/V to the slot's rows (where the faults live), attend over rows 0..T-1."""
             kp, vp = self.K[slot, layer], self.V[slot, layer]     # (KV, cap * hd) planes
             kt = k.transpose(1, 0, 2).reshape(KV, n * hd)
             vt = v.transpose(1, 0, 2).reshape(KV, n * hd)
@@ -299,22 +291,10 @@ class Engine:
                 keys, vals = keys.copy(), vals.copy()
                 keys[:, page0:n_past] = self.K[other, layer][:, page0 * hd:n_past * hd].reshape(KV, -1, hd)
                 vals[:, page0:n_past] = self.V[other, layer][:, page0 * hd:n_past * hd].reshape(KV, -1, hd)
-            qg = q.transpose(1, 0, 2).reshape(KV, G, n, hd)
-            s = qg @ keys.transpose(0, 2, 1)[:, None]              # (KV, G, n, T)
-            s *= scale
-            s += bias
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-            o = (s @ vals[:, None]).reshape(H, n, hd).transpose(1, 0, 2).reshape(n, D)
-            x += o @ lm.wo[layer]
-            h = _rms(x, lm.ffn_norm[layer], hp.rms_eps)
-            gu = h @ lm.wgu[layer]
-            g, u = gu[:, :F], gu[:, F:]
-            with np.errstate(over="ignore"):
-                act = g / (1.0 + np.exp(-g)) * u
-            x += act @ lm.wd[layer]
-        return _rms(x, lm.out_norm, hp.rms_eps)
+            return lm.attention(q, keys, vals, bias)
+
+        cos, sin = lm.rope_tables(pos)
+        return lm.run_layers(lm._embed(np.asarray(ids, dtype=np.int64)), cos, sin, pooled)
 
     def verify_bias(self, tree: Tree, n_past: int) -> np.ndarray:
         """The additive mask (w, n_past + w) of a verify pass, through the flat mask buffer: the writer puts
@@ -469,6 +449,3 @@ class Engine:
             on_tokens(batch)
         return done
 
-
-def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    return x * (1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)).astype(_F32) * w
