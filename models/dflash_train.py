@@ -232,6 +232,7 @@ def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, se
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
     out: dict[int, torch.Tensor] = {}
     plen: dict[int, int] = {}
+    t0 = time.time()
     for g, t in enumerate(temps):
         idx = [i for i in range(n) if i % len(temps) == g]
         for c in range(0, len(idx), batch):
@@ -254,6 +255,8 @@ def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, se
                     row = row[: row.index(eos) + 1]
                 out[i] = torch.tensor(r + row, device=device)
                 plen[i] = len(r)
+            print(f"[train-drafter] corpus {len(out)}/{n} sequences written by the target ({time.time() - t0:.0f}s)",
+                  flush=True)
     return Corpus([out[i] for i in range(n)], [plen[i] for i in range(n)])
 
 
@@ -288,8 +291,10 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     head = target.get_output_embeddings()
     for p in target.parameters():
         p.requires_grad_(False)
+    t_feat = time.time()
     with torch.no_grad():
         feats = [_features(target, s, layer_ids).float() for s in seqs]
+    log(f"[train-drafter] target features of {len(seqs)} sequences ({time.time() - t_feat:.0f}s)")
     split = max(1, len(seqs) // 10)
     train_idx, held = list(range(split, len(seqs))), list(range(split))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
