@@ -114,6 +114,30 @@ def test_minus_infinity_candidates_are_still_nodes() -> None:
     np.testing.assert_array_equal(_n(got.valid), ref.valid)
 
 
+@pytest.mark.parametrize("budget,k,prefix", [(16, 4, (3, 0, 41)), (7, 1, (5, 9, 2)), (63, 8, (100, 1, 0)),
+                                              (31, 4, (0, 0, 0))])
+def test_kernel_writes_the_flat_verify_mask(budget: int, k: int, prefix: tuple[int, ...]) -> None:
+    """The same launch writes each request's ancestor block into the flat verify mask where
+    tree.flat_mask (the numpy reference) and tree_device.flat_mask put it; every other cell stays True,
+    the padding past the last request included."""
+    rng = np.random.default_rng(budget + k)
+    logp, ids = _draft(rng, 3, 7, k)
+    logp = logp.astype(np.float32)
+    roots = np.array([5, 6, 7])
+    w = budget + 1
+    total = int(sum(w * (p + w) for p in prefix))
+    flat = torch.ones(total + 37, dtype=torch.bool, device=DEV)
+    got = TK.build(_t(roots), _t(logp), _t(ids), budget, prefix_lens=_t(np.array(prefix)), flat=flat)
+    ref = T.build_batch(roots, logp, ids, budget)
+    np.testing.assert_array_equal(_n(flat), T.flat_mask(ref, np.array(prefix), pad_to=total + 37))
+    np.testing.assert_array_equal(_n(flat), _n(TD.flat_mask(got.ancestors, _t(np.array(prefix)), total + 37)))
+    assert not bool(flat.all()), "the tree's cells are written"
+    with pytest.raises(ValueError, match="go together"):
+        TK.build(_t(roots), _t(logp), _t(ids), budget, flat=flat)
+    with pytest.raises(ValueError, match="contiguous bool"):
+        TK.build(_t(roots), _t(logp), _t(ids), budget, prefix_lens=_t(np.array(prefix)), flat=flat.to(torch.uint8))
+
+
 def test_kernel_tree_walk_and_reused_buffers() -> None:
     """KernelTree writes every step into its shape's buffers and walks them (eagerly off CUDA):
     each step's acceptance equals the reference walk of that step's tree."""
@@ -171,6 +195,14 @@ def test_self_check_passes_here_and_names_a_difference(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(TK, "build", shifted)
     assert "parents" in TK.self_check(16, 8, 4, DEV)
+
+    def flat_untouched(*a, **k):
+        k.pop("flat", None)
+        k.pop("prefix_lens", None)
+        return real(*a, **k)
+
+    monkeypatch.setattr(TK, "build", flat_untouched)
+    assert TK.self_check(16, 8, 4, DEV) == "differs from the tensor ops in flat mask"
 
     def broken(*a, **k):
         raise RuntimeError("no kernel image for this device")

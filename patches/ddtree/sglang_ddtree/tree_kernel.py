@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .tree_device import PAD_PARENT, DeviceAcceptance, DeviceTree, accept
+from .tree_device import PAD_PARENT, DeviceAcceptance, DeviceTree, accept, flat_mask
 from .tree_device import build as tree_device_build
 
 try:  # the GPU image has triton (torch's own dependency); CPU tests run the kernel in its interpreter
@@ -52,9 +52,10 @@ def node_count(depth_count: int, k: int, budget: int) -> int:
 if triton is not None:
 
     @triton.jit
-    def _tree_kernel(lp_ptr, ids_ptr, roots_ptr, tok_ptr, par_ptr, dep_ptr, anc_ptr,
+    def _tree_kernel(lp_ptr, ids_ptr, roots_ptr, tok_ptr, par_ptr, dep_ptr, anc_ptr, pre_ptr, flat_ptr,
                      s_lb, s_ld, s_lr, s_ib, s_id, s_ir, depth_count, k,
-                     BUDGET: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, FR: tl.constexpr):
+                     BUDGET: tl.constexpr, W: tl.constexpr, WP: tl.constexpr, FR: tl.constexpr,
+                     FLAT: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         lp_b = lp_ptr + b * s_lb
         id_b = ids_ptr + b * s_ib
@@ -121,6 +122,13 @@ if triton is not None:
         cols = wo[None, :]
         bits = (n_bits[:, None] >> cols.to(tl.int64)) & 1
         tl.store(anc_ptr + b * W * W + rows * W + cols, bits.to(tl.int8), mask=(rows < W) & (cols < W))
+        if FLAT:  # the tree's cells of the flat verify mask (tree_device.flat_mask's layout; the rest is True)
+            start = tl.zeros([], dtype=tl.int64)
+            for j in range(0, b):
+                start += W * (tl.load(pre_ptr + j).to(tl.int64) + W)
+            p = tl.load(pre_ptr + b).to(tl.int64)
+            at = start + rows.to(tl.int64) * (p + W) + p + cols.to(tl.int64)
+            tl.store(flat_ptr + at, bits.to(tl.int8), mask=(rows < W) & (cols < W))
 
 
 def available() -> bool:
@@ -128,9 +136,13 @@ def available() -> bool:
 
 
 def build(root_tokens: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Tensor, budget: int,
-          topk: int | None = None, out: DeviceTree | None = None) -> DeviceTree:
+          topk: int | None = None, out: DeviceTree | None = None, prefix_lens: torch.Tensor | None = None,
+          flat: torch.Tensor | None = None) -> DeviceTree:
     """``tree_device.build``'s contract in one kernel launch (``budget + 1 <= MAX_WIDTH``);
-    ``out`` (a tree of the same shape) is written in place instead of allocating one."""
+    ``out`` (a tree of the same shape) is written in place instead of allocating one. With
+    ``prefix_lens`` (``[bs]`` on the device) and ``flat`` (a bool buffer of at least
+    ``sum(W * (prefix + W))`` cells, all True), the same launch writes each request's ancestor block
+    into ``flat`` where ``tree_device.flat_mask`` puts it, so the verify mask needs no op of its own."""
     if triton is None:
         raise RuntimeError("tree_kernel needs triton")
     bs, depth_count, kk = (int(x) for x in topk_logp.shape)
@@ -141,19 +153,28 @@ def build(root_tokens: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Te
     dev = topk_logp.device
     if out is None:
         out = empty_tree(bs, w, node_count(depth_count, k, budget), dev)
+    if (prefix_lens is None) != (flat is None):
+        raise ValueError("tree_kernel.build: prefix_lens and flat go together")
+    if flat is not None and (flat.dtype != torch.bool or not flat.is_contiguous()):
+        raise ValueError("tree_kernel.build: flat must be a contiguous bool buffer")
     if bs and budget > 0 and depth_count > 0 and k > 0:
         anc = out.ancestors.view(torch.int8)
+        write_flat = flat is not None
         _tree_kernel[(bs,)](
             topk_logp, topk_ids, root_tokens, out.tokens, out.parents, out.depths, anc,
+            prefix_lens if write_flat else anc, flat.view(torch.int8) if write_flat else anc,
             topk_logp.stride(0), topk_logp.stride(1), topk_logp.stride(2),
             topk_ids.stride(0), topk_ids.stride(1), topk_ids.stride(2), depth_count, k,
-            BUDGET=budget, W=w, WP=_pow2(w), FR=_pow2(2 * budget + 2), num_warps=1)
+            BUDGET=budget, W=w, WP=_pow2(w), FR=_pow2(2 * budget + 2), FLAT=write_flat, num_warps=1)
     else:  # no drafted node: the root and padding only
         out.tokens.copy_(root_tokens.view(bs, 1).to(torch.int64).expand(bs, w))
         out.parents.fill_(PAD_PARENT)
         out.depths.fill_(1)
         out.depths[:, 0] = 0
         out.ancestors.copy_(empty_tree(bs, w, 0, dev).ancestors)
+        if flat is not None:  # a degenerate step (no drafted node): one host read of the mask's size is fine
+            cells = flat_mask(out.ancestors, prefix_lens, int(((prefix_lens.to(torch.int64) + w) * w).sum()))
+            flat[: cells.numel()].copy_(cells)
     return out
 
 
@@ -179,10 +200,15 @@ def self_check(budget: int, block_size: int, topk: int, device: torch.device | s
         lp = ranked.values[:, :, :topk].contiguous().to(device)
         ids = ranked.indices[:, :, :topk].contiguous().to(device)
         roots = torch.tensor([5, 6], device=device)
-        got = build(roots, lp, ids, budget)
+        prefix = torch.tensor([3, 40], device=device)
+        w = budget + 1
+        flat = torch.ones(w * (43 + 2 * w) + 5, dtype=torch.bool, device=device)
+        got = build(roots, lp, ids, budget, prefix_lens=prefix, flat=flat)
         want = tree_device_build(roots, lp, ids, budget)
         bad = [f for f in ("tokens", "parents", "depths", "valid", "ancestors")
                if not torch.equal(getattr(got, f), getattr(want, f))]
+        if not torch.equal(flat, flat_mask(want.ancestors, prefix, flat.numel())):
+            bad.append("flat mask")
     except Exception as e:  # the kernel did not compile or launch here
         return f"{type(e).__name__}: {e}"[:300]
     return f"differs from the tensor ops in {', '.join(bad)}" if bad else None
@@ -204,7 +230,8 @@ class KernelTree:
         return triton is not None and budget + 1 <= MAX_WIDTH
 
     def build(self, root_tokens: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Tensor,
-              topk: int | None) -> DeviceTree:
+              topk: int | None, prefix_lens: torch.Tensor | None = None,
+              flat: torch.Tensor | None = None) -> DeviceTree:
         key = (tuple(topk_logp.shape), topk, topk_logp.device)
         s = self._shapes.get(key)
         if s is None:
@@ -213,7 +240,8 @@ class KernelTree:
             tree = empty_tree(bs, self.budget + 1, node_count(depth_count, k, self.budget), topk_logp.device)
             s = self._shapes[key] = _Shape(tree, self.block_size)
         self._current = s
-        return build(root_tokens, topk_logp, topk_ids, self.budget, topk, out=s.tree)
+        return build(root_tokens, topk_logp, topk_ids, self.budget, topk, out=s.tree, prefix_lens=prefix_lens,
+                     flat=flat)
 
     def accept(self, tree: DeviceTree, target: torch.Tensor) -> DeviceAcceptance:
         s = self._current

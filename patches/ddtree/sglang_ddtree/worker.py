@@ -9,7 +9,7 @@ Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` reques
    CUDA graphs this head runs inside the drafter's graph (``head.DraftTopKHead``, in place of
    DFLASH's greedy head, which DDTree never reads); eager forwards compute it after the forward.
 2. Tree: ``tree_kernel.KernelTree`` runs the reference heap in one Triton launch (a program per
-   request; widths up to 64), and ``tree_device.flat_mask`` writes the tree mask on the GPU; the
+   request; widths up to 64), which also writes the tree's cells of the flat verify mask; the
    walk of step 4 replays as a CUDA graph per shape. Wider trees, and requests that ask for it
    (``ddtree_test_path: graphed``, the previous default), take ``tree_device.build``'s
    level-by-level tensor ops replayed as a CUDA graph (``tree_device.GraphedTree``).
@@ -351,8 +351,10 @@ class DDTreeWorker(DFlashWorkerV2):
             mask = self._tree_mask(tree, prefix_cpu, pad_to=mask_cells).to(device, non_blocking=True)
         else:
             roots = draft_input.bonus_tokens.view(-1)
-            if kernel is not None:
-                dtree = kernel.build(roots, logp, ids, topk)
+            mask = None
+            if kernel is not None:  # the kernel writes the tree's cells of the flat mask in the same launch
+                mask = torch.ones(mask_cells, dtype=torch.bool, device=device)
+                dtree = kernel.build(roots, logp, ids, topk, prefix_lens=prefix_lens, flat=mask)
             elif graphed is not None:
                 dtree = graphed.build(roots, logp, ids, topk)
             else:
@@ -361,7 +363,8 @@ class DDTreeWorker(DFlashWorkerV2):
             depths = dtree.depths
             if prof is not None:
                 prof.mark("tree")
-            mask = tree_device.flat_mask(dtree.ancestors, prefix_lens, mask_cells)
+            if mask is None:
+                mask = tree_device.flat_mask(dtree.ancestors, prefix_lens, mask_cells)
         if prof is not None:
             prof.mark("mask")
 
