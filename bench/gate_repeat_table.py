@@ -51,7 +51,8 @@ def render(raw: dict[str, Any], path: str) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for server, gates in by_server.items():
         passed = sum(1 for g in gates if (g.get("summary") or {}).get("verdict") == "PASS")
-        rcs = Counter("no verdict (timed out)" if g.get("rc") is None else str(g.get("rc")) for g in gates)
+        rcs = Counter("not run (no time left)" if g.get("not_run") else
+                      "no verdict (timed out)" if g.get("rc") is None else str(g.get("rc")) for g in gates)
         failed: Counter[str] = Counter()
         for g in gates:
             failed.update((g.get("summary") or {}).get("failed_checks") or [])
