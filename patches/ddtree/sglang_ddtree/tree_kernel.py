@@ -157,6 +157,8 @@ def build(root_tokens: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Te
         raise ValueError("tree_kernel.build: prefix_lens and flat go together")
     if flat is not None and (flat.dtype != torch.bool or not flat.is_contiguous()):
         raise ValueError("tree_kernel.build: flat must be a contiguous bool buffer")
+    if prefix_lens is not None:
+        prefix_lens = prefix_lens.contiguous()  # the kernel reads it with stride 1
     if bs and budget > 0 and depth_count > 0 and k > 0:
         anc = out.ancestors.view(torch.int8)
         write_flat = flat is not None
