@@ -157,8 +157,8 @@ def test_a_scorer_serving_another_model_is_refused(reference) -> None:
 
 def test_batched_scores_equal_one_by_one_in_a_few_requests(reference) -> None:
     """score_many (what the gate uses: 20 gates at once sent about 11 000 scoring requests to one H200 server,
-    2026-12-03) gives every answer the numbers score gives it, in four requests for the lot; an empty answer
-    keeps its own error."""
+    2026-12-03) gives every answer the numbers score gives it, in five requests for four answers of two
+    prompts; an empty answer keeps its own error."""
     srv, url = _peer(reference)
     try:
         s = make_scorer(url, GateConfig(), model="smollm2-135m-instruct")
