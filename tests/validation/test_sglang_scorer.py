@@ -156,7 +156,7 @@ def test_a_scorer_serving_another_model_is_refused(reference) -> None:
 
 
 def test_batched_scores_equal_one_by_one_in_a_few_requests(reference) -> None:
-    """score_many (what the gate uses: 20 gates at once sent about 11 000 scoring requests to one H200 server,
+    """score_many (what the gate uses: 20 gates at once sent about 15 000 scoring requests to one H200 server,
     2026-12-03) gives every answer the numbers score gives it, in five requests for four answers of two
     prompts; an empty answer keeps its own error."""
     srv, url = _peer(reference)
