@@ -99,7 +99,7 @@ case $step in
         echo "train rc=$?" >> /tmp/train.log; touch /tmp/drafter.done; } &
       wait=(--wait-drafter /tmp/drafter.done)
     fi
-    timeout "${LIMIT:-560}" python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline "${DEADLINE:-520}" \
+    timeout "${LIMIT:-575}" python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline "${DEADLINE:-545}" \
       "${wait[@]}" --repeat "${REPEAT:-10}" --only patched-b7-k4,patched-b16-k4,mutant-b16-k4
     cp /tmp/train.log "$OUT/"
     [ -f "$OUT/baseline.json" ] && mkdir -p "$OUT/gates" && mv "$OUT/baseline.json" "$OUT/gates/"

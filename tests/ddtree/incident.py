@@ -260,8 +260,8 @@ def main() -> int:
     ap.add_argument("--gate-reserve", type=float, default=120.0,
                     help="seconds kept for the gates after the servers' wait (21 gates at once took about 50 s)")
     ap.add_argument("--gate-workers", type=int, default=0,
-                    help="gates run at once (default: half the CPUs, at most the number of gates); the others "
-                         "queue, and one that cannot start --min-gate-s before the deadline is recorded as not run")
+                    help="gates run at once (default: the CPUs, at most the number of gates); the others queue, "
+                         "and one that cannot start --min-gate-s before the deadline is recorded as not run")
     ap.add_argument("--min-gate-s", type=float, default=45.0)
     a = ap.parse_args()
     if a.gate_workers < 0 or a.min_gate_s <= 0:
@@ -339,10 +339,10 @@ def main() -> int:
         gated = [s for s in up if s is not base]  # the baseline's own check is record-baseline's
         # the mutant is gated once: it must fail; the correct builds `--repeat` times: they must pass every time
         jobs = [(s, r) for r in range(1, a.repeat + 1) for s in gated if r == 1 or s.variant != "mutant"]
-        # 3) the gates, `workers` at a time (21 Python gate processes at once on 16 cores slowed each other and
-        # all lost their verdict together at the deadline, 2026-12-03): runs interleaved across servers, so the
-        # ones that finish cover every server; one that cannot start in time is recorded as not run
-        workers = a.gate_workers or max(1, min(len(jobs), (os.cpu_count() or 2) // 2))
+        # 3) the gates, `workers` at a time (21 gates at once all lost their verdict together at the deadline,
+        # 2026-12-03): runs interleaved across servers, so the ones that finish cover every server; one that
+        # cannot start in time is recorded as not run
+        workers = a.gate_workers or max(1, min(len(jobs), os.cpu_count() or 2))
         end = t0 + a.deadline - 25
 
         def gate_job(s: GateServer, r: int) -> dict:
