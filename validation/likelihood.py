@@ -400,7 +400,7 @@ class SGLangScorer:
         rows: list[tuple[list[int], list[int]]] = []
         for r, t in zip(reqs, toks, strict=True):
             ids = [int(i) for i in t]
-            if r.stop and self.eos_id is not None and ids:
+            if r.stop and self.eos_id is not None:  # as score(): an empty answer that stopped scores its end
                 ids.append(self.eos_id)
             key = repr(r.messages)
             if ids and key not in prompts:

@@ -157,21 +157,22 @@ def test_a_scorer_serving_another_model_is_refused(reference) -> None:
 
 def test_batched_scores_equal_one_by_one_in_a_few_requests(reference) -> None:
     """score_many (what the gate uses: 20 gates at once sent about 15 000 scoring requests to one H200 server,
-    2026-12-03) gives every answer the numbers score gives it, in five requests for four answers of two
-    prompts; an empty answer keeps its own error."""
+    2026-12-03) gives every answer the numbers score gives it, in five requests for five answers of two
+    prompts; an empty answer keeps its own error, and one that stopped is scored on its end token, as score does."""
     srv, url = _peer(reference)
     try:
         s = make_scorer(url, GateConfig(), model="smollm2-135m-instruct")
         msgs2 = [{"role": "user", "content": "Name three colours."}]
         reqs = [ScoreRequest(MSG, ANSWER, 0.8, "poem", 1, True), ScoreRequest(msgs2, "Red, green and blue.", 1.0,
                                                                              "colours", 2, False),
-                ScoreRequest(MSG, "", 0.6, "poem", 3), ScoreRequest(MSG, ANSWER[:20], 1.0, "poem", 4, True)]
+                ScoreRequest(MSG, "", 0.6, "poem", 3), ScoreRequest(MSG, ANSWER[:20], 1.0, "poem", 4, True),
+                ScoreRequest(msgs2, "", 0.8, "colours", 5, True)]  # empty but stopped: its end token is scored
         srv.calls.clear()
         many = score_all(s, reqs)
         assert srv.calls == {"/tokenize": 3, "/generate": 1, "/detokenize": 1}  # answers, 2 prompts; 1; 1
-        assert many[2].error == "empty answer"
+        assert many[2].error == "empty answer" and many[4].error is None and many[4].n_tokens == 1
         for r, got in zip(reqs, many, strict=True):
-            if not r.answer:
+            if not r.answer and not r.stop:
                 continue
             one = s.score(r.messages, r.answer, r.temperature, prompt_id=r.prompt_id, seed=r.seed, stop=r.stop)
             assert got.error is None and (got.prompt_id, got.seed) == (r.prompt_id, r.seed)
