@@ -176,6 +176,8 @@ def test_kernel_tree_refuses_what_it_cannot_hold() -> None:
     lp, ids = torch.zeros(1, 7, 4, device=DEV), torch.zeros(1, 7, 4, dtype=torch.int64, device=DEV)
     with pytest.raises(ValueError, match="over 64"):
         TK.build(root, lp, ids, 64)
+    with pytest.raises(ValueError, match="a tree needs one of each"):
+        TK.build(root, lp, ids, 8, topk=0)
     g = TK.KernelTree(8, 8)
     with pytest.raises(RuntimeError, match="last build"):
         g.accept(TD.build(root, lp, ids, 8), torch.zeros(1, 9, dtype=torch.int64, device=DEV))

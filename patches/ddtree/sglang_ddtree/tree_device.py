@@ -252,6 +252,24 @@ class GraphedTree:
         return self._current.run_accept(target)
 
 
+def warm_up(step) -> None:
+    """Run ``step`` twice on a side stream before a CUDA-graph capture (the allocator's and the kernels'
+    first launches stay out of the graph)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def outliving(a: DeviceAcceptance) -> DeviceAcceptance:
+    """A graph's static acceptance with the fields that outlive the step (the emitted tokens, the bonus)
+    cloned: the next replay overwrites the rest, which the step has used by then."""
+    return DeviceAcceptance(paths=a.paths, accept_lens=a.accept_lens, bonus=a.bonus.clone(),
+                            out_tokens=a.out_tokens.clone(), permutation=a.permutation)
+
+
 class _TreeGraphs:
     def __init__(self, roots: torch.Tensor, logp: torch.Tensor, ids: torch.Tensor, topk: int | None, budget: int,
                  block_size: int) -> None:
@@ -264,12 +282,7 @@ class _TreeGraphs:
                 tree = build(*self.inputs, budget, topk)
                 return tree, accept(tree, self.target, block_size)
 
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up outside the capture (allocator, kernels' first launch)
-                    step()
-            torch.cuda.current_stream().wait_stream(side)
+            warm_up(step)
             self.g_build, self.g_accept = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
             pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(self.g_build, pool=pool):
@@ -288,6 +301,4 @@ class _TreeGraphs:
         with torch.inference_mode():
             self.target.copy_(target.view(self.target.shape))
             self.g_accept.replay()
-            a = self.acc
-            return DeviceAcceptance(paths=a.paths, accept_lens=a.accept_lens, bonus=a.bonus.clone(),
-                                    out_tokens=a.out_tokens.clone(), permutation=a.permutation)
+            return outliving(self.acc)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .tree_device import PAD_PARENT, DeviceAcceptance, DeviceTree, accept, flat_mask
+from .tree_device import PAD_PARENT, DeviceAcceptance, DeviceTree, accept, flat_mask, outliving, warm_up
 from .tree_device import build as tree_device_build
 
 try:  # the GPU image has triton (torch's own dependency); CPU tests run the kernel in its interpreter
@@ -159,7 +159,9 @@ def build(root_tokens: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Te
         raise ValueError("tree_kernel.build: flat must be a contiguous bool buffer")
     if prefix_lens is not None:
         prefix_lens = prefix_lens.contiguous()  # the kernel reads it with stride 1
-    if bs and budget > 0 and depth_count > 0 and k > 0:
+    if budget < 1 or depth_count < 1 or k < 1:
+        raise ValueError(f"tree_kernel: budget {budget}, depths {depth_count}, top-k {k}: a tree needs one of each")
+    if bs:
         anc = out.ancestors.view(torch.int8)
         write_flat = flat is not None
         _tree_kernel[(bs,)](
@@ -168,15 +170,6 @@ def build(root_tokens: torch.Tensor, topk_logp: torch.Tensor, topk_ids: torch.Te
             topk_logp.stride(0), topk_logp.stride(1), topk_logp.stride(2),
             topk_ids.stride(0), topk_ids.stride(1), topk_ids.stride(2), depth_count, k,
             BUDGET=budget, W=w, WP=_pow2(w), FR=_pow2(2 * budget + 2), FLAT=write_flat, num_warps=1)
-    else:  # no drafted node: the root and padding only
-        out.tokens.copy_(root_tokens.view(bs, 1).to(torch.int64).expand(bs, w))
-        out.parents.fill_(PAD_PARENT)
-        out.depths.fill_(1)
-        out.depths[:, 0] = 0
-        out.ancestors.copy_(empty_tree(bs, w, 0, dev).ancestors)
-        if flat is not None:  # a degenerate step (no drafted node): one host read of the mask's size is fine
-            cells = flat_mask(out.ancestors, prefix_lens, int(((prefix_lens.to(torch.int64) + w) * w).sum()))
-            flat[: cells.numel()].copy_(cells)
     return out
 
 
@@ -261,12 +254,7 @@ class _Shape:
 
     def _capture(self) -> None:
         with torch.inference_mode():
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up outside the capture (allocator, kernels' first launch)
-                    accept(self.tree, self.target, self.block_size)
-            torch.cuda.current_stream().wait_stream(side)
+            warm_up(lambda: accept(self.tree, self.target, self.block_size))
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
                 self.acc = accept(self.tree, self.target, self.block_size)
@@ -279,6 +267,4 @@ class _Shape:
             if self.graph is None:
                 self._capture()
             self.graph.replay()
-            a = self.acc
-            return DeviceAcceptance(paths=a.paths, accept_lens=a.accept_lens, bonus=a.bonus.clone(),
-                                    out_tokens=a.out_tokens.clone(), permutation=a.permutation)
+            return outliving(self.acc)

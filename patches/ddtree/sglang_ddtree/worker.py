@@ -110,7 +110,6 @@ class DDTreeWorker(DFlashWorkerV2):
                 logger.error("DDTree tree kernel not used (%s); the graphed tensor ops build the tree", problem)
                 self._kernel_tree = None
         self._head_rows = 0  # > 0: this step's candidates are in the draft graph's head buffers
-        self._want_graph_head = True  # the step's path reads them (ddtree_test_path device)
         self._prof = StepProfiler.from_env()  # per-stage timing for bench/ddtree_step.py, off by default
         logger.info(
             "DDTree on: budget=%d topk=%d block=%d verify width=%d",
@@ -186,8 +185,9 @@ class DDTreeWorker(DFlashWorkerV2):
         return plan, seq_lens_cpu
 
     def _draft_block(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, prefix_cpu: torch.Tensor,
-                     window: torch.Tensor):
-        """Run the DFlash drafter on ``[root, mask...]``; return its hidden states [bs, B, H]."""
+                     window: torch.Tensor, use_graph_head: bool = True):
+        """Run the DFlash drafter on ``[root, mask...]``; return its hidden states [bs, B, H].
+        ``use_graph_head``: this step reads the candidates the draft graph's head wrote (path device)."""
         draft_input = batch.spec_info
         bs = int(prefix_lens.shape[0])
         block = int(self.block_size)
@@ -233,7 +233,7 @@ class DDTreeWorker(DFlashWorkerV2):
             out = self.draft_model_runner.forward(forward_batch)
         # the graph's head wrote this step's candidates (read by _tree_candidates)
         graph_head = isinstance(self._draft_sampler, DraftTopKHead) and bool(getattr(out, "can_run_graph", False))
-        self._head_rows = bs if graph_head and self._want_graph_head else 0
+        self._head_rows = bs if graph_head and use_graph_head else 0
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTree: the DFlash drafter returned no hidden states")
@@ -313,7 +313,6 @@ class DDTreeWorker(DFlashWorkerV2):
         # (head after the forward, the tree's tensor ops as a CUDA graph); eager / host: references
         kernel = self._kernel_tree if path == "device" else None
         graphed = self._graphed_tree if path in ("device", "graphed") and kernel is None else None
-        self._want_graph_head = path == "device"
         prof = self._prof
         if prof is not None:
             kind = "kernel" if kernel is not None else "graphed" if graphed is not None else \
@@ -327,7 +326,7 @@ class DDTreeWorker(DFlashWorkerV2):
         else:
             prefix_cpu = prefix_lens.to("cpu", torch.int64)
         # 1) draft distributions
-        draft_hidden = self._draft_block(batch, prefix_lens, prefix_cpu, window)
+        draft_hidden = self._draft_block(batch, prefix_lens, prefix_cpu, window, use_graph_head=path == "device")
         if prof is not None:
             prof.mark("draft")
         logp, ids = self._tree_candidates(batch, draft_hidden)
