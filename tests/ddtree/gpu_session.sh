@@ -9,7 +9,10 @@
 #   gguf1     .carry/gguf-a                            first half of the SmolLM2 GGUF
 #   warm      .carry/gguf-b .carry/ddtree-srv          convert; train the drafter (in the background) while
 #                                                      two servers compile the JIT kernels; drafter -> $OUT
-#   matrix    .carry/ddtree-srv                        the full serve matrix (28 servers at once)
+#   drafter   .carry/drafter                           a drafter an earlier gate30 returned, for gate30
+#   matrix    .carry/gguf/p3 .carry/ddtree-srv         the full serve matrix (28 servers, two waves); warms
+#                                                      the JIT caches for gate30
+#   gate30    .carry/ddtree-srv                        issue 30: correct builds gated 10 times each, the mutant once
 #   incident  .carry/ddtree-srv .carry/gate-py         the incident driver with the trained drafter, gated
 #   sweep     .carry/gate-py                           make sweep's sglang kind: it starts the grid's servers
 #                                                      (validation/grids/sglang-smollm2.yaml) and gates each
@@ -32,6 +35,18 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 mkdir -p /tmp/gguf
 for f in .carry/gguf/p*/part*; do [ -f "$f" ] && cp "$f" /tmp/gguf/; done
 [ -d .carry/gate-py ] && [ ! -d /tmp/gate-py ] && cp -r .carry/gate-py /tmp/gate-py
+# the target converted from the GGUF pieces the calls brought, once per warm machine
+ensure_target() {
+  [ -f /tmp/smollm2/model.safetensors ] && return 0
+  cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf && ls -l /tmp/gguf/smollm2.gguf &&
+    PYTHONPATH=$PYTHONPATH:. python3 -m models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2
+}
+# what the JIT compilers left on this machine (FlashInfer's modules, Triton's kernels), sized for a later carry
+jit_caches() {
+  du -sh /tmp/fijit ~/.triton/cache ~/.cache 2>/dev/null | tee "$OUT/jit-caches.txt"
+  local kb; kb=$(du -sk /tmp/fijit 2>/dev/null | cut -f1)
+  if [ -n "$kb" ] && [ "$kb" -lt 40000 ]; then tar -C /tmp -czf "$OUT/fijit.tgz" fijit; fi
+}
 case $step in
   install1)
     S=/tmp/site; mkdir -p $S
@@ -86,8 +101,7 @@ case $step in
     # install calls brought the other GGUF pieces and /tmp/gate-py)
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
-    cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf && ls -l /tmp/gguf/smollm2.gguf || exit 1
-    PYTHONPATH=$PYTHONPATH:. python3 -m models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
+    ensure_target || exit 1
     wait=()
     if [ -f /tmp/smollm2-dflash/model.safetensors ]; then  # the `train` step's drafter, on this warm machine
       echo "drafter from an earlier call" >> /tmp/train.log
@@ -108,10 +122,17 @@ case $step in
       tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-"
     fi ;;
   matrix)
+    # the full serve matrix on the trained target; on a fresh machine its first wave (two servers) compiles the
+    # JIT kernels the rest and a later gate30 then load: in 2026-12-03's gate30 the cold compiles held every
+    # server 230 s (FlashInfer's modules are built once under a file lock: 85 s at the first graph capture,
+    # 146 s at DFLASH's sampling pre-warm), so this step before gate30 leaves gate30 its time for the gates.
+    # Carry .carry/gguf/p3 (with p0..p2 from the installs) and .carry/ddtree-srv.
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
-    timeout 470 python3 tests/ddtree/serve_matrix.py --only full --no-waves --model smollm2 --max-new 64 \
-      --deadline 280 2>&1 | tail -4 ;;
+    ensure_target || exit 1
+    timeout "${LIMIT:-560}" python3 tests/ddtree/serve_matrix.py --only full --model smollm2 --max-new 64 \
+      --deadline "${DEADLINE:-470}" 2>&1 | tail -4
+    jit_caches ;;
   incident)
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
