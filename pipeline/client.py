@@ -79,6 +79,9 @@ class ChatResult:
     spec_verify_ct: int | None = None
     # per output token, when asked for (`top_logprobs=`): (token, logprob, [(alternative, logprob), ...])
     logprobs: list[TokenLogprob] | None = None
+    # the token ids the server sampled, where it says them (SGLang: `return_output_ids_in_sglext`); the text
+    # re-tokenized need not be the same sequence (a sampler may emit " Or" "ter" "ol" "le" for " Or" "terol" "le")
+    output_ids: list[int] | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -116,6 +119,21 @@ def _extract_logprobs(choice: dict[str, Any]) -> list[TokenLogprob] | None:
         except (KeyError, TypeError, ValueError):
             raise TargetError(f"malformed logprobs entry in a chat completion: {str(item)[:120]}") from None
     return rows
+
+
+def _extract_output_ids(obj: dict[str, Any]) -> list[int] | None:
+    """The sampled token ids of the first choice under `sglext.output_ids` (SGLang 0.5.23: one list per choice,
+    in the response or in a stream's last chunk), or None where the server says none."""
+    for node in (obj, *(obj.get("choices") or [])):
+        ext = node.get("sglext") if isinstance(node, dict) else None
+        ids = ext.get("output_ids") if isinstance(ext, dict) else None
+        if isinstance(ids, list) and ids:
+            first = ids[0] if isinstance(ids[0], list) else ids
+            try:
+                return [int(i) for i in first]
+            except (TypeError, ValueError):
+                raise TargetError(f"malformed sglext.output_ids: {str(ids)[:120]}") from None
+    return None
 
 
 def _extract_spec(obj: dict[str, Any]) -> tuple[float | None, int | None]:
@@ -366,6 +384,7 @@ class OpenAIClient:
             spec_accept_length=acc,
             spec_verify_ct=ct,
             logprobs=_extract_logprobs(choice) if top_logprobs is not None else None,
+            output_ids=_extract_output_ids(data),
         )
 
     def _chat_stream(self, url: str, body: dict[str, Any], t0: float) -> ChatResult:
@@ -377,6 +396,7 @@ class OpenAIClient:
         done = False
         last: dict[str, Any] = {}
         acc = ct = None
+        out_ids: list[int] | None = None
         lps: list[TokenLogprob] | None = [] if body.get("logprobs") else None
         deadline = t0 + self.timeout_s
         with self._http.stream("POST", url, json=body, headers={"Connection": "close"}) as resp:
@@ -416,6 +436,7 @@ class OpenAIClient:
                 a, c = _extract_spec(obj)
                 if a is not None or c is not None:
                     acc, ct = a, c
+                out_ids = _extract_output_ids(obj) or out_ids
                 for choice in obj.get("choices") or []:
                     delta = (choice.get("delta") or {}).get("content")
                     if delta:
@@ -443,4 +464,5 @@ class OpenAIClient:
             spec_accept_length=acc,
             spec_verify_ct=ct,
             logprobs=lps,
+            output_ids=out_ids,
         )

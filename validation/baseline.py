@@ -31,6 +31,16 @@ class BaselineSample:
     seed: int | None
     text: str
     finish_reason: str | None = None
+    output_ids: tuple[int, ...] | None = None  # the ids the server sampled (SGLang), scored instead of the text
+
+
+def _ids(raw: Any) -> tuple[int, ...] | None:
+    """A recorded answer's sampled ids; None where none were recorded (older baselines, other servers)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in raw):
+        raise TypeError("output_ids is not a list of token ids")
+    return tuple(raw) or None
 
 
 def hot_temperatures(cfg: GateConfig) -> list[float]:
@@ -38,9 +48,10 @@ def hot_temperatures(cfg: GateConfig) -> list[float]:
 
 
 def samples_record(samples: list[Sample]) -> list[dict[str, Any]]:
-    """The `samples` key of a baseline file: the T>0 suite answers, texts only."""
+    """The `samples` key of a baseline file: the T>0 suite answers, their texts and, where the server said
+    them, the token ids it sampled."""
     return [{"prompt_id": s.prompt_id, "temperature": s.temperature, "seed": s.seed, "text": s.text,
-             "finish_reason": s.finish_reason}
+             "finish_reason": s.finish_reason, **({"output_ids": s.output_ids} if s.output_ids else {})}
             for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
 
 
@@ -51,7 +62,7 @@ def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[Baseline
     try:
         samples = [] if rows is None else [
             BaselineSample(str(r["prompt_id"]), float(r["temperature"]), r.get("seed"), str(r["text"]),
-                           r.get("finish_reason")) for r in rows]
+                           r.get("finish_reason"), _ids(r.get("output_ids"))) for r in rows]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"cannot read baseline samples from {path}: {type(exc).__name__}") from None
     if samples and doc.get("seed_streams") != SEED_STREAMS:
@@ -76,7 +87,7 @@ def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[Baseline
 def from_report(report: dict[str, Any]) -> list[BaselineSample]:
     """Baseline samples from a gate report of the target-only server (its T>0 suite answers)."""
     return [BaselineSample(r["prompt_id"], float(r["temperature"]), r.get("seed"), r.get("text") or "",
-                           r.get("finish_reason"))
+                           r.get("finish_reason"), _ids(r.get("output_ids")))
             for r in report.get("samples") or []
             if r.get("purpose") == "suite" and float(r["temperature"]) > 0 and not r.get("error")]
 

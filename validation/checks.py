@@ -296,7 +296,7 @@ def _likelihood(ctx: GateContext, t: float | None) -> list[CheckResult]:
     msg = (f"{v.n_candidate} candidate vs {v.n_baseline} target-only answers scored under the target: "
            f"{v.reason}{power}")
     if not v.ok:
-        flagged = {e.get("answer") or (e.get("impossible_token") or {}).get("answer") for e in v.evidence}
+        flagged = {e.get("answer") or (e.get("impossible") or {}).get("answer") for e in v.evidence}
         why = explain([s for s in ctx.at(t, "suite") if s.label in flagged])
         if why:
             msg += f"; what those answers hold: {why}"

@@ -133,6 +133,7 @@ class Gate:
         extra = dict(cfg.sampling.extra)
         if self.kind == "sglang":
             extra.setdefault("return_spec_tokens_details", True)
+            extra.setdefault("return_output_ids_in_sglext", True)  # the likelihood test scores what was sampled
         try:
             r: ChatResult = self.client.chat(
                 p.messages(), max_tokens=max_tokens, temperature=temperature,
@@ -148,6 +149,7 @@ class Gate:
         s.prompt_tokens, s.completion_tokens = r.prompt_tokens, r.completion_tokens
         s.latency_s, s.ttft_s, s.tokens_per_s = r.latency_s, r.ttft_s, r.tokens_per_s
         s.spec_accept_length = r.spec_accept_length
+        s.output_ids = r.output_ids
         timings = (r.raw.get("last_chunk") or {}).get("timings") or r.raw.get("timings") or {}
         if "draft_n" in timings:
             s.draft_n, s.draft_accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
@@ -351,8 +353,10 @@ class Gate:
         if base is None:
             base = self._baseline_hot_answers(progress)
         mine = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
-        cand = [Answer(s.prompt_id, s.temperature, s.seed, s.text, _stopped(s.finish_reason)) for s in mine]
-        ref = [Answer(b.prompt_id, b.temperature, b.seed, b.text, _stopped(b.finish_reason)) for b in base]
+        cand = [Answer(s.prompt_id, s.temperature, s.seed, s.text, _stopped(s.finish_reason),
+                       tuple(s.output_ids) if s.output_ids else None) for s in mine]
+        ref = [Answer(b.prompt_id, b.temperature, b.seed, b.text, _stopped(b.finish_reason), b.output_ids)
+               for b in base]
         lc = cfg.likelihood
         n_var = len({(b.prompt_id, b.temperature) for b in base}) * lc.power_answers_per_prompt * len(
             lc.power_families) if lc.power_reps else 0
@@ -385,7 +389,8 @@ class Gate:
         errs = [s for s in got if s.error]
         if errs:
             raise TargetError(f"baseline {cfg.baseline_url} failed: {errs[0].error}")
-        return [BaselineSample(s.prompt_id, s.temperature, s.seed, s.text, s.finish_reason) for s in got]
+        return [BaselineSample(s.prompt_id, s.temperature, s.seed, s.text, s.finish_reason,
+                               tuple(s.output_ids) if s.output_ids else None) for s in got]
 
     def seeds(self, t: float, oracle_hot: bool) -> list[int]:
         """The suite's seeds at one temperature: `seed` at T=0 and in detectors mode; at T>0 in oracle mode the
@@ -616,7 +621,7 @@ def lossless_case(ref: dict[str, str], cfg: GateConfig, source: str, comps: dict
     return Case("lossless_t0", "speculative", ok, msg,
                 {"identical_fraction": same, "identical": identical, "near_ties": ties, "diffs": diffs,
                  "baseline": source, "basis": basis, "reanchored": whole, "reanchor": ra,
-                 "per_prompt": {pid: {"verdict": c.verdict, "char": c.char, "token": c.token, "gap_nats": c.gap_nats,
+                 "per_prompt": {pid: {"verdict": c.verdict, "char": c.char, "piece": c.token, "gap_nats": c.gap_nats,
                                       "reanchors": c.reanchors} for pid, c in comps.items()}})
 
 

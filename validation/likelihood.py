@@ -127,6 +127,9 @@ class ScoreRequest:
     prompt_id: str = ""
     seed: int | None = None
     stop: bool = False
+    # the token ids the server sampled (SGLang says them): a scorer that reads ids (`scores_ids`) scores these
+    # instead of the text re-tokenized, which need not be the sequence the sampler drew
+    ids: tuple[int, ...] | None = None
 
 
 def score_all(scorer: Scorer, reqs: list[ScoreRequest], on_score: Any = None) -> list[AnswerScore]:
@@ -141,8 +144,9 @@ def score_all(scorer: Scorer, reqs: list[ScoreRequest], on_score: Any = None) ->
         return out
     out = []
     for r in reqs:
+        kw = {"ids": r.ids} if r.ids is not None and getattr(scorer, "scores_ids", False) else {}
         out.append(scorer.score(r.messages, r.answer, r.temperature, prompt_id=r.prompt_id, seed=r.seed,
-                                stop=r.stop))
+                                stop=r.stop, **kw))
         if on_score is not None:
             on_score(out[-1])
     return out
@@ -270,6 +274,7 @@ class SGLangScorer:
     only, which over-estimates p_T (conservative)."""
 
     name = "sglang"
+    scores_ids = True  # an answer's sampled ids, where the gate has them, are scored instead of its text
 
     def __init__(self, url: str, top_k: int, window: int, timeout_s: float, model: str | None = None,
                  api_key: str | None = None) -> None:
@@ -350,24 +355,29 @@ class SGLangScorer:
             alts.append([(float(t[0]), int(t[1])) for t in (top or []) if t and t[0] is not None])
         return lp, alts
 
+    def _with_end(self, ids: list[int], stop: bool) -> list[int]:
+        """The answer's ids with the end-of-turn token when it stopped (not twice: sampled ids may hold it)."""
+        if stop and self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
+            ids.append(self.eos_id)
+        return ids
+
     def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
-              seed: int | None = None, stop: bool = False) -> AnswerScore:
+              seed: int | None = None, stop: bool = False, ids: tuple[int, ...] | None = None) -> AnswerScore:
+        """ids: the token ids the server sampled, scored instead of `answer` re-tokenized."""
         if temperature <= 0:
             raise ValueError("the likelihood test scores T>0 answers")
         try:
-            ids = self.tokenize(answer)
-            if stop and self.eos_id is not None:
-                ids.append(self.eos_id)
-            if not ids:
+            toks = self._with_end(list(ids) if ids is not None else self.tokenize(answer), stop)
+            if not toks:
                 return AnswerScore(prompt_id, temperature, seed, (), (), (), self.window, error="empty answer",
                                    exact_support=False)
-            lp, alts = self.logprobs(self.prompt_ids(messages), ids)
+            lp, alts = self.logprobs(self.prompt_ids(messages), toks)
         except (ValueError, KeyError, TypeError) as exc:
             return AnswerScore(prompt_id, temperature, seed, (), None, (), self.window, error=str(exc),
                                exact_support=False)
         lpt = [x if temperature == 1.0 else support_from_topk(x, a, i, temperature)
-               for x, a, i in zip(lp, alts, ids, strict=True)]
-        pieces = self._pieces(ids)
+               for x, a, i in zip(lp, alts, toks, strict=True)]
+        pieces = self._pieces(toks)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp), tuple(lpt), pieces, self.window,
                            exact_support=temperature == 1.0)
 
@@ -386,22 +396,26 @@ class SGLangScorer:
                 got = self._score_batch([reqs[i] for i in chunk])
             except (ValueError, KeyError, TypeError):
                 got = [self.score(reqs[i].messages, reqs[i].answer, reqs[i].temperature, prompt_id=reqs[i].prompt_id,
-                                  seed=reqs[i].seed, stop=reqs[i].stop) for i in chunk]
+                                  seed=reqs[i].seed, stop=reqs[i].stop, ids=reqs[i].ids) for i in chunk]
             for i, sc in zip(chunk, got, strict=True):
                 out[i] = sc
         return [sc for sc in out if sc is not None]
 
     def _score_batch(self, reqs: list[ScoreRequest]) -> list[AnswerScore]:
-        toks = self._post("/tokenize", {"prompt": [r.answer for r in reqs], "add_special_tokens": False,
-                                        **({"model": self.model} if self.model else {})})["tokens"]
-        if not isinstance(toks, list) or len(toks) != len(reqs):
-            raise ValueError("/tokenize did not answer one token list per prompt")
+        texts = [k for k, r in enumerate(reqs) if r.ids is None]  # the others are scored on their sampled ids
+        toks: list[Any] = [list(r.ids) if r.ids is not None else None for r in reqs]
+        if texts:
+            got = self._post("/tokenize", {"prompt": [reqs[k].answer for k in texts], "add_special_tokens": False,
+                                           **({"model": self.model} if self.model else {})})["tokens"]
+            if not isinstance(got, list) or len(got) != len(texts):
+                raise ValueError("/tokenize did not answer one token list per prompt")
+            for k, t in zip(texts, got, strict=True):
+                toks[k] = t
         prompts: dict[str, list[int]] = {}
         rows: list[tuple[list[int], list[int]]] = []
         for r, t in zip(reqs, toks, strict=True):
-            ids = [int(i) for i in t]
-            if r.stop and self.eos_id is not None:  # as score(): an empty answer that stopped scores its end
-                ids.append(self.eos_id)
+            # as score(): an empty answer that stopped scores its end
+            ids = self._with_end([int(i) for i in t], r.stop)
             key = repr(r.messages)
             if ids and key not in prompts:
                 prompts[key] = self.prompt_ids(r.messages)
@@ -661,7 +675,7 @@ def _impossible(answers: list[AnswerScore], log_eps: float) -> list[dict[str, An
             continue
         for k, v in enumerate(a.support_logprobs):
             if v < log_eps and not (k < len(a.pieces) and _unvouched(a.pieces[k])):
-                out.append({"answer": a.label, "position": k, "token": a.pieces[k] if k < len(a.pieces) else "",
+                out.append({"answer": a.label, "position": k, "piece": a.pieces[k] if k < len(a.pieces) else "",
                             "log_p_T": v, "p_T": math.exp(v), "log_p_1": a.token_logprobs[k],
                             "context": a.text_at(k - 12, 12)[-60:]})
     return out
@@ -769,7 +783,8 @@ def _evidence(cand: list[AnswerScore], stats: dict[str, Any], bad: list[dict[str
     rows.sort(key=lambda r: -r["key"])
     for r in rows:
         r.pop("key")
-    return [{"impossible_token": b} for b in bad[:12]] + rows[:6]
+    # keys that are no secret's (the reports redact values under keys ending in "token")
+    return [{"impossible": b} for b in bad[:12]] + rows[:6]
 
 
 # ---------------------------------------------------------------------------- power
@@ -842,6 +857,7 @@ class Answer:
     seed: int | None
     text: str
     stopped: bool | None = None   # finish_reason == "stop"; None: unknown (a recorded baseline keeps texts only)
+    ids: tuple[int, ...] | None = None  # the token ids the server sampled, where it said them
 
 
 def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer: Scorer, cfg: Any,
@@ -855,10 +871,16 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
     given, is called after every answer scored (progress)."""
     temps = sorted(temperatures or {a.temperature for a in candidate + baseline if a.temperature > 0})
     with_stop = all(a.stopped is not None for a in candidate + baseline)
+    # the sampled ids only when every answer on both sides has them: a sampler may draw a non-canonical
+    # segmentation (" Or" "ter" "ol" "le"), whose text re-tokenized holds a token it never drew (" Or" "terol" "le",
+    # log p -23.8: a false "impossible token", H200 2026-12-03); one side scored on ids and the other on text
+    # would differ by that alone
+    with_ids = all(a.ids for a in candidate + baseline)
 
     def scored(rows: list[Answer]) -> list[AnswerScore]:
         return score_all(scorer, [ScoreRequest(messages_of(a.prompt_id), a.text, a.temperature, a.prompt_id, a.seed,
-                                               bool(with_stop and a.stopped)) for a in rows], on_score)
+                                               bool(with_stop and a.stopped), a.ids if with_ids else None)
+                                  for a in rows], on_score)
 
     out = []
     for t in temps:

@@ -36,6 +36,7 @@ class Sample:
     logprobs: EncodedLogprobs | None = None  # T=0 answers of a baseline being recorded (validation/lossless.py)
     backstop: list[Finding] = field(default_factory=list)  # what no correct engine emits (validation/backstop.py)
     score: Any = None  # the answer scored under the target model (validation/likelihood.py), T>0 in oracle mode
+    output_ids: list[int] | None = None  # the token ids the server sampled, where it says them (SGLang)
 
     @property
     def label(self) -> str:

@@ -208,3 +208,66 @@ def test_a_batch_the_server_refuses_is_scored_one_by_one(reference) -> None:
         s.close()
     finally:
         srv.shutdown()
+
+
+LIST_MSG = [{"role": "user", "content": "List five fruits as a markdown bullet list, one per line."}]
+LIST_TEXT = "#1: Apples\n#2: Grapes\n#3: Bananas\n#4: Oranges\n#5: Orterolle\n\nInclude markdown bullet points."
+
+
+def test_sampled_ids_are_scored_not_the_text_re_tokenized(reference) -> None:
+    """The H200 case (2026-12-03, a correct DDTree build refused at T=0.8): the sampler drew " Or" "ter" "ol" "le";
+    the text re-tokenized reads " Or" "terol" "le", and "terol" there has log p -23.8 under the target, a token
+    no correct sampler emits. Given the sampled ids the scorer scores those (one by one and batched, with no
+    /tokenize of the answer), and the likelihood test sees no impossible token; given the text alone it does."""
+    srv, url = _peer(reference)
+    try:
+        s = make_scorer(url, GateConfig(), model="smollm2-135m-instruct")
+        canon = s.tokenize(LIST_TEXT)
+        at = canon.index(s.tokenize("terol")[0])
+        pieces = ["ter", "ol", "le"]
+        drawn = tuple(canon[:at] + [s.tokenize(p)[0] for p in pieces] + canon[at + 2:])  # "terol" "le" -> 3 ids
+        assert reference._judge._tk._tok.decode(list(drawn)) == LIST_TEXT and list(drawn) != canon
+        text_score = s.score(LIST_MSG, LIST_TEXT, 0.8, stop=True)
+        srv.calls.clear()
+        id_score = s.score(LIST_MSG, LIST_TEXT, 0.8, stop=True, ids=drawn)
+        assert "/tokenize" in srv.calls and srv.calls["/tokenize"] == 1  # the prompt only, not the answer
+        assert min(text_score.token_logprobs) < -20 < min(id_score.token_logprobs)
+        assert id_score.n_tokens == len(drawn) + 1 and id_score.pieces[-1] == "<|im_end|>"
+        srv.calls.clear()
+        (batched,) = score_all(s, [ScoreRequest(LIST_MSG, LIST_TEXT, 0.8, "list", 1, True, drawn)])
+        assert srv.calls.get("/tokenize") == 1 and srv.calls.get("/generate") == 1
+        np.testing.assert_allclose(batched.token_logprobs, id_score.token_logprobs, atol=1e-9)
+        # ids that already end with the end-of-turn token (SGLang's output_ids hold the stop token) get it once
+        again = s.score(LIST_MSG, LIST_TEXT, 0.8, stop=True, ids=(*drawn, s.eos_id))
+        assert again.n_tokens == id_score.n_tokens
+        s.close()
+    finally:
+        srv.shutdown()
+
+
+def test_ids_are_used_only_when_both_sides_have_them(reference) -> None:
+    """likelihood_verdicts scores the two sides alike: the sampled ids for every answer, or the text for every
+    answer (one side scored on what the sampler drew, the other re-tokenized, would differ by that alone)."""
+    from validation.likelihood import Answer, likelihood_verdicts
+
+    seen: list[tuple[int, ...] | None] = []
+
+    class Recorder:
+        name = "recorder"
+        scores_ids = True
+
+        def score(self, messages, answer, temperature, *, prompt_id="", seed=None, stop=False, ids=None):
+            seen.append(ids)
+            return reference.score(messages, answer, temperature, prompt_id=prompt_id, seed=seed, stop=stop)
+
+        def close(self) -> None:
+            pass
+
+    cfg = GateConfig(likelihood={"power_reps": 0})
+    ids = tuple(reference.tokenize(ANSWER))
+    cand = [Answer("poem", 0.8, 1, ANSWER, True, ids)]
+    for base_ids in (ids, None):
+        seen.clear()
+        likelihood_verdicts(cand, [Answer("poem", 0.8, 2, ANSWER, True, base_ids)], Recorder(), cfg,
+                            lambda _p: MSG, [0.8])
+        assert seen == ([ids, ids] if base_ids else [None, None])

@@ -1,0 +1,42 @@
+"""A recorded baseline keeps the token ids SGLang sampled for its T>0 answers, so the likelihood test can score
+both sides on what was drawn (validation/likelihood.py: a text re-tokenized need not be the drawn sequence);
+older records and servers without ids read as before, and malformed ids are one clear error."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import UsageError
+from validation.baseline import SEED_STREAMS, from_report, samples_of, samples_record
+from validation.config import GateConfig
+from validation.samples import Sample
+from validation.suite import load_suite
+
+
+def _doc(cfg: GateConfig, ids: object) -> dict:
+    rows = []
+    for t in sorted({t for t in cfg.temperatures if t > 0}):
+        for seed in cfg.likelihood.baseline_seeds:
+            for p in load_suite(cfg.suite).prompts:
+                s = Sample(p.id, t, seed, "suite", 8, text="hi", finish_reason="stop",
+                           output_ids=ids if isinstance(ids, list) else None)
+                rows.extend(samples_record([s]))
+                if not isinstance(ids, list) and ids is not None:
+                    rows[-1]["output_ids"] = ids
+    return {"samples": rows, "seed_streams": SEED_STREAMS}
+
+
+def test_sampled_ids_survive_the_record() -> None:
+    cfg = GateConfig()
+    got = samples_of(_doc(cfg, [12, 7, 2]), "b.json", cfg)
+    assert got and all(s.output_ids == (12, 7, 2) for s in got)
+    assert all(s.output_ids is None for s in samples_of(_doc(cfg, None), "b.json", cfg))
+    assert from_report({"samples": [{"prompt_id": "p", "temperature": 0.8, "purpose": "suite", "text": "x",
+                                     "output_ids": [3, 4]}]})[0].output_ids == (3, 4)
+
+
+@pytest.mark.parametrize("bad", ["12 7", [1, "x"], [-1], [True]])
+def test_malformed_ids_are_one_clear_error(bad: object) -> None:
+    cfg = GateConfig()
+    with pytest.raises(UsageError, match="cannot read baseline samples"):
+        samples_of(_doc(cfg, bad), "b.json", cfg)
