@@ -38,7 +38,11 @@ for f in .carry/gguf/p*/part*; do [ -f "$f" ] && cp "$f" /tmp/gguf/; done
 [ -d .carry/gate-py ] && [ ! -d /tmp/gate-py ] && cp -r .carry/gate-py /tmp/gate-py
 # FlashInfer's JIT modules an earlier machine built (the matrix step returns fijit.tgz; carry it as .carry/jit):
 # a fresh machine's servers then start in about 80 s instead of about 320 s (2026-12-03)
-if [ -f .carry/jit/fijit.tgz ] && [ ! -d /tmp/fijit ]; then tar -C /tmp -xzf .carry/jit/fijit.tgz && echo "jit cache in"; fi
+# (a marker, not the folder: importing sglang in install3 already makes an empty /tmp/fijit, and the first guard,
+# `[ ! -d /tmp/fijit ]`, skipped the unpacking so gate30's servers compiled again: up at 288 s, 2026-12-03)
+if [ -f .carry/jit/fijit.tgz ] && [ ! -f /tmp/fijit/.from-carry ]; then
+  tar -C /tmp -xzf .carry/jit/fijit.tgz && touch /tmp/fijit/.from-carry && echo "jit cache in"
+fi
 # the target converted from the GGUF pieces the calls brought, once per warm machine
 ensure_target() {
   [ -f /tmp/smollm2/model.safetensors ] && return 0

@@ -112,11 +112,14 @@ class DDTreeWorker(DFlashWorkerV2):
         self._head_rows = 0  # > 0: this step's candidates are in the draft graph's head buffers
         self._prof = StepProfiler.from_env()  # per-stage timing for bench/ddtree_step.py, off by default
         logger.info(
-            "DDTree on: budget=%d topk=%d block=%d verify width=%d",
+            "DDTree on: budget=%d topk=%d block=%d verify width=%d tree=%s",
             self.ddtree.budget,
             self.topk,
             self.block_size,
             self.verify_width,
+            # which build a default request's tree takes: an operator reads it in the log (kernel: one Triton launch)
+            "kernel" if self._kernel_tree is not None else
+            "graphed" if self._graphed_tree is not None else "tensor ops",
         )
 
     # ------------------------------------------------------------------ entry
