@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,14 @@ def run(out: str | None = None) -> int:
 
     try:  # the test bed is part of a checkout, not of the installed product
         from testbed import cpuimage
-        from testbed.testbed import TEST_REGISTRY, registry_env, registry_login, testhosts_sh, write_inventory
+        from testbed.testbed import (
+            TEST_REGISTRY,
+            registry_env,
+            registry_login,
+            run_script,
+            testhosts_sh,
+            write_inventory,
+        )
     except ImportError as exc:
         raise UsageError(f"make demo runs from a checkout of this repository (testbed/ is not installed): {exc}") \
             from None
@@ -60,8 +66,7 @@ def run(out: str | None = None) -> int:
     _say(stages[-1].summary)
 
     t = time.monotonic()
-    subprocess.run(["bash", "scripts/services.sh", "start", "docker", "registry", "tlsregistry"], check=True,
-                   cwd=REPO_ROOT)
+    run_script("services.sh", "start", "docker", "registry", "tlsregistry")
     auth = registry_login()
     client = docker.from_env(timeout=600)
     client.login(registry=TEST_REGISTRY, **auth)
@@ -73,8 +78,8 @@ def run(out: str | None = None) -> int:
 
     t = time.monotonic()
     hosts_dir = run_dir / "testhosts"
-    testhosts_sh("start", "2", str(hosts_dir), prefix=PREFIX, net=NET)
-    try:
+    try:  # a start that fails half-way (one host up) is stopped too
+        testhosts_sh("start", "2", str(hosts_dir), prefix=PREFIX, net=NET)
         inv = write_inventory(run_dir / "inventory", hosts_dir, base_port=BASE_PORT, startup_budget_s=180)
         stages.append(Stage("fleet", True, f"2 SSH test hosts {PREFIX}1 (pcie), {PREFIX}2 (nvlink) in network "
                             "namespaces", time.monotonic() - t))

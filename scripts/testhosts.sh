@@ -21,7 +21,24 @@ NET=${TESTHOSTS_NET:-10.231}  # host k: $NET.k.1 (root side) / $NET.k.2 (namespa
 die() { printf 'testhosts: error: %s\n' "$*" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || die "must run as root (ip netns)"
 SSHD=/usr/sbin/sshd
-[[ -x $SSHD ]] || die "$SSHD missing: apt-get install openssh-server (.ci/stages/rollout.sh does)"
+# What the hosts need, installed here when missing, so `make demo` on a fresh machine prepares its own fleet
+# (scripts/test-prepare.sh installs the same for the tests). apt waits up to 300 s for the dpkg lock.
+need_pkgs() {
+  local missing=()
+  [[ -x $SSHD ]] || missing+=(openssh-server)
+  command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  [[ ${#missing[@]} -eq 0 ]] && return 0
+  command -v apt-get >/dev/null 2>&1 || die "${missing[*]} missing and no apt-get here: install them"
+  local log=${TESTHOSTS_APT_LOG:-/tmp/testhosts-apt.log} opts=(-o DPkg::Lock::Timeout=300)
+  printf 'testhosts: installing %s with apt-get (log: %s)\n' "${missing[*]}" "$log" >&2
+  if ! DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" install -y --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
+    apt-get "${opts[@]}" update >>"$log" 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" install -y --no-install-recommends "${missing[@]}" >>"$log" 2>&1 ||
+      die "apt-get install ${missing[*]} failed (see $log)"
+  fi
+  [[ -x $SSHD ]] || die "$SSHD still missing after installing openssh-server"
+}
 
 start() {
   local n=$1 dir=$2
@@ -127,7 +144,7 @@ status() {
 
 action=${1:-}
 case $action in
-  start) [[ $# -ge 2 ]] || die "usage: $0 start N [DIR]"; start "$2" "${3:-runs/testhosts}" ;;
+  start) [[ $# -ge 2 ]] || die "usage: $0 start N [DIR]"; need_pkgs; start "$2" "${3:-runs/testhosts}" ;;
   stop) stop "${2:-runs/testhosts}" ;;
   cut) [[ $# -ge 2 ]] || die "usage: $0 cut NAME [DIR]"; cut "$2" "${3:-runs/testhosts}" ;;
   status) status "${2:-runs/testhosts}" ;;

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.embedded import default_model_path
+from pipeline.errors import PipelineError
 from rollout import ANSIBLE_DIR, REPO_ROOT
 
 FIXTURES = REPO_ROOT / "testbed" / "fixtures"
@@ -135,11 +136,24 @@ TEST_BASE_PORT = int(os.environ.get("ROLLOUT_TESTHOSTS_BASE_PORT", str(BASE_PORT
 TEST_HOSTS = [f"{TEST_PREFIX}1", f"{TEST_PREFIX}2"]
 
 
+class ScriptError(PipelineError):
+    """A testbed script (scripts/testhosts.sh, scripts/services.sh) failed; it printed its own error first."""
+
+
+def run_script(script: str, *args: str, check: bool = True,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """bash scripts/SCRIPT ARGS from the repo root; with check, a non-zero exit is one ScriptError (exit 2)."""
+    proc = subprocess.run(["bash", f"scripts/{script}", *args], cwd=REPO_ROOT, env=env, check=False)
+    if check and proc.returncode != 0:
+        raise ScriptError(f"scripts/{script} {' '.join(args[:1])} exited {proc.returncode} (its error is above)")
+    return proc
+
+
 def testhosts_sh(*args: str, check: bool = True, prefix: str = TEST_PREFIX,
                  net: str = TEST_NET) -> subprocess.CompletedProcess:
     """scripts/testhosts.sh ARGS for the hosts PREFIXk on NET.k.0/30."""
     env = {**os.environ, "TESTHOSTS_PREFIX": prefix, "TESTHOSTS_NET": net}
-    return subprocess.run(["bash", "scripts/testhosts.sh", *args], check=check, cwd=REPO_ROOT, env=env)
+    return run_script("testhosts.sh", *args, check=check, env=env)
 
 TEST_REPO = f"{TEST_REGISTRY}/rollout-test-cpu"
 

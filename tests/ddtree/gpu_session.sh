@@ -128,7 +128,8 @@ case $step in
     tar -C "$OUT" -czf "$OUT/gates.tgz" gates profiles 2>/dev/null; rm -rf "$OUT/gates" "$OUT/logs" "$OUT/profiles"
     if [ -f /tmp/smollm2-dflash/model.safetensors ]; then  # the drafter, for a later session's carry
       tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-"
-    fi ;;
+    fi
+    jit_caches ;;  # FlashInfer's modules the servers built, for a later session's .carry/jit
   matrix)
     # the full serve matrix on the trained target; on a fresh machine its first wave (two servers) compiles the
     # JIT kernels the rest and a later gate30 then load: in 2026-12-03's gate30 the cold compiles held every
