@@ -22,12 +22,15 @@ die() { printf 'testhosts: error: %s\n' "$*" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || die "must run as root (ip netns)"
 SSHD=/usr/sbin/sshd
 # What the hosts need, installed here when missing, so `make demo` on a fresh machine prepares its own fleet
-# (scripts/test-prepare.sh installs the same for the tests). apt waits up to 300 s for the dpkg lock.
+# (scripts/test-prepare.sh installs the same for the tests): sshd and ssh, ip, and requests for the hosts'
+# /usr/bin/python3 (community.docker's modules import it; the hosts share this machine's filesystem).
+# apt waits up to 300 s for the dpkg lock.
+HOST_PKGS=(openssh-server openssh-client iproute2 python3-requests)
 need_pkgs() {
-  local missing=()
-  [[ -x $SSHD ]] || missing+=(openssh-server)
-  command -v ssh >/dev/null 2>&1 || missing+=(openssh-client)
-  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  local missing=() p
+  for p in "${HOST_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
   [[ ${#missing[@]} -eq 0 ]] && return 0
   command -v apt-get >/dev/null 2>&1 || die "${missing[*]} missing and no apt-get here: install them"
   local log=${TESTHOSTS_APT_LOG:-/tmp/testhosts-apt.log} opts=(-o DPkg::Lock::Timeout=300)
