@@ -3,7 +3,7 @@
     python bench/likelihood_pool.py --out /tmp/lik/pool.jsonl --seeds 1-24 [--target URL]
 
 Every prompt of the suite at every T>0 of the gate config, once per seed, concurrency 4, top_p / top_k from
-the gate's SamplingConfig, max_tokens from the suite: the same requests the gate sends. Without --target the
+the gate's SamplingConfig, max_tokens from the suite: the same requests the gate sends, with the sampled ids where the server names them (`ids`). Without --target the
 embedded llama.cpp server is started on a free port (pipeline/embedded.py) and stopped at the end. Rows
 already in --out are kept (the run resumes); one JSON row per answer. bench/likelihood_rates.py scores the
 pool and measures the test's false-fail rate on it.
@@ -51,6 +51,12 @@ def sample_pool(url: str, cfg: GateConfig, seeds: list[int], out: Path, concurre
     jobs = [(p, t, s) for s in seeds for t in sorted({t for t in cfg.temperatures if t > 0})
             for p in suite.prompts if (p.id, t, s) not in have]
     client = OpenAIClient(url, model=cfg.model, timeout_s=cfg.request_timeout_s)
+    # the sampled ids, asked as the gate asks them (validation/gate.py): SGLang in sglext, llama.cpp in its
+    # log-prob entries (one alternative; sampling is the same with or without)
+    kind = client.server_kind()
+    extra = dict(cfg.sampling.extra)
+    if kind == "sglang":
+        extra.setdefault("return_output_ids_in_sglext", True)
 
     def one(job: tuple) -> dict:
         p, t, s = job
@@ -58,8 +64,9 @@ def sample_pool(url: str, cfg: GateConfig, seeds: list[int], out: Path, concurre
         try:
             r = client.chat(p.messages(), max_tokens=cfg.max_tokens or p.max_tokens, temperature=t,
                             top_p=cfg.sampling.top_p, top_k=cfg.sampling.top_k, seed=s, stream=True,
-                            extra=dict(cfg.sampling.extra) or None)
-            row.update(text=r.text, finish_reason=r.finish_reason, completion_tokens=r.completion_tokens)
+                            extra=extra or None, top_logprobs=1 if kind == "llamacpp" else None)
+            row.update(text=r.text, finish_reason=r.finish_reason, completion_tokens=r.completion_tokens,
+                       ids=r.output_ids)
         except TargetError as exc:
             row["error"] = str(exc)
         return row

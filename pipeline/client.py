@@ -79,7 +79,8 @@ class ChatResult:
     spec_verify_ct: int | None = None
     # per output token, when asked for (`top_logprobs=`): (token, logprob, [(alternative, logprob), ...])
     logprobs: list[TokenLogprob] | None = None
-    # the token ids the server sampled, where it says them (SGLang: `return_output_ids_in_sglext`); the text
+    # the token ids the server sampled, where it says them (SGLang: `return_output_ids_in_sglext`; llama.cpp: the
+    # `id` of each `logprobs.content` entry, when log-probs were asked for); the text
     # re-tokenized need not be the same sequence (a sampler may emit " Or" "ter" "ol" "le" for " Or" "terol" "le")
     output_ids: list[int] | None = None
 
@@ -134,6 +135,34 @@ def _extract_output_ids(obj: dict[str, Any]) -> list[int] | None:
             except (TypeError, ValueError):
                 raise TargetError(f"malformed sglext.output_ids: {str(ids)[:120]}") from None
     return None
+
+
+def _logprob_entries(choice: dict[str, Any]) -> list[Any]:
+    content = (choice.get("logprobs") or {}).get("content")
+    return content if isinstance(content, list) else []
+
+
+def ids_from_logprobs(entries: list[Any], text: str, n_tokens: int | None, stopped: bool) -> list[int] | None:
+    """The sampled ids from `logprobs.content` entries that name them (llama.cpp's server gives each entry an
+    `id` and its `bytes`), or None, and the answer is then scored on its text, when they are not all of them:
+    an entry without an int id or bytes; bytes that do not join to exactly the answer's text; or fewer entries
+    than the server's completion_tokens (less the end-of-turn token of a stopped answer). llama.cpp folds the
+    tokens of one multi-byte character into one entry (an emoji drawn as two tokens: one entry, the last id,
+    the four bytes), so the count is the check that catches a folded entry; without a count, no ids."""
+    ids: list[int] = []
+    raw = bytearray()
+    for e in entries:
+        i, b = (e.get("id"), e.get("bytes")) if isinstance(e, dict) else (None, None)
+        if isinstance(i, bool) or not isinstance(i, int) or not isinstance(b, list):
+            return None
+        ids.append(i)
+        try:
+            raw.extend(bytes(b))
+        except (TypeError, ValueError):
+            return None
+    if not ids or bytes(raw) != text.encode("utf-8") or n_tokens is None:
+        return None
+    return ids if len(ids) in (n_tokens, n_tokens - 1 if stopped else n_tokens) else None
 
 
 def _extract_spec(obj: dict[str, Any]) -> tuple[float | None, int | None]:
@@ -384,7 +413,9 @@ class OpenAIClient:
             spec_accept_length=acc,
             spec_verify_ct=ct,
             logprobs=_extract_logprobs(choice) if top_logprobs is not None else None,
-            output_ids=_extract_output_ids(data),
+            output_ids=_extract_output_ids(data) or ids_from_logprobs(
+                _logprob_entries(choice), (choice.get("message") or {}).get("content") or "",
+                usage.get("completion_tokens"), choice.get("finish_reason") == "stop"),
         )
 
     def _chat_stream(self, url: str, body: dict[str, Any], t0: float) -> ChatResult:
@@ -398,6 +429,7 @@ class OpenAIClient:
         acc = ct = None
         out_ids: list[int] | None = None
         lps: list[TokenLogprob] | None = [] if body.get("logprobs") else None
+        lp_entries: list[Any] = []  # the raw entries, for the ids a server names in them (llama.cpp)
         deadline = t0 + self.timeout_s
         with self._http.stream("POST", url, json=body, headers={"Connection": "close"}) as resp:
             if resp.status_code in (401, 403):
@@ -446,6 +478,7 @@ class OpenAIClient:
                         chunks += 1
                     if lps is not None:
                         lps.extend(_extract_logprobs(choice) or [])
+                        lp_entries.extend(_logprob_entries(choice))
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
         latency = time.perf_counter() - t0
@@ -464,5 +497,6 @@ class OpenAIClient:
             spec_accept_length=acc,
             spec_verify_ct=ct,
             logprobs=lps,
-            output_ids=out_ids,
+            output_ids=out_ids or (ids_from_logprobs(lp_entries, text, usage.get("completion_tokens"),
+                                                     finish == "stop") if lp_entries else None),
         )

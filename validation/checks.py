@@ -293,7 +293,10 @@ def _likelihood(ctx: GateContext, t: float | None) -> list[CheckResult]:
     power = (f"; power: a candidate with {pw['min_detectable_rate']:.0%} of its answers corrupted is refused with "
              f"probability >= {pw['target']:.0%}" if pw.get("min_detectable_rate") is not None else
              ("; power: no corruption rate tried reaches the target probability" if pw.get("estimated") else ""))
-    msg = (f"{v.n_candidate} candidate vs {v.n_baseline} target-only answers scored under the target: "
+    on_ids = v.on_ids or {}
+    drawn = (f" ({on_ids.get('candidate', 0)} + {on_ids.get('baseline', 0)} on the ids the servers sampled, the "
+             "rest on their text)" if any(on_ids.values()) else " (on their text)")
+    msg = (f"{v.n_candidate} candidate vs {v.n_baseline} target-only answers scored under the target{drawn}: "
            f"{v.reason}{power}")
     if not v.ok:
         flagged = {e.get("answer") or (e.get("impossible") or {}).get("answer") for e in v.evidence}

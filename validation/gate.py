@@ -134,13 +134,18 @@ class Gate:
         if self.kind == "sglang":
             extra.setdefault("return_spec_tokens_details", True)
             extra.setdefault("return_output_ids_in_sglext", True)  # the likelihood test scores what was sampled
+        n_alts = self._t0_logprobs(p, temperature, purpose)
+        # llama.cpp names the sampled ids only in its log-prob entries: ask for one alternative on the T>0 answers
+        # the likelihood test scores, keep the ids, drop the rows (sampling is the same with or without them)
+        ids_only = (n_alts is None and self.kind == "llamacpp" and temperature > 0 and purpose == "suite"
+                    and cfg.likelihood.enabled)
         try:
             r: ChatResult = self.client.chat(
                 p.messages(), max_tokens=max_tokens, temperature=temperature,
                 top_p=cfg.sampling.top_p if temperature > 0 else None,
                 top_k=cfg.sampling.top_k if temperature > 0 else None,
                 seed=self._request_seed(p, temperature, seed, purpose), stream=True, extra=extra or None,
-                top_logprobs=self._t0_logprobs(p, temperature, purpose),
+                top_logprobs=1 if ids_only else n_alts,
             )
         except TargetError as exc:
             s.error = str(exc)
@@ -155,7 +160,7 @@ class Gate:
             s.draft_n, s.draft_accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
         s.findings = score_text(s.text, cfg.thresholds)
         s.backstop = self.backstop.findings(s.text, s.finish_reason)
-        if r.logprobs is not None:
+        if r.logprobs is not None and not ids_only:
             s.logprobs = encode_logprobs(r.logprobs)
         return s
 

@@ -287,6 +287,12 @@ class FluencyJudge:
             out.append((int(t["id"]), piece if isinstance(piece, str) else bytes(piece).decode("utf-8", "replace")))
         return out
 
+    def pieces(self, ids: list[int]) -> list[str]:
+        """Each token id's text, as tokenize() names it (the numpy engine's in-process tokenizer only)."""
+        if self._tk is None:
+            raise ValueError("token pieces by id need the in-process tokenizer (engine numpy)")
+        return [self._tk.piece(i) for i in ids]
+
     def _hidden(self, ids: list[int]) -> Any:
         """The final normed hidden state of every position of ids, from the configured engine."""
         import numpy as np

@@ -207,6 +207,7 @@ class ReferenceScorer:
     with the model's own chat template (from its GGUF file, as llama.cpp applies it). Full logits: p_T exact."""
 
     name = "reference"
+    scores_ids = True  # an answer's sampled ids (llama.cpp names them in its log-prob entries) instead of its text
 
     def __init__(self, judge_cfg: Any, window: int) -> None:
         from validation.judge import FluencyJudge, judge_model_path
@@ -228,6 +229,7 @@ class ReferenceScorer:
         eos = field_("tokenizer.ggml.eos_token_id")
         bos = field_("tokenizer.ggml.bos_token_id")
         self.eos_id = int(eos) if eos is not None else None
+        self.vocab = len(tokens)
         self._bos = tokens[int(bos)] if bos is not None and int(bos) < len(tokens) else ""
         self._eos = tokens[self.eos_id] if self.eos_id is not None and self.eos_id < len(tokens) else ""
         if not self.template:
@@ -242,18 +244,26 @@ class ReferenceScorer:
         return [i for i, _ in self._judge.tokenize(text)]
 
     def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
-              seed: int | None = None, stop: bool = False) -> AnswerScore:
+              seed: int | None = None, stop: bool = False, ids: tuple[int, ...] | None = None) -> AnswerScore:
+        """ids: the token ids the server sampled, scored instead of `answer` re-tokenized."""
         if temperature <= 0:
             raise ValueError("the likelihood test scores T>0 answers")
-        toks = self._judge.tokenize(answer)
-        ids, pieces = [i for i, _ in toks], [p for _, p in toks]
-        if stop and self.eos_id is not None:
-            ids.append(self.eos_id)
+        if ids is not None:
+            bad = [i for i in ids if not 0 <= i < self.vocab]
+            if bad:  # a server naming ids the model does not have is not scored as if it had drawn them
+                return AnswerScore(prompt_id, temperature, seed, (), None, (), self.window, exact_support=False,
+                                   error=f"sampled id {bad[0]} outside the vocabulary of {self.vocab}")
+            seq, pieces = list(ids), self._judge.pieces(list(ids))
+        else:
+            toks = self._judge.tokenize(answer)
+            seq, pieces = [i for i, _ in toks], [p for _, p in toks]
+        if stop and self.eos_id is not None and (not seq or seq[-1] != self.eos_id):
+            seq.append(self.eos_id)
             pieces.append(self._eos)
-        if not ids:
+        if not seq:
             return AnswerScore(prompt_id, temperature, seed, (), (), (), self.window, error="empty answer")
-        logits = self._judge.logits(self.prompt_ids(messages), ids)
-        lp1, lpt = _support_from_logits(logits, ids, temperature)
+        logits = self._judge.logits(self.prompt_ids(messages), seq)
+        lp1, lpt = _support_from_logits(logits, seq, temperature)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp1.tolist()), tuple(lpt.tolist()), tuple(pieces),
                            self.window, vocab=int(logits.shape[1]))
 
@@ -608,6 +618,8 @@ class LikelihoodVerdict:
     method: str
     evidence: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
+    # answers scored on the ids the server sampled, per side (the rest on their text re-tokenized)
+    on_ids: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -871,11 +883,14 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
     given, is called after every answer scored (progress)."""
     temps = sorted(temperatures or {a.temperature for a in candidate + baseline if a.temperature > 0})
     with_stop = all(a.stopped is not None for a in candidate + baseline)
-    # the sampled ids only when every answer on both sides has them: a sampler may draw a non-canonical
-    # segmentation (" Or" "ter" "ol" "le"), whose text re-tokenized holds a token it never drew (" Or" "terol" "le",
-    # log p -23.8: a false "impossible token", H200 2026-12-03); one side scored on ids and the other on text
-    # would differ by that alone
-    with_ids = all(a.ids for a in candidate + baseline)
+    # the sampled ids where the server named them: a sampler may draw a non-canonical segmentation (" Or" "ter"
+    # "ol" "le"), whose text re-tokenized holds a token it never drew (" Or" "terol" "le", log p -23.8: a false
+    # "impossible token", H200 2026-12-03). Only when both sides have ids: one side scored on ids and the other
+    # on text (a baseline recorded before ids were kept) would differ by that alone. Within that, an answer
+    # without ids is scored on its text (llama.cpp names no ids for an answer holding a character drawn as
+    # several tokens, an emoji): whether an answer has them depends on its content alone, alike on both sides
+    # of a correct build, so the two sides stay exchangeable.
+    with_ids = any(a.ids for a in candidate) and any(a.ids for a in baseline)
 
     def scored(rows: list[Answer]) -> list[AnswerScore]:
         return score_all(scorer, [ScoreRequest(messages_of(a.prompt_id), a.text, a.temperature, a.prompt_id, a.seed,
@@ -897,7 +912,10 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
                     kept[r.prompt_id] += 1
                     chosen.append((sc, messages_of(r.prompt_id), r.text))
             variants = make_variants(chosen, scorer, lc)
-        out.append(likelihood_test(cand, base, cfg, n_temperatures=len(temps), variants=variants))
+        v = likelihood_test(cand, base, cfg, n_temperatures=len(temps), variants=variants)
+        v.on_ids = {side: sum(1 for a in rows if with_ids and a.ids and a.temperature == t)
+                    for side, rows in (("candidate", candidate), ("baseline", baseline))}
+        out.append(v)
     return out
 
 

@@ -57,6 +57,12 @@ def test_the_correct_engine_passes_with_the_target_deciding_every_temperature(
     assert cases["lossless_t0"].ok and not cases["lossless_t0"].skipped
     lik = cases["likelihood@T0.8"]
     assert lik.ok and not lik.skipped and lik.details["n_candidate"] == 16 and lik.details["n_baseline"] == 16
+    # llama.cpp names the sampled ids in its log-prob entries; the record keeps them; both sides are scored on them
+    # (an answer holding a character drawn as several tokens has none and is scored on its text)
+    assert lik.details["on_ids"]["candidate"] >= 8 and lik.details["on_ids"]["baseline"] >= 8, lik.details["on_ids"]
+    assert "on the ids the servers sampled" in lik.message
+    doc = json.loads(recorded.read_text())
+    assert sum(1 for r in doc["samples"] if r.get("output_ids")) >= 8
     assert lik.details["power"]["estimated"], lik.details["power"]
     assert cases["detectors@T0.8"].skipped and "oracle mode" in cases["detectors@T0.8"].message
     assert "fluency@T0.8" not in cases  # the judge does not decide where the target does

@@ -246,8 +246,9 @@ def test_sampled_ids_are_scored_not_the_text_re_tokenized(reference) -> None:
 
 
 def test_ids_are_used_only_when_both_sides_have_them(reference) -> None:
-    """likelihood_verdicts scores the two sides alike: the sampled ids for every answer, or the text for every
-    answer (one side scored on what the sampler drew, the other re-tokenized, would differ by that alone)."""
+    """likelihood_verdicts scores the two sides alike: ids only when both sides have them somewhere (a side with
+    none, e.g. a baseline recorded before ids were kept, puts both on text); then each answer on its own ids, an
+    answer without ids (llama.cpp folds a multi-token character) on its text. The verdict counts them."""
     from validation.likelihood import Answer, likelihood_verdicts
 
     seen: list[tuple[int, ...] | None] = []
@@ -265,9 +266,11 @@ def test_ids_are_used_only_when_both_sides_have_them(reference) -> None:
 
     cfg = GateConfig(likelihood={"power_reps": 0})
     ids = tuple(reference.tokenize(ANSWER))
-    cand = [Answer("poem", 0.8, 1, ANSWER, True, ids)]
-    for base_ids in (ids, None):
+    cand = [Answer("poem", 0.8, 1, ANSWER, True, ids), Answer("poem", 0.8, 3, ANSWER, True, None)]
+    for base_ids, want, counts in ((ids, [ids, ids, None], {"candidate": 1, "baseline": 1}),
+                                   (None, [None, None, None], {"candidate": 0, "baseline": 0})):
         seen.clear()
-        likelihood_verdicts(cand, [Answer("poem", 0.8, 2, ANSWER, True, base_ids)], Recorder(), cfg,
-                            lambda _p: MSG, [0.8])
-        assert seen == ([ids, ids] if base_ids else [None, None])
+        (v,) = likelihood_verdicts(cand, [Answer("poem", 0.8, 2, ANSWER, True, base_ids)], Recorder(), cfg,
+                                   lambda _p: MSG, [0.8])
+        assert seen == want
+        assert v.on_ids == counts and v.as_dict()["on_ids"] == counts
