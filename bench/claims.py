@@ -2,7 +2,7 @@
 
 A claim is one line of the manifest:
 
-    - {doc: README.md, text: "{} of {} garbled texts passed", raw: docs/gate-heldout-seed20261214.json,
+    - {doc: README.md, text: "{} of {} garbled texts passed", raw: docs/results/gate-heldout-seed20261214.json,
        values: [summary.false_pass, summary.garbled]}
 
 `text` is the phrase exactly as the doc says it, with a Python format field (`{}`, `{:.1f}`, `{:.1%}`,

@@ -1,6 +1,6 @@
 """Calibrate the garbage detectors: false-pass and false-fail rates, written to docs/validation.md.
 
-    python bench/gate_calibration.py [--target URL] [--n 200] [--out docs/validation-calibration.json]
+    python bench/gate_calibration.py [--target URL] [--n 200] [--out docs/results/validation-calibration.json]
 
 Two sets are scored with the gate's default thresholds:
 
@@ -96,7 +96,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", help="OpenAI-compatible URL (default: start the embedded target)")
     ap.add_argument("--n", type=int, default=80, help="real answers to collect")
-    ap.add_argument("--out", default=str(REPO / "docs" / "validation-calibration.json"))
+    ap.add_argument("--out", default=str(REPO / "docs" / "results" / "validation-calibration.json"))
     ap.add_argument("--seed", type=int, default=2, help="new seed = new held-out answers and corruptions")
     args = ap.parse_args()
     t0 = time.time()

@@ -1,6 +1,6 @@
 """Score the whole text gate (detectors + fluency judge) on generated families and real model output.
 
-    python bench/gate_families.py --seed 20261201 --out docs/gate-heldout-seed20261201.json [--n 6]
+    python bench/gate_families.py --seed 20261201 --out docs/results/gate-heldout-seed20261201.json [--n 6]
 
 For one seed it builds, then scores with the gate's default config:
 

@@ -64,12 +64,13 @@ def digest(paths: list[str], commit: str | None, keep: list[dict[str, Any]] | No
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*",
-                    help="seed files relative to the repository (default: docs/gate-heldout-seed*.json)")
+                    help="seed files relative to the repository (default: docs/results/gate-heldout-seed*.json)")
     ap.add_argument("--commit", help="read the files as they are at this commit")
     ap.add_argument("--out", required=True)
     ap.add_argument("--fresh", action="store_true", help="drop the rows of --out whose files are not read again")
     args = ap.parse_args(argv)
-    files = args.files or sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("gate-heldout-seed2*.json")
+    files = args.files or sorted(str(p.relative_to(REPO)) for d in ("docs", "docs/results")
+                                 for p in (REPO / d).glob("gate-heldout-seed2*.json")
                                  if p.stem.removeprefix("gate-heldout-seed").isdigit())
     if not files:
         print("error: no seed files given or found", file=sys.stderr)

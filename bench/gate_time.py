@@ -61,7 +61,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--config", default=str(REPO / "validation" / "profiles" / "embedded.yaml"))
-    ap.add_argument("--out", default=str(REPO / "docs" / "gate-time.json"))
+    ap.add_argument("--out", default=str(REPO / "docs" / "results" / "gate-time.json"))
     ap.add_argument("--judge-cost", action="store_true", help="pairs: with and without the fluency judge")
     args = ap.parse_args()
     walls, verdicts = [], []

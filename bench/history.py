@@ -54,8 +54,8 @@ def read_json(path: str | Path, repo: Path = REPO) -> Any:
 
 def seed_files() -> list[str]:
     """Every held-out seed file of bench/gate_families.py: those of the seed digest and those in the tree."""
-    names = {str(p.relative_to(REPO)) for p in (REPO / "docs").glob("gate-heldout-seed*.json")
-             if p.stem.removeprefix("gate-heldout-seed").isdigit()}
+    names = {str(p.relative_to(REPO)) for d in ("docs", "docs/results")  # docs/: the files before 2026-12-04
+             for p in (REPO / d).glob("gate-heldout-seed*.json") if p.stem.removeprefix("gate-heldout-seed").isdigit()}
     if SEED_DIGEST.is_file():
         names |= {s["source"]["path"] for s in json.loads(SEED_DIGEST.read_text())["seeds"]}
     return sorted(names)

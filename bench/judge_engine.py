@@ -3,7 +3,7 @@
 were calibrated on); `--pair llamacpp-as-shipped,llamacpp-q8_0` compares the wheel's Q4_1 file with that copy.
 
     python bench/judge_engine.py [--pair numpy,llamacpp-q8_0] [--items docs/gate-heldout-seed20261212.json]
-                                 [--n 120] [--reps 3] [--out docs/judge-engine.json]
+                                 [--n 120] [--reps 3] [--out docs/results/judge-engine.json]
 
 Each judge is started (one at a time, so each has the 2 cores alone) and scores the same texts: the first --n
 items of a stored bench/gate_families.py result, each after its prompt when it has one. Speed: text tokens
@@ -54,7 +54,7 @@ def main() -> int:
     ap.add_argument("--items", default="docs/gate-heldout-seed20261212.json")
     ap.add_argument("--n", type=int, default=120)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--out", default="docs/judge-engine.json")
+    ap.add_argument("--out", default="docs/results/judge-engine.json")
     args = ap.parse_args()
     names = args.pair.split(",")
     if len(names) != 2 or len(set(names)) != 2 or not set(names) <= set(ENGINES):

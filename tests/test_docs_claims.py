@@ -216,7 +216,7 @@ def test_an_edited_raw_value_fails_the_claim_and_the_table(tmp_path: Path) -> No
     assert check_claims(repo) == []
     results = (repo / "docs" / "results.md").read_text(encoding="utf-8")
     assert render_text(results, repo) == results
-    raw = repo / "docs" / "gate-heldout-seed20261214.json"
+    raw = repo / "docs" / "results" / "gate-heldout-seed20261214.json"
     data = json.loads(raw.read_text())
     data["summary"]["false_pass"] = 1
     data["summary"]["per_class"]["bad/token_soup"]["flagged"] = 5
@@ -229,9 +229,9 @@ def test_an_edited_raw_value_fails_the_claim_and_the_table(tmp_path: Path) -> No
 
 def test_a_renamed_raw_file_fails(tmp_path: Path) -> None:
     repo = _copy_repo(tmp_path)
-    (repo / "docs" / "judge-engine.json").rename(repo / "docs" / "judge-engine-old.json")
+    (repo / "docs" / "results" / "judge-engine.json").rename(repo / "docs" / "results" / "judge-engine-old.json")
     errors = check_claims(repo)
-    assert len(errors) == 2 and all("raw file docs/judge-engine.json does not exist" in e for e in errors)
+    assert len(errors) == 2 and all("raw file docs/results/judge-engine.json does not exist" in e for e in errors)
 
 
 def test_claim_paths() -> None:

