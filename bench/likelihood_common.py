@@ -34,8 +34,10 @@ def provenance(argv: list[str]) -> dict[str, Any]:
             "commit": commit + ("-dirty" if dirty else "")}
 
 
-def _key(pid: str, t: float, seed: Any, text: str, stop: bool, scorer: str) -> str:
-    h = hashlib.sha256(f"{scorer}\0{pid}\0{t!r}\0{seed!r}\0{stop}\0{text}".encode()).hexdigest()
+def _key(pid: str, t: float, seed: Any, text: str, stop: bool, scorer: str,
+         ids: tuple[int, ...] | None = None) -> str:
+    on = "" if ids is None else "\0ids:" + ",".join(map(str, ids))  # a text-scored answer keeps its old key
+    h = hashlib.sha256(f"{scorer}\0{pid}\0{t!r}\0{seed!r}\0{stop}\0{text}{on}".encode()).hexdigest()
     return h[:32]
 
 
@@ -57,10 +59,13 @@ class ScoreCache:
                 self.rows[k] = AnswerScore(**r)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def score(self, pid: str, t: float, seed: Any, text: str, stop: bool) -> AnswerScore:
-        k = _key(pid, t, seed, text, stop, self.scorer.name)
+    def score(self, pid: str, t: float, seed: Any, text: str, stop: bool,
+              ids: tuple[int, ...] | None = None) -> AnswerScore:
+        """ids: the sampled ids, scored instead of the text re-tokenized (a scorer with `scores_ids`)."""
+        k = _key(pid, t, seed, text, stop, self.scorer.name, ids)
         if k not in self.rows:
-            a = self.scorer.score(self.suite.get(pid).messages(), text, t, prompt_id=pid, seed=seed, stop=stop)
+            kw = {"ids": ids} if ids is not None else {}
+            a = self.scorer.score(self.suite.get(pid).messages(), text, t, prompt_id=pid, seed=seed, stop=stop, **kw)
             self.rows[k] = a
             with self.path.open("a") as fh:
                 fh.write(json.dumps({"key": k, **a.__dict__}) + "\n")

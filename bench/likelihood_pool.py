@@ -3,10 +3,10 @@
     python bench/likelihood_pool.py --out /tmp/lik/pool.jsonl --seeds 1-24 [--target URL]
 
 Every prompt of the suite at every T>0 of the gate config, once per seed, concurrency 4, top_p / top_k from
-the gate's SamplingConfig, max_tokens from the suite: the same requests the gate sends, with the sampled ids where the server names them (`ids`). Without --target the
-embedded llama.cpp server is started on a free port (pipeline/embedded.py) and stopped at the end. Rows
-already in --out are kept (the run resumes); one JSON row per answer. bench/likelihood_rates.py scores the
-pool and measures the test's false-fail rate on it.
+the gate's SamplingConfig, max_tokens from the suite: the same requests the gate sends, with the sampled ids
+where the server names them (`ids`). Without --target the embedded llama.cpp server is started on a free port
+(pipeline/embedded.py) and stopped at the end. Rows already in --out are kept (the run resumes); one JSON row
+per answer. bench/likelihood_rates.py scores the pool and measures the test's false-fail rate on it.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.history import raw_text  # noqa: E402
 from bench.likelihood_common import ScoreCache, provenance  # noqa: E402
 from pipeline.errors import UsageError, cli_main  # noqa: E402
 from validation.config import load_gate_config  # noqa: E402
@@ -52,6 +53,16 @@ def _median(xs: object) -> float | None:
 
 
 @cli_main
+def _all_ids(row: dict) -> tuple[int, ...] | None:
+    """A pool row's sampled ids when they are all of them (as pipeline.client.ids_from_logprobs keeps them: one per
+    token drawn, the end-of-turn token of a stopped answer aside); None: the answer is scored on its text."""
+    ids, n = row.get("ids"), row.get("completion_tokens")
+    if not ids or n is None:
+        return None
+    stop = row.get("finish_reason") == "stop"
+    return tuple(ids) if len(ids) in (n, n - 1 if stop else n) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/likelihood_rates.py")
     ap.add_argument("--pool", required=True)
@@ -68,11 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant-seeds", type=int, default=8, help="corrupted variants are made (and scored) for "
                     "the answers of the first N seeds only; corruption draws take the candidate from those")
     ap.add_argument("--score-only", action="store_true", help="score the pool (and its variants) and stop")
+    ap.add_argument("--on", choices=["ids", "text"], default="ids",
+                    help="score each answer on the ids the server sampled where the pool row has all of them (the "
+                    "gate's way), or every answer on its text re-tokenized (the gate before ids)")
     a = ap.parse_args(argv)
     cfg = load_gate_config(a.config)
     cfg = cfg.model_copy(update={"likelihood": cfg.likelihood.model_copy(update={"power_reps": 0})})
     suite = load_suite(cfg.suite)
-    rows = [json.loads(x) for x in Path(a.pool).read_text().splitlines() if x.strip()]
+    rows = [json.loads(x) for x in raw_text(Path(a.pool)).splitlines() if x.strip()]  # .jsonl or .jsonl.gz
     rows = [r for r in rows if not r.get("error")]
     temps = sorted({float(r["temperature"]) for r in rows})
     prompts = [p.id for p in suite.prompts]
@@ -89,10 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(a.seed)
     score = {}
     variant = {}
+    on_ids = 0
     for i, r in enumerate(rows):
         k = (r["prompt_id"], float(r["temperature"]), r["seed"])
         stop = r.get("finish_reason") == "stop"
-        score[k] = cache.score(r["prompt_id"], k[1], r["seed"], r["text"], stop)
+        ids = _all_ids(r) if a.on == "ids" else None
+        on_ids += ids is not None
+        score[k] = cache.score(r["prompt_id"], k[1], r["seed"], r["text"], stop, ids)
         if r["seed"] not in seeds[:a.variant_seeds]:
             continue
         fams = list(FAMILIES)
@@ -189,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
            "seeds": seeds, "split": a.split,
            "temperatures": temps, "prompts": prompts, "per_side": a.per_side, "splits": len(draws),
            "scorer": cache.scorer.method, "likelihood_config": cfg.likelihood.model_dump(),
+           "scored_on": a.on, "answers_on_ids": on_ids,
            "top_p": cfg.sampling.top_p, "wall_s": round(time.time() - t0, 1),
            "false_fail": {"gate_verdicts_failed": ff, "of": len(draws), "rate": ff / len(draws),
                           "per_temperature_failed": per_t, "smallest_p": min_p, "impossible_tokens": imp},

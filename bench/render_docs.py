@@ -224,7 +224,36 @@ def render_ddtree_step(raw: dict[str, Any], path: str) -> str:
     return render(raw, path)
 
 
+def render_likelihood_rates(raw: dict[str, Any], path: str) -> str:
+    """The likelihood test's false-fail rate and power on a pool of real answers (bench/likelihood_rates.py)."""
+    ff = raw["false_fail"]
+    temps = [f"{t:g}" for t in raw["temperatures"]]
+    on = raw.get("scored_on", "text")
+    n_ids = raw.get("answers_on_ids", 0)
+    low = raw["correct_answers_lowest_tokens"][0]
+    tok = low["token"].strip() or repr(low["token"])
+    lines = [
+        "| scored on | answers on ids | correct gates failed | per T " + " / ".join(temps)
+        + " | impossible tokens | lowest correct log p_T (token) |",
+        "|---|---|---|---|---|---|",
+        f"| {on} | {n_ids} of {raw['pool_answers']} | {ff['gate_verdicts_failed']} of {ff['of']} "
+        f"({ff['rate']:.2%}) | " + " / ".join(str(ff["per_temperature_failed"].get(t, 0)) for t in temps)
+        + f" | {sum(ff['impossible_tokens'].values())} | {low['log_p_T']:.2f} (`{tok}`) |",
+        "",
+        "| answers corrupted (r) | gates refused | per T " + " / ".join(temps) + " | by an impossible token |",
+        "|---|---|---|---|",
+    ]
+    for r, v in raw["corruption"]["by_rate"].items():
+        lines.append(f"| {r} | {v['gate_rejections']} of {v['of']} | "
+                     + " / ".join(str(v["per_temperature"].get(t, 0)) for t in temps)
+                     + f" | {v['by_impossible_token']} |")
+    lines += ["", f"Raw: {path} — {raw.get('date', '?')}, {raw.get('splits')} gate-size splits of "
+              f"{raw.get('per_side')} seeds per side; command: `{raw.get('command', '?')}`", ""]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "likelihood-rates": render_likelihood_rates,
     "ddtree-step": render_ddtree_step,
     "gate-heldout-seeds": render_gate_heldout_seeds,
     "gate-heldout": render_gate_heldout,
