@@ -2,7 +2,7 @@
 stage durations, test-prepare's own steps, pytest's summary line, JUnit counts, the commit, date and
 machine. docs/ci-run.md renders its table from that file (bench/render_docs.py, block `ci-run`).
 
-    CI=true bash .ci/run > ci.log 2>&1; python bench/ci_run_summary.py ci.log --clone DIR --out docs/results/F.json
+    bash .ci/run > ci.log 2>&1; python bench/ci_run_summary.py ci.log --clone DIR --out docs/results/F.json
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("log", type=Path)
     ap.add_argument("--clone", type=Path, help="the clone .ci/run ran in (commit, runs/pytest-junit.xml)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--command", default="bash .ci/run (a fresh clone of main)",
+                    help="how .ci/run was started, as recorded")
     ap.add_argument("--machine", default=f"{platform.node()} ({platform.platform()}), "
                     f"{len(__import__('os').sched_getaffinity(0))} cores")
     a = ap.parse_args(argv)
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, SummaryError) as e:
         print(f"error: {a.log}: {e}", file=sys.stderr)
         return 2
-    doc = {"command": "CI=true bash .ci/run (a fresh clone of main)", "date": _dt.datetime.fromtimestamp(
+    doc = {"command": a.command, "date": _dt.datetime.fromtimestamp(
         a.log.stat().st_mtime, _dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "machine": a.machine,
         "commit": _git(a.clone, "log", "-1", "--format=%H %s") if a.clone else None, **doc}
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
