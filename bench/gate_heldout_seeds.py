@@ -48,7 +48,7 @@ def _read(path: str, commit: str | None) -> tuple[dict[str, Any], str, str]:
 
 
 def digest(paths: list[str], commit: str | None, keep: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    seeds = [s for s in keep or [] if s["source"]["path"] not in paths]
+    seeds: list[dict[str, Any]] = []
     for p in paths:
         raw, rev, blob = _read(p, commit)
         if "summary" not in raw or "seed" not in raw:
@@ -56,6 +56,9 @@ def digest(paths: list[str], commit: str | None, keep: list[dict[str, Any]] | No
         seeds.append({"seed": raw["seed"], "date": raw.get("date"), "command": raw.get("command"),
                       "source": {"path": p, "commit": rev, "blob": blob}, "summary": raw["summary"],
                       "split": split(raw)})
+    # a kept row stands for a seed file no longer in the tree; a seed read again (also from a moved file) replaces it
+    read = {s["seed"] for s in seeds}
+    seeds += [s for s in keep or [] if s["source"]["path"] not in paths and s["seed"] not in read]
     seeds.sort(key=lambda s: s["seed"])
     return {"command": "python bench/gate_heldout_seeds.py " + " ".join(sys.argv[1:]),
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "seeds": seeds}

@@ -216,13 +216,14 @@ def test_an_edited_raw_value_fails_the_claim_and_the_table(tmp_path: Path) -> No
     assert check_claims(repo) == []
     results = (repo / "docs" / "results.md").read_text(encoding="utf-8")
     assert render_text(results, repo) == results
-    raw = repo / "docs" / "results" / "gate-heldout-seed20261214.json"
+    latest = json.loads((repo / "docs/results/gate-heldout-seeds.json").read_text())["seeds"][-1]["seed"]
+    raw = repo / "docs" / "results" / f"gate-heldout-seed{latest}.json"  # the seed README and results.md quote
     data = json.loads(raw.read_text())
     data["summary"]["false_pass"] = 1
     data["summary"]["per_class"]["bad/token_soup"]["flagged"] = 5
     raw.write_text(json.dumps(data))
     errors = check_claims(repo)
-    assert len(errors) == 2 and all("gate-heldout-seed20261214.json makes it" in e for e in errors)
+    assert len(errors) == 2 and all(f"gate-heldout-seed{latest}.json makes it" in e for e in errors)
     assert any("'**1 of 133 garbled texts passed**" in e for e in errors)
     assert render_text(results, repo) != results  # the latest seed's per-class table
 
