@@ -1,4 +1,4 @@
-"""Calibrate the garbage detectors: false-pass and false-fail rates, written to docs/validation.md.
+"""Calibrate the garbage detectors: false-pass and false-fail rates, written up in docs/detectors-lab.md.
 
     python bench/gate_calibration.py [--target URL] [--n 200] [--out docs/results/validation-calibration.json]
 

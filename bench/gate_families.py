@@ -18,8 +18,8 @@ For one seed it builds, then scores with the gate's default config:
 
 Every item's verdict, findings and judge scores go into the raw JSON (`items`), with rates per class,
 the command, the date, the machine load and the judge's time. Seeds used while tuning are listed in
-docs/validation.md; the held-out seed is run once, at the end. `bench/render_gate_table.py` renders
-the docs table from the JSON.
+docs/detectors-lab.md; the held-out seed is run once, at the end. bench/gate_heldout_seeds.py digests the
+seed files and bench/render_docs.py renders docs/results.md's tables from them.
 """
 
 from __future__ import annotations

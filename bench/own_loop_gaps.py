@@ -6,7 +6,7 @@ Reads every item of docs/gate-*-seed*.json that the text detectors flagged with 
 (ngram_loop, near_repeat) and scores it with the fluency judge, recording per item the widest gap (nats
 between the reference's most likely token and the text's token) over the whole text and over the first two
 periods of its longest back-to-back token loop. This calibrates judge.own_loop_max_gap: the real T=0 loops
-of the embedded model against the loops the corruption families write (docs/validation.md).
+of the embedded model against the loops the corruption families write (docs/detectors-lab.md).
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """The held-out rates tables of one bench/gate_families.py result (`split`, `render`).
 
-docs/results.md renders them through bench/render_docs.py (renderers `gate-heldout`, `gate-heldout-seeds`).
-The command below still writes them into any doc that has the block markers:
-
-    python bench/render_gate_table.py docs/gate-heldout-seed20261201.json [more.json ...] [--doc docs/validation.md]
-
-Replaces the text between `<!-- heldout-table:start -->` and `<!-- heldout-table:end -->` in the doc
-(nothing in that block is typed by hand); --check exits 1 when the doc is not what the JSON renders.
+docs/results.md renders them through bench/render_docs.py (renderers `gate-heldout`, `gate-heldout-seeds`);
+this module has no command of its own (its old block-writing command wrote into a block no page has any more).
 Each seed's rates are split into its fresh items (generated at that seed: text no one had seen) and the
-fixed sets (the corpus and the stored SGLang answers, scored at every seed and seen while tuning), and a
-summary over all seeds ends the block.
+fixed sets (the corpus and the stored SGLang answers, scored at every seed and seen while tuning).
 """
 
 from __future__ import annotations
-
-import argparse
-import json
-import sys
-from pathlib import Path
-
-START, END = "<!-- heldout-table:start -->", "<!-- heldout-table:end -->"
-
 
 FIXED = ("corpus_", "sglang_")  # classes of the fixed sets: the same items at every seed, seen in development
 
@@ -78,40 +64,3 @@ def render(res: dict, src: str) -> str:
               f"items {t['score_all']} s, of which the judge {t['judge_busy']} s and the text detectors "
               f"{t['detectors']} s."]
     return "\n".join(lines)
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("result", nargs="+", help="one or more raw results, rendered in this order")
-    ap.add_argument("--doc", default="docs/validation.md")
-    ap.add_argument("--check", action="store_true")
-    a = ap.parse_args()
-    blocks, rows = [], []
-    for path in a.result:
-        res = json.loads(Path(path).read_text())
-        blocks.append(f"#### Seed {res['seed']}\n\n" + render(res, path))
-        sp = split(res)
-        fr, fx = sp["fresh"], sp["fixed"]
-        rows.append(f"| {res['seed']} | {res['date'][:10]} | {fr['ok_wrong']} of {fr['ok']} "
-                    f"({_rate(fr['ok_wrong'], fr['ok'])}) | {fr['bad_wrong']} of {fr['bad']} "
-                    f"({_rate(fr['bad_wrong'], fr['bad'])}) | {fx['ok_wrong']} of {fx['ok']} | "
-                    f"{fx['bad_wrong']} of {fx['bad']} | `{path}` |")
-    blocks.insert(0, "Every seed, each scored once on the code of its date (raw file in the last column):\n\n"
-                  "| seed | date | fresh coherent failed | fresh garbled passed | fixed coherent failed | "
-                  "fixed garbled passed | raw |\n|---|---|---:|---:|---:|---:|---|\n" + "\n".join(rows))
-    doc = Path(a.doc).read_text()
-    if START not in doc or END not in doc:
-        print(f"error: {a.doc} has no {START} ... {END} block", file=sys.stderr)
-        return 2
-    head, rest = doc.split(START, 1)
-    _, tail = rest.split(END, 1)
-    body = "\n\n".join(blocks)
-    new = f"{head}{START}\n{body}\n{END}{tail}"
-    if a.check:
-        return 0 if new == doc else 1
-    Path(a.doc).write_text(new)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
