@@ -8,7 +8,8 @@ import argparse
 import os
 import sys
 
-FAULT_NAMES = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride")  # engine.FAULTS, kept
+FAULT_NAMES = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride", "no_residual",
+               "verify_temperature")  # engine.FAULTS, kept
 # here too so that argument parsing needs no numpy import (BLAS threads are set before numpy loads)
 
 
@@ -24,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, required=True)
-    s.add_argument("--fault", choices=FAULT_NAMES, help="inject one verify-pass fault (default: none)")
+    s.add_argument("--fault", choices=FAULT_NAMES,
+                   help="inject one fault: a verify-pass fault, or a sampler fault only T>0 shows (default: none)")
     s.add_argument("--budget", type=int, help="drafted nodes per verify pass (w = budget + 1)")
     s.add_argument("--topk", type=int, help="children per tree node at most")
     s.add_argument("--target-only", action="store_true", help="no speculation: the target-only baseline")

@@ -22,6 +22,13 @@ Faults (chosen at start, `fault=`), each a bug in the verify pass's index math; 
   (in tree order, a rejected branch's where the path is not the first nodes) stay committed;
 - foreign_kv: the verify pass reads the newest prefix page of another slot (another, earlier request);
 - row_stride: the verify pass writes its K/V rows with a row stride one element short (head_dim - 1).
+
+Sampler faults (SAMPLER_FAULTS): the verify pass is right, the acceptance walk at T>0 is not. T=0 stays exactly
+the target's (the greedy walk does not sample), so only a T>0 verdict can see them:
+- no_residual: after a drafted token is rejected the walk keeps sampling from p instead of the residual
+  max(p - q, 0): a rejected draft can be drawn again, so drafted tokens come out more often than p says;
+- verify_temperature: the verify pass samples at temperature 1 whatever the request asked (its top-p and top-k
+  kept); the first token, drawn after the prefill, is right. Harmless at T=1.
 """
 
 from __future__ import annotations
@@ -43,7 +50,9 @@ from pipeline.embedded import MODEL_ALIAS
 from testbed.corruptible.drafter import Drafter, Tree
 from testbed.corruptible.sampling import accept_tree, target_probs
 
-FAULTS = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride")
+VERIFY_FAULTS = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride")  # index math: T=0 breaks
+SAMPLER_FAULTS = ("no_residual", "verify_temperature")  # the T>0 acceptance walk: T=0 stays the target's
+FAULTS = VERIFY_FAULTS + SAMPLER_FAULTS
 DFLASH_BLOCK = 8      # the DFlash block size: the drafter's depth bound is block - 1
 PAGE = 16             # KV positions per page
 MAX_BUDGET, MAX_TOPK = 255, 64   # the DDTree server-argument bounds (patches/ddtree/sglang_ddtree/config.py)
@@ -85,7 +94,8 @@ class EngineConfig(StrictModel):
     """Settings of the corruptible engine; the defaults are the test bed's."""
 
     speculative: bool = Field(default=True, description="false: target-only decoding (the baseline)")
-    fault: Literal["mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride"] | None = None
+    fault: Literal["mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride", "no_residual",
+                   "verify_temperature"] | None = None
     budget: int = Field(default=5, ge=1, le=MAX_BUDGET, description="drafted nodes per verify (w = budget + 1)")
     topk: int = Field(default=4, ge=1, le=MAX_TOPK, description="children per tree node at most")
     n_slots: int = Field(default=4, ge=2, le=64)
@@ -387,8 +397,11 @@ class Engine:
             drafter.observe(ids[n - seen:], lg)
             n_past = n
 
-            def dist(row: np.ndarray) -> np.ndarray:
-                return row if greedy else target_probs(row, req.temperature, req.top_p, req.top_k)
+            def dist(row: np.ndarray, verify: bool = False) -> np.ndarray:
+                if greedy:
+                    return row
+                temp = 1.0 if verify and cfg.fault == "verify_temperature" else req.temperature
+                return target_probs(row, temp, req.top_p, req.top_k)
 
             _, tok = accept_tree([[]], [0], lambda _u: dist(lg[-1]), rng)
             out: list[TokenOut] = []
@@ -411,10 +424,11 @@ class Engine:
                               probs: dict[int, np.ndarray] = probs) -> np.ndarray:
                     if u not in probs:
                         rows[u] = h[u] @ lm.out_t
-                        probs[u] = dist(rows[u])
+                        probs[u] = dist(rows[u], verify=True)
                     return probs[u]
 
-                path, bonus = accept_tree(tree.children(), tree.tokens, node_dist, rng)
+                path, bonus = accept_tree(tree.children(), tree.tokens, node_dist, rng,
+                                          residual=cfg.fault != "no_residual")
                 self._commit(slot, n_past, path)
                 n_past += len(path)
                 if cfg.speculative:

@@ -80,12 +80,13 @@ def point_mass(n: int, x: int) -> np.ndarray:
 
 
 def accept_tree(children: Sequence[Sequence[int]], tokens: Sequence[int], dist: Callable[[int], np.ndarray],
-                rng: np.random.Generator | None) -> tuple[list[int], int]:
+                rng: np.random.Generator | None, residual: bool = True) -> tuple[list[int], int]:
     """Walk a drafted tree from its root (node 0) and return (accepted path of node indices starting with
     the root, the bonus token drawn after the path's last node).
 
     children[u]: node u's children in the drafter's order; tokens[u]: node u's token; dist(u): the target's
     distribution at node u (a probability vector at T>0; a logits row when rng is None, i.e. greedy).
+    residual=False is the test bed's `no_residual` fault: after a rejection the walk keeps p (wrong).
     """
     path = [0]
     u = 0
@@ -102,7 +103,9 @@ def accept_tree(children: Sequence[Sequence[int]], tokens: Sequence[int], dist: 
         p = row
         nxt = None
         for c in children[u]:
-            ok, p = speculative_accept(p, point_mass(len(p), tokens[c]), tokens[c], rng)
+            ok, r = speculative_accept(p, point_mass(len(p), tokens[c]), tokens[c], rng)
+            if residual:
+                p = r
             if ok:
                 nxt = c
                 break

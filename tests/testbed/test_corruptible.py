@@ -16,7 +16,16 @@ import numpy as np
 import pytest
 
 from testbed.corruptible.drafter import Drafter, Tree
-from testbed.corruptible.engine import DFLASH_BLOCK, FAULTS, Engine, EngineConfig, Request, set_blas_threads
+from testbed.corruptible.engine import (
+    DFLASH_BLOCK,
+    FAULTS,
+    SAMPLER_FAULTS,
+    VERIFY_FAULTS,
+    Engine,
+    EngineConfig,
+    Request,
+    set_blas_threads,
+)
 from testbed.corruptible.sampling import accept_tree, point_mass, sample, speculative_accept, target_probs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,6 +103,26 @@ def test_speculative_accept_gives_the_target_distribution_and_the_test_can_fail(
     assert _chi2_p(_rule_counts(p, q, 20000, rng), p) > 1e-3
     # the same test rejects a rule that accepts every draft (its output is q, not p)
     assert _chi2_p(_rule_counts(p, q, 20000, rng, broken=True), p) < 1e-6
+
+
+def test_no_residual_walk_over_represents_a_rejected_draft() -> None:
+    """The `no_residual` fault: one drafted child x at the root. The right walk emits p; the faulted one draws
+    from p again after rejecting x, so x comes out with probability p(x) + (1 - p(x)) p(x)."""
+    p = np.array([0.4, 0.3, 0.2, 0.1])
+    tree = Tree([9, 0], [-1, 0], [0, 1])
+    rng = np.random.default_rng(20261204)
+
+    def firsts(residual: bool) -> np.ndarray:
+        counts = np.zeros(len(p), dtype=np.int64)
+        for _ in range(20000):
+            path, bonus = accept_tree(tree.children(), tree.tokens, lambda _u: p, rng, residual=residual)
+            counts[tree.tokens[path[1]] if len(path) > 1 else bonus] += 1
+        return counts
+
+    assert _chi2_p(firsts(True), p) > 1e-3
+    bad = firsts(False)
+    assert _chi2_p(bad, p) < 1e-6
+    assert abs(bad[0] / bad.sum() - (0.4 + 0.6 * 0.4)) < 0.02
 
 
 def test_accept_tree_is_exact_for_a_tree_of_deterministic_drafts() -> None:
@@ -203,12 +232,38 @@ def test_speculative_greedy_equals_plain_greedy(plain: Engine, budget: int, topk
         assert gen.draft_accepted > 0   # the drafter is real: some drafts are accepted
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", VERIFY_FAULTS)
 def test_each_fault_changes_the_t0_answer(plain: Engine, fault: str) -> None:
     e = Engine(EngineConfig(fault=fault))
     assert e.cfg.verify_width != DFLASH_BLOCK
     ids = _ids(plain, PROSE)
     assert [t.token for t in e.generate(Request(ids, 32)).tokens] != _greedy(plain, ids, 32)
+
+
+@pytest.mark.parametrize("fault", SAMPLER_FAULTS)
+def test_sampler_faults_keep_t0_exact(plain: Engine, fault: str) -> None:
+    """A sampler fault lives in the T>0 walk only: greedy decoding stays the target's, token for token (so
+    `lossless_t0` cannot see it; only the T>0 verdict can)."""
+    e = Engine(EngineConfig(fault=fault))
+    ids = _ids(plain, PROSE)
+    assert [t.token for t in e.generate(Request(ids, 32)).tokens] == _greedy(plain, ids, 32)
+
+
+def test_verify_temperature_is_harmless_at_t1_and_wrong_below(blas1: None) -> None:
+    """Same seed, same engine settings: at T=1 the faulted engine samples what the right one samples; at
+    T=0.6 the verify pass samples at T=1 and the answers part."""
+    ok, bad = Engine(EngineConfig()), Engine(EngineConfig(fault="verify_temperature"))
+    ids = _ids(ok, POEM)
+
+    def run(e: Engine, temp: float) -> list[int]:
+        return [t.token for t in e.generate(Request(ids, 24, temp, None, None, 7)).tokens]
+
+    assert run(bad, 1.0) == run(ok, 1.0)
+    right, wrong = run(ok, 0.6), run(bad, 0.6)
+    assert wrong != right and wrong[0] == right[0]   # the first token comes from the prefill, before any verify
+    # the engine's walk takes the no_residual fault too (the rule itself: the test above); it changes a draw
+    # only after a rejection whose residual moves the sampled token, here within 24 tokens at T=1
+    assert run(Engine(EngineConfig(fault="no_residual")), 1.0) != run(ok, 1.0)
 
 
 def test_mask_width_is_harmless_at_the_dflash_block_width(plain: Engine) -> None:
