@@ -36,7 +36,7 @@ from validation.config import GateConfig, gate_api_key, lossless_requirement, ta
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import score_text
 from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
-from validation.likelihood import Answer, answer_seed, likelihood_verdicts, make_scorer
+from validation.likelihood import Answer, answer_seed, design_problem, likelihood_verdicts, make_scorer
 from validation.lossless import (
     Comparison,
     Continuation,
@@ -103,6 +103,11 @@ class Gate:
                 self.suite.get(pid)
             except KeyError:
                 raise UsageError(f"config names prompt '{pid}' which is not in suite {cfg.suite}") from None
+        hot = hot_temperatures(cfg)
+        if cfg.likelihood.enabled and hot:  # a plan whose test cannot fail: one clear error before any request
+            problem = design_problem(cfg.likelihood, len(self.suite.prompts), len(hot))
+            if problem:
+                raise UsageError(problem)
         self._judge_ready = False
         if not self._oracle_everywhere():  # the judge may decide: one clear error before any request
             self._prepare_judge()

@@ -660,6 +660,30 @@ def permutation_test(cand: dict[str, np.ndarray], base: dict[str, np.ndarray], p
     return {"S": float(obs), "z": float(z), "p_value": float(p), "strata": per}
 
 
+def smallest_p(sizes: list[tuple[int, int]], permutations: int) -> float:
+    """The smallest p-value `permutation_test` can give for strata of (candidate, baseline) answers: the
+    observed labelling is one of M = prod C(c + b, c) within-prompt labellings (two when every stratum has
+    c == b: swapping all labels only flips the sign of S), and the Monte Carlo estimate adds one to both
+    counts. When it is not below the statistic's alpha the test cannot reject whatever the answers are."""
+    m = math.prod(math.comb(c + b, c) for c, b in sizes) if sizes else 1
+    exact = (2 if sizes and all(c == b for c, b in sizes) else 1) / m
+    return max(exact, 1 / (1 + permutations))
+
+
+def design_problem(lc: Any, n_prompts: int, n_temperatures: int) -> str | None:
+    """Why this sampling plan (len(seeds) candidate and len(baseline_seeds) baseline answers per prompt, over
+    n_prompts prompts) can never fail the distribution test at its alpha, or None when it can."""
+    a_stat = _alphas(lc, n_temperatures)[2]
+    c, b = len(lc.seeds), len(lc.baseline_seeds)
+    floor = smallest_p([(c, b)] * n_prompts, lc.permutations)
+    if floor < a_stat:
+        return None
+    return (f"likelihood: {c} candidate and {b} baseline answer(s) per prompt over {n_prompts} prompts give the "
+            f"permutation test no p-value below {floor:.3g}, and each statistic needs p < {a_stat:.3g} (alpha "
+            f"{lc.alpha:g} over {n_temperatures} T>0 temperature(s)): the test could never fail; add seeds to "
+            "likelihood.seeds / baseline_seeds")
+
+
 def _alphas(lc: Any, n_temperatures: int) -> tuple[float, float, float]:
     a_t = lc.alpha / max(1, n_temperatures)
     return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share) / len(STATS)
@@ -752,6 +776,12 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
         v.reason = (f"{len(cand)} candidate and {len(base)} baseline answers scored at T={t:g} over "
                     f"{len(common)} shared prompts: fewer than likelihood.min_answers={lc.min_answers} per side "
                     "never pass")
+        return v
+    sizes = [(sum(1 for a in cand if a.prompt_id == p), sum(1 for a in base if a.prompt_id == p)) for p in common]
+    floor = smallest_p(sizes, lc.permutations)
+    if floor >= a_stat:  # what was scored cannot reject: a pass would be no verdict (the plan is checked at start)
+        v.reason = (f"{len(cand)} candidate and {len(base)} baseline answers over {len(common)} prompts: the "
+                    f"permutation test's smallest possible p is {floor:.3g}, not below {a_stat:.3g}; never passes")
         return v
     ok, stats, bad = _decide(cand, base, lc, log_eps, a_stat, lc.permutations)
     sup["impossible"] = bad

@@ -275,14 +275,16 @@ def sample(scorer, messages: list[dict[str, str]], t: float, seed: int, n: int =
 def test_the_whole_verdict_on_real_samples_of_the_model(scorer) -> None:
     from validation.likelihood import Answer, likelihood_verdicts
 
+    # 4 + 4 answers over 2 prompts: with 3 + 3 the permutation test's smallest p, 2/20^2 = 0.005, is above the
+    # 0.004 a statistic needs at one temperature, and such a plan never passes (smallest_p)
     cfg = GateConfig(likelihood=LikelihoodConfig(permutations=500, power_reps=20, power_permutations=200,
                                                  power_rates=[0.5, 1.0], min_answers=4))
     msgs = {"poem": MSG, "prose": [{"role": "user", "content": "Explain why the sky is blue."}]}
-    cand = [Answer(p, 0.8, s, sample(scorer, m, 0.8, s)) for p, m in msgs.items() for s in (1, 2, 3)]
-    base = [Answer(p, 0.8, s, sample(scorer, m, 0.8, s)) for p, m in msgs.items() for s in (4, 5, 6)]
+    cand = [Answer(p, 0.8, s, sample(scorer, m, 0.8, s)) for p, m in msgs.items() for s in (1, 2, 3, 7)]
+    base = [Answer(p, 0.8, s, sample(scorer, m, 0.8, s)) for p, m in msgs.items() for s in (4, 5, 6, 8)]
     [v] = likelihood_verdicts(cand, base, scorer, cfg, msgs.__getitem__)
     assert v.ok, v.reason
-    assert v.n_candidate == v.n_baseline == 6 and v.support["exact"]
+    assert v.n_candidate == v.n_baseline == 8 and v.support["exact"]
     assert v.support["min_log_p_T"] > v.support["log_eps"] + 5   # real samples sit far above the limit
     assert v.power["estimated"] and v.power["n_variants"] > 0
     # the same answers with their words shuffled: the engine's word order gone wrong
@@ -315,3 +317,59 @@ def test_answer_seeds_give_every_answer_its_own_sampler_stream() -> None:
     seeds = [answer_seed(s, p, t) for s in cfg.seeds + cfg.baseline_seeds for p in PROMPTS for t in (0.6, 0.8, 1.0)]
     assert len(set(seeds)) == len(seeds) and all(0 <= s < 2**31 for s in seeds)
     assert answer_seed(1234, "poem", 0.8) == answer_seed(1234, "poem", 0.8)   # reproducible
+
+
+def _exact_min_p(sizes: list[tuple[int, int]], values: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    """The exact stratified test's p for these values: every within-stratum labelling enumerated."""
+    from itertools import combinations, product
+
+    per = []
+    for (c, _b), (xc, xb) in zip(sizes, values, strict=True):
+        x = np.concatenate([xc, xb])
+        sd = max(float(x.std()), 0.05)
+        per.append([(x[list(ix)].mean() - np.delete(x, list(ix)).mean()) / sd
+                    for ix in combinations(range(x.size), c)])
+    obs = sum(d[0] for d in per)  # combinations() starts with the first c indices: the observed labelling
+    all_s = [sum(t) for t in product(*per)]
+    return sum(abs(s) >= abs(obs) - 1e-12 for s in all_s) / len(all_s)
+
+
+@pytest.mark.parametrize("sizes", [[(1, 1)] * 3, [(1, 2)] * 2, [(2, 2)] * 2, [(1, 1), (2, 1)]])
+def test_smallest_p_is_the_floor_of_perfectly_separated_answers(sizes: list[tuple[int, int]]) -> None:
+    """Candidate answers far above every baseline answer in every prompt: the exact test gives its smallest
+    p, the Monte Carlo test that p up to its sampling error, and smallest_p says it in advance."""
+    from validation.likelihood import smallest_p
+
+    vals = [(np.arange(c, dtype=float) + 10.0, np.arange(b, dtype=float)) for c, b in sizes]
+    floor = smallest_p(sizes, 20000)
+    assert floor == pytest.approx(_exact_min_p(sizes, vals))
+    got = permutation_test({f"p{i}": c for i, (c, _) in enumerate(vals)}, {f"p{i}": b for i, (_, b) in enumerate(vals)},
+                           20000, 1, 0.05)["p_value"]
+    assert got == pytest.approx(floor, rel=0.15)
+
+
+def test_a_plan_whose_test_cannot_fail_is_named_and_never_passes() -> None:
+    """One answer a side per prompt (the corruptible test bed's profile until 2026-12-04): over 8 prompts the
+    smallest p is 2/256, above what each statistic needs, so even answers shifted by 3 nats 'passed'."""
+    from validation.likelihood import design_problem
+
+    one = LikelihoodConfig(seeds=[1], baseline_seeds=[2], permutations=1000, power_reps=0)
+    assert "could never fail" in (design_problem(one, 8, 1) or "")
+    assert design_problem(LikelihoodConfig(), 8, 3) is None
+    assert design_problem(LikelihoodConfig(seeds=[1, 2], baseline_seeds=[3, 4, 5, 6]), 8, 1) is None
+    cand, base = sides(np.random.default_rng(4), k=1, shift=3.0)
+    v = likelihood_test(cand, base, one, 1, top_p=0.95)
+    assert not v.ok and "smallest possible p" in v.reason and "never passes" in v.reason
+
+
+def test_the_gate_refuses_such_a_plan_before_any_request(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "gate.yaml"
+    cfg.write_text("gate:\n  temperatures: [0, 0.8]\n  likelihood: {seeds: [1234], baseline_seeds: [4321]}\n")
+    r = subprocess.run([sys.executable, "-m", "validation", "run", "--target", "http://127.0.0.1:9",
+                        "--config", str(cfg), "--no-judge"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: likelihood:") and "could never fail" in lines[0]
