@@ -3,6 +3,7 @@
     python bench/corruptible_gate.py [--config testbed/corruptible/gate-profile.yaml] [--baseline-url URL]
         [--modes none,mask_width,rope_offset,stale_kv,foreign_kv,row_stride] [--budget 5] [--topk 4]
         [--parallel N] [--out docs/results/corruptible-gate-DATE.json]
+    python bench/corruptible_gate.py --refresh docs/results/corruptible-gate-DATE.json   # summaries from the reports
 
 The baseline is --baseline-url, or else the same engine served target-only (started once for the whole
 bench). Its answers are recorded once with `python -m validation record-baseline --config PROFILE`; then each
@@ -57,6 +58,37 @@ def _commit() -> str:
         return "unknown"
 
 
+def likelihood_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """Per T>0 temperature of a gate report: the likelihood verdict's p-values, support and sample counts."""
+    out: dict[str, Any] = {}
+    for c in doc.get("cases", []):
+        if not c["name"].startswith("likelihood@"):
+            continue
+        d = c.get("details") or {}
+        st = d.get("statistic") or {}
+        out[c["name"].split("@", 1)[1]] = {
+            "ok": c["ok"], "p_value": d.get("p_value"), "alpha_per_statistic": st.get("alpha_per_statistic"),
+            "mean_nll_p": (st.get("mean_nll") or {}).get("p_value"), "mean_nll_z": (st.get("mean_nll") or {}).get("z"),
+            "worst_window_p": (st.get("worst_window_nll") or {}).get("p_value"),
+            "min_log_p_T": (d.get("support") or {}).get("min_log_p_T"),
+            "n_candidate": d.get("n_candidate"), "n_baseline": d.get("n_baseline"), "message": c["message"][:300]}
+    return out
+
+
+def refresh(raw_path: Path) -> int:
+    """Re-read every run's report.json (its `out` folder) into an existing raw file's summaries."""
+    raw = json.loads(raw_path.read_text())
+    for row in raw["runs"]:
+        rep = Path(row.get("out", "")) / "report.json"
+        if not rep.is_file():
+            print(f"error: {rep} is gone: cannot refresh {raw_path}", file=sys.stderr)
+            return 2
+        row["likelihood"] = likelihood_summary(json.loads(rep.read_text()))
+    raw["refreshed"] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "what": "likelihood (from each report.json)"}
+    raw_path.write_text(json.dumps(raw, indent=2) + "\n")
+    return 0
+
+
 def run_gate(url: str, config: Path, baseline: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
     """One whole `python -m validation run`; its verdict line and report, summarised."""
     t0 = time.perf_counter()
@@ -83,6 +115,7 @@ def run_gate(url: str, config: Path, baseline: Path, out: Path, env: dict[str, s
         spec = next((c for c in doc["cases"] if c["name"] == "spec_accept_length"), None)
         if spec:
             row["spec_accept_length"] = spec["message"]
+        row["likelihood"] = likelihood_summary(doc)
     return row
 
 
@@ -97,7 +130,10 @@ def main() -> int:
                                          f"corruptible-gate-{time.strftime('%Y-%m-%d')}.json"))
     ap.add_argument("--parallel", type=int, default=1, help="modes run at once")
     ap.add_argument("--runs-dir", default=str(REPO / "runs" / "corruptible-gate"))
+    ap.add_argument("--refresh", metavar="RAW", help="only re-read the runs' reports into this raw file's summaries")
     args = ap.parse_args()
+    if args.refresh:
+        return refresh(Path(args.refresh))
     from testbed.corruptible.engine import EngineConfig
 
     budget = args.budget or EngineConfig.model_fields["budget"].default

@@ -252,7 +252,36 @@ def render_likelihood_rates(raw: dict[str, Any], path: str) -> str:
     return "\n".join(lines)
 
 
+def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
+    """The real gate against the corruptible engine, one row per mode (bench/corruptible_gate.py)."""
+    lc = (raw.get("profile", {}).get("gate", {}).get("likelihood") or {})
+    lines = ["| engine | w | verdict | failing checks | T>0 likelihood: p (mean NLL, worst window), z | "
+             "accept length | gate s |", "|---|---|---|---|---|---|---|"]
+    for r in raw["runs"]:
+        lik = []
+        for t, v in (r.get("likelihood") or {}).items():
+            if v.get("mean_nll_p") is None:
+                lik.append(f"{t}: no test ({v['message'][:90]})")
+            else:
+                lik.append(f"{t}: {v['mean_nll_p']:.3g}, {v['worst_window_p']:.3g}, z {v['mean_nll_z']:+.1f}"
+                           f"{'' if v['ok'] else ' **fail**'}")
+        acc = re.search(r"mean accept length ([\d.]+)", r.get("spec_accept_length") or "")
+        name = "correct" if r["mode"] == "none" else r["mode"].replace("@b", " at budget ")
+        failed = ", ".join(f"`{c}`" for c in r.get("failed_checks") or []) or "—"
+        lines.append(f"| {name} | {r['verify_width']} | {r.get('verdict', 'no verdict')} | {failed} | "
+                     f"{'; '.join(lik) or '—'} | {acc.group(1) if acc else '—'} | {_num(r.get('wall_s'))} |")
+    need = next((v.get("alpha_per_statistic") for r in raw["runs"] for v in (r.get("likelihood") or {}).values()
+                 if v.get("alpha_per_statistic")), None)
+    lines += ["", f"Likelihood plan: {len(lc.get('seeds', [])) or 3} candidate and "
+                  f"{len(lc.get('baseline_seeds', [])) or 3} baseline answers per prompt"
+                  + (f"; each statistic needs p < {need:.3g}" if need else "") + ".",
+              "", f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', '?')}, commit {raw.get('commit', '?')}; "
+                  f"command: `{raw.get('command', '?')}`"]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "corruptible-gate": render_corruptible_gate,
     "likelihood-rates": render_likelihood_rates,
     "ddtree-step": render_ddtree_step,
     "gate-heldout-seeds": render_gate_heldout_seeds,
