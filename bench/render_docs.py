@@ -265,6 +265,10 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
             else:
                 lik.append(f"{t}: {v['mean_nll_p']:.3g}, {v['worst_window_p']:.3g}, z {v['mean_nll_z']:+.1f}"
                            f"{'' if v['ok'] else ' **fail**'}")
+        if "likelihood" not in r:  # a run recorded before the bench kept the verdicts' numbers
+            lik = [f"{k.split('@', 1)[1]}: **fail**, {m.split(': ', 1)[-1][:70]}"
+                   for k, m in (r.get("failed") or {}).items() if k.startswith("likelihood@")]
+            lik = lik or ["passed (p not kept)"]
         acc = re.search(r"mean accept length ([\d.]+)", r.get("spec_accept_length") or "")
         name = "correct" if r["mode"] == "none" else r["mode"].replace("@b", " at budget ")
         failed = ", ".join(f"`{c}`" for c in r.get("failed_checks") or []) or "—"
