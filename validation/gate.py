@@ -104,7 +104,8 @@ class Gate:
             except KeyError:
                 raise UsageError(f"config names prompt '{pid}' which is not in suite {cfg.suite}") from None
         hot = hot_temperatures(cfg)
-        if cfg.likelihood.enabled and hot:  # a plan whose test cannot fail: one clear error before any request
+        judged = recording_baseline or bool(cfg.lossless.baseline or cfg.baseline_url)  # the likelihood will run
+        if cfg.likelihood.enabled and hot and judged:  # a plan whose test cannot fail: one error before any request
             problem = design_problem(cfg.likelihood, len(self.suite.prompts), len(hot))
             if problem:
                 raise UsageError(problem)

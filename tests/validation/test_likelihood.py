@@ -367,9 +367,13 @@ def test_the_gate_refuses_such_a_plan_before_any_request(tmp_path) -> None:
     import sys
 
     cfg = tmp_path / "gate.yaml"
-    cfg.write_text("gate:\n  temperatures: [0, 0.8]\n  likelihood: {seeds: [1234], baseline_seeds: [4321]}\n")
-    r = subprocess.run([sys.executable, "-m", "validation", "run", "--target", "http://127.0.0.1:9",
-                        "--config", str(cfg), "--no-judge"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: likelihood:") and "could never fail" in lines[0]
+    cfg.write_text("gate:\n  temperatures: [0, 0.8]\n  baseline_url: http://127.0.0.1:9\n"
+                   "  likelihood: {seeds: [1234], baseline_seeds: [4321]}\n")
+    for cmd in (["run", "--target", "http://127.0.0.1:9", "--config", str(cfg), "--no-judge"],
+                ["record-baseline", "--target", "http://127.0.0.1:9", "--config", str(cfg),
+                 "--out", str(tmp_path / "b.json")]):
+        r = subprocess.run([sys.executable, "-m", "validation", *cmd], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, r.stderr
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: likelihood:") and "could never fail" in lines[0]
+    assert not (tmp_path / "b.json").exists()
