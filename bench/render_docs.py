@@ -280,7 +280,7 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
                   f"{len(lc.get('baseline_seeds', [])) or 3} baseline answers per prompt"
                   + (f"; each statistic needs p < {need:.3g}" if need else "") + ".",
               "", f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', '?')}, commit {raw.get('commit', '?')}; "
-                  f"command: `{raw.get('command', '?')}`"]
+                  f"command: `{raw.get('command', '?')}`", ""]
     return "\n".join(lines)
 
 

@@ -123,7 +123,8 @@ class TextStream:
 def _logprobs(engine: Engine, toks: list[TokenOut]) -> dict[str, Any]:
     def entry(i: int, lp: float) -> dict[str, Any]:
         b = engine.token_bytes(i)
-        return {"token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
+        # llama.cpp's entry shape, id included: the gate keeps the sampled ids from it (pipeline.client)
+        return {"id": int(i), "token": b.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(b)}
 
     return {"content": [{**entry(t.token, t.logprob if t.logprob is not None else 0.0),
                          "top_logprobs": [entry(i, lp) for i, lp in t.top]} for t in toks]}

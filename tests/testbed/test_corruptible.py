@@ -392,6 +392,10 @@ def test_server_routes_and_a_gate_style_stream(served: str) -> None:
     tok, lp, top = r.logprobs[0]
     assert len(top) == 3 and top[0][0] == tok and abs(top[0][1] - lp) < 1e-9
     assert b"".join(t for t, _, _ in r.logprobs).decode() == r.text
+    # the entries name the sampled ids, as llama.cpp's do: the gate scores a T>0 answer on what was drawn
+    # (the client keeps them only when there is one per token and their bytes join to exactly the text)
+    hot = c.chat(POEM, max_tokens=16, temperature=0.8, seed=5, top_logprobs=1)
+    assert hot.output_ids is not None and len(hot.output_ids) == hot.completion_tokens == 16
     timings = r.raw["last_chunk"]["timings"]
     assert timings["draft_n"] > 0 and timings["draft_n_accepted"] <= 12 and timings["predicted_n"] == 12
     whole = c.chat(PROSE, max_tokens=12, temperature=0, stream=False)
