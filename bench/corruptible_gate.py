@@ -71,7 +71,8 @@ def likelihood_summary(doc: dict[str, Any]) -> dict[str, Any]:
             "mean_nll_p": (st.get("mean_nll") or {}).get("p_value"), "mean_nll_z": (st.get("mean_nll") or {}).get("z"),
             "worst_window_p": (st.get("worst_window_nll") or {}).get("p_value"),
             "min_log_p_T": (d.get("support") or {}).get("min_log_p_T"),
-            "n_candidate": d.get("n_candidate"), "n_baseline": d.get("n_baseline"), "message": c["message"][:300]}
+            "n_candidate": d.get("n_candidate"), "n_baseline": d.get("n_baseline"), "on_ids": d.get("on_ids"),
+            "message": c["message"][:300]}
     return out
 
 

@@ -274,11 +274,15 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
         failed = ", ".join(f"`{c}`" for c in r.get("failed_checks") or []) or "—"
         lines.append(f"| {name} | {r['verify_width']} | {r.get('verdict', 'no verdict')} | {failed} | "
                      f"{'; '.join(lik) or '—'} | {acc.group(1) if acc else '—'} | {_num(r.get('wall_s'))} |")
-    need = next((v.get("alpha_per_statistic") for r in raw["runs"] for v in (r.get("likelihood") or {}).values()
-                 if v.get("alpha_per_statistic")), None)
+    verdicts = [v for r in raw["runs"] for v in (r.get("likelihood") or {}).values()]
+    need = next((v["alpha_per_statistic"] for v in verdicts if v.get("alpha_per_statistic")), None)
+    counted = [v for v in verdicts if isinstance(v.get("on_ids"), dict) and v.get("n_candidate")]
+    on_ids = sum(v["on_ids"].get("candidate", 0) for v in counted)
+    ids = (f" Candidate answers scored on the ids the engine sampled: {on_ids} of "
+           f"{sum(v['n_candidate'] for v in counted)} (the rest on their text)." if counted else "")
     lines += ["", f"Likelihood plan: {len(lc.get('seeds', [])) or 3} candidate and "
                   f"{len(lc.get('baseline_seeds', [])) or 3} baseline answers per prompt"
-                  + (f"; each statistic needs p < {need:.3g}" if need else "") + ".",
+                  + (f"; each statistic needs p < {need:.3g}" if need else "") + "." + ids,
               "", f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', '?')}, commit {raw.get('commit', '?')}; "
                   f"command: `{raw.get('command', '?')}`", ""]
     return "\n".join(lines)
