@@ -70,6 +70,7 @@ def likelihood_summary(doc: dict[str, Any]) -> dict[str, Any]:
             "ok": c["ok"], "p_value": d.get("p_value"), "alpha_per_statistic": st.get("alpha_per_statistic"),
             "mean_nll_p": (st.get("mean_nll") or {}).get("p_value"), "mean_nll_z": (st.get("mean_nll") or {}).get("z"),
             "worst_window_p": (st.get("worst_window_nll") or {}).get("p_value"),
+            "pit_lag1_p": (st.get("pit_lag1") or {}).get("p_value"), "pit_lag1_z": (st.get("pit_lag1") or {}).get("z"),
             "min_log_p_T": (d.get("support") or {}).get("min_log_p_T"),
             "n_candidate": d.get("n_candidate"), "n_baseline": d.get("n_baseline"), "on_ids": d.get("on_ids"),
             "message": c["message"][:300]}

@@ -255,7 +255,10 @@ def render_likelihood_rates(raw: dict[str, Any], path: str) -> str:
 def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
     """The real gate against the corruptible engine, one row per mode (bench/corruptible_gate.py)."""
     lc = (raw.get("profile", {}).get("gate", {}).get("likelihood") or {})
-    lines = ["| engine | w | verdict | failing checks | T>0 likelihood: p (mean NLL, worst window), z | "
+    lag = any((v or {}).get("pit_lag1_p") is not None
+              for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
+    lines = [f"| engine | w | verdict | failing checks | T>0 likelihood: p (mean NLL, worst window"
+             f"{', lag-1 PIT' if lag else ''}), z | "
              "accept length | gate s |", "|---|---|---|---|---|---|---|"]
     for r in raw["runs"]:
         lik = []
@@ -263,7 +266,8 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
             if v.get("mean_nll_p") is None:
                 lik.append(f"{t}: no test ({v['message'][:90]})")
             else:
-                lik.append(f"{t}: {v['mean_nll_p']:.3g}, {v['worst_window_p']:.3g}, z {v['mean_nll_z']:+.1f}"
+                lag1 = f", {v['pit_lag1_p']:.3g}" if v.get("pit_lag1_p") is not None else ""
+                lik.append(f"{t}: {v['mean_nll_p']:.3g}, {v['worst_window_p']:.3g}{lag1}, z {v['mean_nll_z']:+.1f}"
                            f"{'' if v['ok'] else ' **fail**'}")
         if "likelihood" not in r:  # a run recorded before the bench kept the verdicts' numbers
             lik = [f"{k.split('@', 1)[1]}: **fail**, {m.split(': ', 1)[-1][:70]}"

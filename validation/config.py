@@ -295,9 +295,10 @@ class LikelihoodConfig(StrictModel):
     `baseline_seeds` on the target-only baseline (disjoint by default, so the test never rests on a
     seeded identity), every answer is scored token by token under the target model, and per temperature
     (a) the support check fails any candidate token with log p_T < the support limit and (b) a stratified
-    two-sample permutation test compares the per-answer mean and worst-window NLL at T. `alpha` is the
+    two-sample permutation test compares per-answer statistics at T. `alpha` is the
     false-fail rate of the whole T>0 verdict: split over the T>0 temperatures (Bonferroni), then
-    `support_share` of it to the support check and the rest halved over the two statistics.
+    `support_share` of it to the support check and the rest split evenly over the three statistics (mean and
+    worst-window NLL, lag-1 autocorrelation of the tokens' mid-PITs).
     """
 
     enabled: bool = True

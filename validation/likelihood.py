@@ -19,10 +19,13 @@ validation/refmodel.py). Per temperature T:
    baseline's: the statistic is the sum over prompts of (candidate mean - baseline mean) / the prompt's
    pooled spread, labels are permuted within each prompt, p = (1 + #{|S*| >= |S|}) / (1 + permutations),
    a fixed RNG seed. Two-sided: a corruption that loops lowers the NLL (the model predicts its own
-   repetition), garbage raises it.
+   repetition), garbage raises it. A third statistic is tested the same way: the lag-1 autocorrelation of
+   each token's mid-PIT under p_T in vocabulary order, where an inverse-CDF sampler had its uniform
+   (`pit_lag1`): a sampler can keep every token's law exact and still draw successive tokens from one
+   shared random number, which no NLL mean sees.
 3. **Alpha.** `alpha` is the false-fail rate of the whole T>0 verdict: alpha / (number of T>0 temperatures)
-   per temperature (Bonferroni), `support_share` of that to the support check, the rest halved over the two
-   statistics.
+   per temperature (Bonferroni), `support_share` of that to the support check, the rest split evenly over
+   the statistics (a statistic the scorer cannot give keeps its share unspent).
 4. **Power.** From the baseline's own scored answers and corrupted variants of them (validation/synth.py,
    scored by the same scorer), Monte Carlo draws of a candidate whose answers are corrupted with rate r give
    the rejection probability at this sample count; the verdict reports the smallest r rejected with
@@ -68,6 +71,9 @@ class AnswerScore:
     error: str | None = None                     # why this answer could not be scored
     exact_support: bool = True                   # False: p_T's normaliser from top-k only (over-estimated)
     vocab: int = 262_144                         # the model's vocabulary size (the support bound's V)
+    # each token's mid-PIT under p_T: the mass of the tokens ranked above it plus half its own (pit_of_row);
+    # None when the scorer does not give it
+    pit: tuple[float, ...] | None = None
 
     @property
     def n_tokens(self) -> int:
@@ -105,6 +111,20 @@ class AnswerScore:
 
     def text_at(self, start: int, n: int) -> str:
         return "".join(self.pieces[max(0, start):start + n])
+
+    @property
+    def pit_lag1(self) -> float | None:
+        """Lag-1 autocorrelation of the answer's mid-PITs around their own mean (0.0 when fewer than 3 tokens or
+        no spread); None without PITs. Draws that are independent, whatever their law, keep it near 0 in
+        expectation; draws that reuse or share random numbers across positions move it."""
+        if self.pit is None:
+            return None
+        u = np.asarray(self.pit, dtype=np.float64)
+        if u.size < 3:
+            return 0.0
+        d = u - u.mean()
+        den = float(np.dot(d, d))
+        return float(np.dot(d[1:], d[:-1]) / den) if den > 1e-12 else 0.0
 
 
 class Scorer(Protocol):
@@ -153,11 +173,18 @@ def score_all(scorer: Scorer, reqs: list[ScoreRequest], on_score: Any = None) ->
 
 
 def _support_from_logits(logits: np.ndarray, ids: list[int], temperature: float) -> tuple[np.ndarray, np.ndarray]:
-    """(log p_1, log p_T) of ids[k] under row k of logits, exact (full vocabulary). The exponentials are taken
-    in float32 after the row maximum is subtracted and summed in float64 (within 1e-6 nats of a float64
-    log-softmax, 5x faster)."""
+    """(log p_1, log p_T) of ids[k] under row k of logits, exact (full vocabulary)."""
+    lp1, lpt, _ = _scores_from_logits(logits, ids, temperature)
+    return lp1, lpt
+
+
+def _scores_from_logits(logits: np.ndarray, ids: list[int], temperature: float
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(log p_1, log p_T, mid-PIT under p_T) of ids[k] under row k of logits, exact (full vocabulary). The
+    exponentials are taken in float32 after the row maximum is subtracted and summed in float64 (within 1e-6
+    nats of a float64 log-softmax, 5x faster). The mid-PIT as `pit_of_row` defines it."""
     n = len(ids)
-    lp1, lpt = np.empty(n), np.empty(n)
+    lp1, lpt, pit = np.empty(n), np.empty(n), np.empty(n)
     tg = np.asarray(ids, dtype=np.int64)
     for a in range(0, n, 128):
         b = min(n, a + 128)
@@ -166,9 +193,39 @@ def _support_from_logits(logits: np.ndarray, ids: list[int], temperature: float)
         for out, scale in ((lp1, 1.0), (lpt, 1.0 / temperature)):
             y = x * np.float32(scale)
             m = y.max(axis=1)
-            lse = m.astype(np.float64) + np.log(np.exp(y - m[:, None]).sum(axis=1, dtype=np.float64))
-            out[a:b] = y[rows, tg[a:b]].astype(np.float64) - lse
-    return lp1, lpt
+            e = np.exp(y - m[:, None])
+            z = e.sum(axis=1, dtype=np.float64)
+            own = y[rows, tg[a:b]]
+            out[a:b] = own.astype(np.float64) - (m.astype(np.float64) + np.log(z))
+            if scale != 1.0 or temperature == 1.0:
+                below = np.where(np.arange(y.shape[1]) < tg[a:b, None], e, np.float32(0)).sum(axis=1,
+                                                                                               dtype=np.float64)
+                pit[a:b] = (below + 0.5 * e[rows, tg[a:b]].astype(np.float64)) / z
+    return lp1, lpt, pit
+
+
+def pit_of_row(logp: dict[int, float], own_id: int) -> float:
+    """The mid-PIT of token own_id under a distribution given as {token id: log-probability} (normalised over
+    the ids given): the mass of the tokens with a lower id plus half its own, i.e. where an inverse-CDF
+    sampler walking the vocabulary in id order (torch.multinomial, FlashInfer's sampling kernels, the test
+    bed's `sample`) had its uniform. A token drawn from the distribution has a mid-PIT of mean exactly 1/2
+    whatever the distribution, and independent draws give uncorrelated mid-PITs; draws that reuse one
+    uniform give nearly equal ones."""
+    ids = np.fromiter(logp.keys(), dtype=np.int64, count=len(logp))
+    v = np.fromiter(logp.values(), dtype=np.float64, count=len(logp))
+    p = np.exp(v - v.max())
+    p /= p.sum()
+    return float(p[ids < own_id].sum() + 0.5 * p[ids == own_id].sum())
+
+
+def pit_from_topk(own: float, top: list[tuple[float, int]], own_id: int, temperature: float) -> float:
+    """The mid-PIT of a token under p_T rebuilt, as in `support_from_topk`, from its T=1 log-prob and the
+    top-k alternatives' (log p_1, id): normalised over the alternatives seen and the token. Not the exact
+    PIT under the full p_T (the tail's mass and ids are missing), but the same function of the target's
+    answer for the candidate and the baseline, which is all a two-sample test needs."""
+    vals = {i: v / temperature for v, i in top}
+    vals[own_id] = own / temperature
+    return pit_of_row(vals, own_id)
 
 
 def support_from_topk(own: float, top: list[tuple[float, int]], own_id: int, temperature: float) -> float:
@@ -263,9 +320,9 @@ class ReferenceScorer:
         if not seq:
             return AnswerScore(prompt_id, temperature, seed, (), (), (), self.window, error="empty answer")
         logits = self._judge.logits(self.prompt_ids(messages), seq)
-        lp1, lpt = _support_from_logits(logits, seq, temperature)
+        lp1, lpt, pit = _scores_from_logits(logits, seq, temperature)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp1.tolist()), tuple(lpt.tolist()), tuple(pieces),
-                           self.window, vocab=int(logits.shape[1]))
+                           self.window, vocab=int(logits.shape[1]), pit=tuple(pit.tolist()))
 
     def close(self) -> None:
         self._judge.stop()
@@ -387,9 +444,10 @@ class SGLangScorer:
                                exact_support=False)
         lpt = [x if temperature == 1.0 else support_from_topk(x, a, i, temperature)
                for x, a, i in zip(lp, alts, toks, strict=True)]
+        pit = tuple(pit_from_topk(x, a, i, temperature) for x, a, i in zip(lp, alts, toks, strict=True))
         pieces = self._pieces(toks)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp), tuple(lpt), pieces, self.window,
-                           exact_support=temperature == 1.0)
+                           exact_support=temperature == 1.0, pit=pit)
 
     def score_many(self, reqs: list[ScoreRequest], batch: int = 64) -> list[AnswerScore]:
         """`score` for many answers in a few requests: the answers tokenized in one `/tokenize` (a list of
@@ -454,8 +512,10 @@ class SGLangScorer:
             lp, alts = scored[k]
             lpt = [x if r.temperature == 1.0 else support_from_topk(x, al, i, r.temperature)
                    for x, al, i in zip(lp, alts, ids, strict=True)]
+            pit = tuple(pit_from_topk(x, al, i, r.temperature) for x, al, i in zip(lp, alts, ids, strict=True))
             out.append(AnswerScore(r.prompt_id, r.temperature, r.seed, tuple(lp), tuple(lpt),
-                                   tuple(pieces[at:at + len(ids)]), self.window, exact_support=r.temperature == 1.0))
+                                   tuple(pieces[at:at + len(ids)]), self.window, exact_support=r.temperature == 1.0,
+                                   pit=pit))
             at += len(ids)
         return out
 
@@ -609,7 +669,7 @@ class LikelihoodVerdict:
     temperature: float
     ok: bool
     alpha: float                 # this temperature's share of the family-wise alpha
-    p_value: float               # the smallest p of the two statistics (1.0 when not tested)
+    p_value: float               # the smallest p of the statistics (1.0 when not tested)
     n_candidate: int
     n_baseline: int
     statistic: dict[str, Any]
@@ -625,12 +685,21 @@ class LikelihoodVerdict:
         return dict(self.__dict__)
 
 
-STATS = ("mean_nll", "worst_window_nll")
+STATS = ("mean_nll", "worst_window_nll", "pit_lag1")
+_PIT_STATS = ("pit_lag1",)
+# the floor of a prompt's pooled spread per statistic: the NLLs' is likelihood.sd_floor (nats); an
+# autocorrelation of ~50 mid-PITs spreads by ~0.14, and 0.01 only keeps a zero spread from dividing
+_PIT_SD_FLOOR = 0.01
 
 
 def _stat(a: AnswerScore, name: str) -> float:
-    v = a.mean_nll if name == "mean_nll" else a.worst_window_nll
+    v = {"mean_nll": a.mean_nll, "worst_window_nll": a.worst_window_nll, "pit_lag1": a.pit_lag1}[name]
     return float(v) if v is not None else float("nan")
+
+
+def _computable(answers: list[AnswerScore]) -> tuple[str, ...]:
+    """The statistics every answer has (the PIT statistics need the scorer's PITs)."""
+    return tuple(n for n in STATS if n not in _PIT_STATS or all(a.pit is not None for a in answers))
 
 
 def permutation_test(cand: dict[str, np.ndarray], base: dict[str, np.ndarray], permutations: int, seed: int,
@@ -725,11 +794,19 @@ def _by_prompt(answers: list[AnswerScore], name: str) -> dict[str, np.ndarray]:
 
 
 def _decide(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, log_eps: float, a_stat: float,
-            permutations: int) -> tuple[bool, dict[str, Any], list[dict[str, Any]]]:
+            permutations: int, normal: bool = False) -> tuple[bool, dict[str, Any], list[dict[str, Any]]]:
+    """(pass, the statistics' tests, the impossible tokens). normal=True decides each statistic on the normal
+    approximation of its permutation distribution (p = erfc(|z| / sqrt 2)) instead of the Monte Carlo count,
+    which cannot go below 1 / (1 + permutations): the power estimate's few permutations would otherwise make
+    every statistic unable to reject (as it was until 2026-12-04 at three T>0 temperatures)."""
     bad = _impossible(cand, log_eps)
-    stats = {n: permutation_test(_by_prompt(cand, n), _by_prompt(base, n), permutations, lc.rng_seed, lc.sd_floor)
-             for n in STATS}
-    ok = not bad and all(s["p_value"] >= a_stat for s in stats.values())
+    stats = {n: permutation_test(_by_prompt(cand, n), _by_prompt(base, n), permutations, lc.rng_seed,
+                                 _PIT_SD_FLOOR if n in _PIT_STATS else lc.sd_floor)
+             for n in _computable(cand + base)}
+    if normal:
+        ok = not bad and all(math.erfc(abs(s["z"]) / math.sqrt(2)) >= a_stat for s in stats.values())
+    else:
+        ok = not bad and all(s["p_value"] >= a_stat for s in stats.values())
     return ok, stats, bad
 
 
@@ -753,7 +830,8 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
     vocab = max([a.vocab for a in cand], default=AnswerScore.__dataclass_fields__["vocab"].default)
     log_eps, bound = support_limit(lc, n_tok, top_p, a_sup, vocab)
     method = (f"stratified two-sided permutation test ({lc.permutations} permutations, seed {lc.rng_seed}) of the "
-              f"per-answer mean NLL and worst {lc.window}-token-window NLL at T under the target model, by prompt; "
+              f"per-answer mean NLL, worst {lc.window}-token-window NLL and lag-1 autocorrelation of the "
+              f"mid-PITs at T under the target model, by prompt; "
               f"alpha {lc.alpha:g} over {n_temperatures} T>0 temperatures -> {a_t:.3g} at T={t:g}: "
               f"{a_sup:.3g} to the support check (no token with log p_T < {log_eps:.2f}, false-fail bound "
               f"N*V*eps/top_p), {a_stat:.3g} to each statistic")
@@ -790,6 +868,7 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
     v.statistic["prompts_not_shared"] = sorted(({a.prompt_id for a in cand} | {a.prompt_id for a in base})
                                                - set(common))
     v.p_value = min(s["p_value"] for s in stats.values())
+    v.statistic["not_computed"] = [n for n in STATS if n not in stats]  # their alpha share stays unspent
     v.ok = ok
     v.power = estimate_power(base, variants, lc, log_eps, a_stat, {p: sum(1 for a in cand if a.prompt_id == p)
                                                                    for p in common})
@@ -800,7 +879,8 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
                          f"with probability < {bound:.2g})")
         for n, s in stats.items():
             if s["p_value"] < a_stat:
-                parts.append(f"{n} shifted by {s['z']:+.1f} sd (p={s['p_value']:.2g} < {a_stat:.2g})")
+                parts.append(f"{n} shifted by {s['z']:+.1f} sd (p={s['p_value']:.2g} < {a_stat:.2g})"
+                             + (": successive tokens are not drawn independently" if n == "pit_lag1" else ""))
         v.reason = "; ".join(parts)
         v.evidence = _evidence(cand, stats, bad)
     else:
@@ -813,7 +893,7 @@ def _evidence(cand: list[AnswerScore], stats: dict[str, Any], bad: list[dict[str
     rows = []
     for a in cand:
         zs = {}
-        for n in STATS:
+        for n in stats:
             st = stats[n]["strata"].get(a.prompt_id)
             if st:
                 zs[n] = (_stat(a, n) - st["baseline_mean"]) / st["sd"]
@@ -877,14 +957,15 @@ def estimate_power(base: list[AnswerScore], variants: list[AnswerScore] | None, 
                     pool = vp[p] if vp.get(p) and rng.random() < r else bp[p]
                     cand.append(pool[int(rng.integers(len(pool)))])
             ok, _, _ = _decide(cand, base, lc.model_copy(update={"rng_seed": int(rng.integers(1 << 30))}),
-                               log_eps, a_stat, lc.power_permutations)
+                               log_eps, a_stat, lc.power_permutations, normal=True)
             rejected += not ok
         table[f"{r:g}"] = rejected / lc.power_reps
     hit = [r for r in rates if table[f"{r:g}"] >= lc.power_target]
     return {"estimated": True, "reps": lc.power_reps, "rejection_rate": table, "target": lc.power_target,
             "min_detectable_rate": hit[0] if hit else None, "families": list(lc.power_families),
             "n_variants": len(variants),
-            "note": "candidate answers resampled from the baseline's own (rate 0 is the resampled null)"}
+            "note": "candidate answers resampled from the baseline's own (rate 0 is the resampled null); each "
+                    f"statistic decided on the normal approximation of {lc.power_permutations} permutations"}
 
 
 # ---------------------------------------------------------------------------- the whole T>0 verdict

@@ -122,7 +122,7 @@ case $step in
       wait=(--wait-drafter /tmp/drafter.done)
     fi
     timeout "${LIMIT:-575}" python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash --deadline "${DEADLINE:-545}" \
-      "${wait[@]}" --repeat "${REPEAT:-10}" --only patched-b7-k4,patched-b16-k4,mutant-b16-k4
+      "${wait[@]}" --repeat "${REPEAT:-10}" --only "${ONLY:-patched-b7-k4,patched-b16-k4,mutant-b16-k4}"
     cp /tmp/train.log "$OUT/"
     [ -f "$OUT/baseline.json" ] && mkdir -p "$OUT/gates" && mv "$OUT/baseline.json" "$OUT/gates/"
     tar -C "$OUT" -czf "$OUT/gates.tgz" gates profiles 2>/dev/null; rm -rf "$OUT/gates" "$OUT/logs" "$OUT/profiles"

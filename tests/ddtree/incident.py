@@ -101,6 +101,11 @@ def plan() -> list[GateServer]:
          # there (docs/ddtree-serve.md Run 4); at 16 its verify width has no graph and runs eagerly (correct, slow)
          tree("unpatched-b7-k4", "unpatched", 7, 4)]
     s += [tree(f"patched-b{b}-k{k}", "patched", b, k) for b, k in SWEEP]
+    # the patched build with a sampler fault of the worker (sglang_ddtree/worker.py TEST_FAULTS): T=0 exact,
+    # a seeded request's draws within a verify step share their random numbers
+    faulty = tree("shared-b16-k4", "patched", 16, 4)
+    faulty.env = {"SGLANG_DDTREE_TEST_FAULT": "step_shared_random"}
+    s.append(faulty)
     return s
 
 
@@ -337,8 +342,10 @@ def main() -> int:
     else:
         print(f"baseline rc={doc['baseline']['rc']} at {time.time() - t0:.0f}s", flush=True)
         gated = [s for s in up if s is not base]  # the baseline's own check is record-baseline's
-        # the mutant is gated once: it must fail; the correct builds `--repeat` times: they must pass every time
-        jobs = [(s, r) for r in range(1, a.repeat + 1) for s in gated if r == 1 or s.variant != "mutant"]
+        # the broken builds (the mutant, a worker test fault) are gated once: they must fail; the correct builds
+        # `--repeat` times: they must pass every time
+        jobs = [(s, r) for r in range(1, a.repeat + 1) for s in gated
+                if r == 1 or not (s.variant == "mutant" or s.env)]
         # 3) the gates, `workers` at a time (21 gates at once all lost their verdict together at the deadline,
         # 2026-12-03): runs interleaved across servers, so the ones that finish cover every server; one that
         # cannot start in time is recorded as not run

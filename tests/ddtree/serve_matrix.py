@@ -170,6 +170,7 @@ class Server:
         self.error: str | None = None
         self.results: list[dict] = []
         self.info: dict = {}
+        self.env: dict[str, str] = {}  # put into the server's environment (a test fault of the worker)
 
     def cmd(self) -> list[str]:
         c = [sys.executable, "-m", "sglang.launch_server", "--model-path", MODEL["path"], *MODEL["load"],
@@ -192,6 +193,7 @@ class Server:
         paths = [str(VAR / (self.variant or "patched")), str(plug), str(SITE)]
         env["PYTHONPATH"] = ":".join(paths)
         env["DDTREE_ORACLE"] = str(OUT / "oracle.json")
+        env.update(self.env)
         self.log = OUT / "logs" / f"{self.name}.log"
         self.t0 = time.time()
         with open(self.log, "w") as log:  # the child keeps its own descriptor

@@ -27,7 +27,7 @@ from validation.likelihood import (
 )
 
 PROMPTS = ("poem", "prose", "code", "factual", "list", "table", "arithmetic", "long")
-LC = LikelihoodConfig(permutations=1000, power_reps=0)
+LC = LikelihoodConfig(permutations=2000, power_reps=0)
 
 
 def fake_answer(pid: str, t: float, seed: int, rng: np.random.Generator, shift: float = 0.0, n: int = 40,
@@ -377,3 +377,20 @@ def test_the_gate_refuses_such_a_plan_before_any_request(tmp_path) -> None:
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: likelihood:") and "could never fail" in lines[0]
     assert not (tmp_path / "b.json").exists()
+
+
+def test_the_power_estimate_can_reject_at_three_temperatures() -> None:
+    """At three T>0 temperatures each statistic needs p < 8.9e-4, below what the power estimate's 500 Monte
+    Carlo permutations can give (1/501): until 2026-12-04 every simulated candidate passed the statistics, and
+    the H200 gates reported a rejection rate of 0 even with every answer corrupted. The estimate now decides
+    on the permutation distribution's normal approximation."""
+    rng = np.random.default_rng(21)
+    cand, base = sides(rng)
+    variants = [fake_answer(a.prompt_id, a.temperature, 900 + i, rng, shift=2.0, level=0.3 + 0.2 * PROMPTS.index(
+        a.prompt_id)) for i, a in enumerate(base)]
+    lc = LikelihoodConfig(power_reps=40, power_permutations=500, power_rates=[0.5, 1.0])
+    v = likelihood_test(cand, base, lc, 3, variants=variants, top_p=0.95)
+    assert v.statistic["alpha_per_statistic"] < 1 / 501
+    rates = v.power["rejection_rate"]
+    assert rates["1"] == 1.0 and rates["0"] <= 0.1, rates
+    assert v.power["min_detectable_rate"] is not None

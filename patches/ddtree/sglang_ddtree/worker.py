@@ -68,6 +68,22 @@ from .profile import StepProfiler
 
 logger = logging.getLogger(__name__)
 
+# Faults the validation tests put into a served DDTree on purpose (never set in production): the gate must refuse
+# the server they run in. step_shared_random: the target's draws at the nodes of one verify step share their
+# random numbers, so the tokens a step emits are dependent while each keeps its own law. Unseeded requests (an
+# SGLang server without --enable-deterministic-inference ignores request seeds) draw every node by inverse CDF
+# from one uniform per request and step; seeded ones key every node's hash by the step's first position.
+TEST_FAULTS = ("step_shared_random",)
+
+
+def read_test_fault() -> str | None:
+    """SGLANG_DDTREE_TEST_FAULT, checked: unset or empty for no fault; anything else not in TEST_FAULTS stops
+    the server at start."""
+    v = os.environ.get("SGLANG_DDTREE_TEST_FAULT", "")
+    if v and v not in TEST_FAULTS:
+        raise ValueError(f"SGLANG_DDTREE_TEST_FAULT={v!r}: known test faults are {', '.join(TEST_FAULTS)}")
+    return v or None
+
 
 class DDTreeWorker(DFlashWorkerV2):
     """DFLASH with tree drafting and tree verify (see the module docstring)."""
@@ -92,6 +108,9 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         self.verify_width = self.ddtree.verify_width
         self.topk = self.ddtree.topk
+        self._test_fault = read_test_fault()
+        if self._test_fault:
+            logger.warning("DDTree: TEST FAULT %s is on; this server samples wrongly on purpose", self._test_fault)
         # the step's KV window covers both the draft block and the verify width (reserved per step
         # by the scheduler: patch 0015 declares max(block, budget + 1) as the draft width)
         self.window_width = max(self.verify_width, int(self.block_size))
@@ -295,7 +314,13 @@ class DDTreeWorker(DFlashWorkerV2):
             from sglang.srt.layers.sampler import multinomial_with_seed
 
             seeds = torch.repeat_interleave(sampling_info.sampling_seed.view(-1), w)
+            if self._test_fault == "step_shared_random":  # every node keyed by the step's first position
+                positions = positions.view(-1, w)[:, :1].expand(-1, w).reshape(-1)
             sampled = multinomial_with_seed(torch.log(probs.clamp_min(1e-30)), seeds, positions)
+        elif self._test_fault == "step_shared_random":  # one uniform per request and step, inverse CDF at every node
+            cdf = torch.cumsum(probs, dim=-1)
+            u = torch.rand(cdf.shape[0] // w, 1, device=cdf.device).repeat_interleave(w, dim=0) * cdf[:, -1:]
+            sampled = torch.searchsorted(cdf, u).clamp_max(cdf.shape[-1] - 1).view(-1)
         else:
             sampled = torch.multinomial(probs, 1).view(-1)
         is_greedy = (temps.view(-1) <= 1e-5) | (top_ks == 1)
