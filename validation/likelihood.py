@@ -71,8 +71,8 @@ class AnswerScore:
     error: str | None = None                     # why this answer could not be scored
     exact_support: bool = True                   # False: p_T's normaliser from top-k only (over-estimated)
     vocab: int = 262_144                         # the model's vocabulary size (the support bound's V)
-    # each token's mid-PIT under p_T: the mass of the tokens ranked above it plus half its own (pit_of_row);
-    # None when the scorer does not give it
+    # each token's mid-PIT under p_T: the mass of the lower token ids plus half its own (pit_of_row); None when
+    # the scorer does not give it
     pit: tuple[float, ...] | None = None
 
     @property
