@@ -29,7 +29,7 @@
 # bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
-step=${1:?step: install1|install2|install3|train|drafter|gguf1|warm|gate30|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
+step=${1:?step: install1|install2|install3|train|drafter|gguf1|warm|gate30|seeded|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # pieces of the SmolLM2 GGUF ride along with the install calls (tests/ddtree/split_gguf.sh): each call copies
 # the ones it carries into /tmp/gguf, and the gate30 step joins them
@@ -130,6 +130,18 @@ case $step in
       tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-"
     fi
     jit_caches ;;  # FlashInfer's modules the servers built, for a later session's .carry/jit
+  seeded)
+    # tests/ddtree/seeded_identity.py: target-only, the correct DDTree b16/k4 and its step_shared_random fault, all
+    # with --enable-deterministic-inference, the same seeded T>0 requests to each (carry .carry/gguf/p3 and
+    # .carry/ddtree-srv after install1..3 and drafter)
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    ensure_target || exit 1
+    if [ ! -f /tmp/smollm2-dflash/model.safetensors ]; then
+      cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - || exit 1
+    fi
+    timeout "${LIMIT:-440}" python3 tests/ddtree/seeded_identity.py --drafter /tmp/smollm2-dflash --deadline "${DEADLINE:-420}"
+    tar -C "$OUT" -czf "$OUT/seeded-logs.tgz" logs 2>/dev/null; rm -rf "$OUT/logs" ;;
   matrix)
     # the full serve matrix on the trained target; on a fresh machine its first wave (two servers) compiles the
     # JIT kernels the rest and a later gate30 then load: in 2026-12-03's gate30 the cold compiles held every
