@@ -29,6 +29,7 @@ the target's (the greedy walk does not sample), so only a T>0 verdict can see th
   max(p - q, 0): a rejected draft can be drawn again, so drafted tokens come out more often than p says;
 - verify_temperature: the verify pass samples at temperature 1 whatever the request asked (its top-p and top-k
   kept); the first token, drawn after the prefill, is right. Harmless at T=1.
+- heldout_a, heldout_b: held-out faults, see the sealed description.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ from pydantic import Field, model_validator
 from pipeline.config import StrictModel
 from pipeline.embedded import MODEL_ALIAS
 from testbed.corruptible.drafter import Drafter, Tree
-from testbed.corruptible.sampling import accept_tree, target_probs
+from testbed.corruptible.sampling import accept_tree, node_probs
 
 VERIFY_FAULTS = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride")  # index math: T=0 breaks
-SAMPLER_FAULTS = ("no_residual", "verify_temperature")  # the T>0 acceptance walk: T=0 stays the target's
+# the T>0 acceptance walk: T=0 stays the target's
+SAMPLER_FAULTS = ("no_residual", "verify_temperature", "heldout_a", "heldout_b")
 FAULTS = VERIFY_FAULTS + SAMPLER_FAULTS
 DFLASH_BLOCK = 8      # the DFlash block size: the drafter's depth bound is block - 1
 PAGE = 16             # KV positions per page
@@ -95,7 +97,7 @@ class EngineConfig(StrictModel):
 
     speculative: bool = Field(default=True, description="false: target-only decoding (the baseline)")
     fault: Literal["mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride", "no_residual",
-                   "verify_temperature"] | None = None
+                   "verify_temperature", "heldout_a", "heldout_b"] | None = None
     budget: int = Field(default=5, ge=1, le=MAX_BUDGET, description="drafted nodes per verify (w = budget + 1)")
     topk: int = Field(default=4, ge=1, le=MAX_TOPK, description="children per tree node at most")
     n_slots: int = Field(default=4, ge=2, le=64)
@@ -401,7 +403,7 @@ class Engine:
                 if greedy:
                     return row
                 temp = 1.0 if verify and cfg.fault == "verify_temperature" else req.temperature
-                return target_probs(row, temp, req.top_p, req.top_k)
+                return node_probs(row, temp, req.top_p, req.top_k, cfg.fault if verify else None)
 
             _, tok = accept_tree([[]], [0], lambda _u: dist(lg[-1]), rng)
             out: list[TokenOut] = []
@@ -428,7 +430,7 @@ class Engine:
                     return probs[u]
 
                 path, bonus = accept_tree(tree.children(), tree.tokens, node_dist, rng,
-                                          residual=cfg.fault != "no_residual")
+                                          residual=cfg.fault != "no_residual", fault=cfg.fault)
                 self._commit(slot, n_past, path)
                 n_past += len(path)
                 if cfg.speculative:

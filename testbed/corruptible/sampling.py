@@ -51,20 +51,34 @@ def target_probs(logits: np.ndarray, temperature: float, top_p: float | None = N
     return p
 
 
-def sample(p: np.ndarray, rng: np.random.Generator) -> int:
-    """One token drawn from p (inverse CDF on one uniform draw)."""
+def node_probs(row: np.ndarray, temperature: float, top_p: float | None = None, top_k: int | None = None,
+               fault: str | None = None) -> np.ndarray:
+    """The distribution the acceptance walk uses at a verify node: target_probs of its logits row (fault: the
+    engine's sampler fault, if any)."""
+    if fault == "heldout_a":  # held-out fault, see the sealed description
+        top_p, top_k = None, None
+    return target_probs(row, temperature, top_p, top_k)
+
+
+def sample(p: np.ndarray, rng: np.random.Generator, u: float | None = None) -> int:
+    """One token drawn from p (inverse CDF on one uniform draw; u: that draw, default a fresh one from rng)."""
     c = np.cumsum(p)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
+    if u is None:
+        u = rng.random()
+    return int(min(np.searchsorted(c, u * c[-1], side="right"), len(p) - 1))
 
 
-def speculative_accept(p: np.ndarray, q: np.ndarray, x: int, rng: np.random.Generator) -> tuple[bool, np.ndarray]:
+def speculative_accept(p: np.ndarray, q: np.ndarray, x: int, rng: np.random.Generator,
+                       u: float | None = None) -> tuple[bool, np.ndarray]:
     """The speculative-sampling rule for a drafted token x ~ q: (True, p) when accepted (probability
     min(1, p(x)/q(x))), else (False, residual) with residual = max(p - q, 0) renormalised, the distribution
-    the replacement token must be drawn from."""
+    the replacement token must be drawn from. u: the uniform draw of the test, default a fresh one from rng."""
     px, qx = float(p[x]), float(q[x])
     if qx <= 0:
         raise ValueError(f"drafted token {x} has drafter probability 0")
-    if rng.random() < min(1.0, px / qx):
+    if u is None:
+        u = rng.random()
+    if u < min(1.0, px / qx):
         return True, p
     r = np.maximum(p - q, 0.0)
     s = r.sum()
@@ -80,13 +94,15 @@ def point_mass(n: int, x: int) -> np.ndarray:
 
 
 def accept_tree(children: Sequence[Sequence[int]], tokens: Sequence[int], dist: Callable[[int], np.ndarray],
-                rng: np.random.Generator | None, residual: bool = True) -> tuple[list[int], int]:
+                rng: np.random.Generator | None, residual: bool = True,
+                fault: str | None = None) -> tuple[list[int], int]:
     """Walk a drafted tree from its root (node 0) and return (accepted path of node indices starting with
     the root, the bonus token drawn after the path's last node).
 
     children[u]: node u's children in the drafter's order; tokens[u]: node u's token; dist(u): the target's
     distribution at node u (a probability vector at T>0; a logits row when rng is None, i.e. greedy).
     residual=False is the test bed's `no_residual` fault: after a rejection the walk keeps p (wrong).
+    fault: the engine's sampler fault, if any (T>0 only).
     """
     path = [0]
     u = 0
@@ -102,14 +118,17 @@ def accept_tree(children: Sequence[Sequence[int]], tokens: Sequence[int], dist: 
             continue
         p = row
         nxt = None
+        last: float | None = None
         for c in children[u]:
-            ok, r = speculative_accept(p, point_mass(len(p), tokens[c]), tokens[c], rng)
+            last = rng.random()
+            ok, r = speculative_accept(p, point_mass(len(p), tokens[c]), tokens[c], rng, last)
             if residual:
                 p = r
             if ok:
                 nxt = c
                 break
         if nxt is None:
-            return path, sample(p, rng)
+            held = last if fault == "heldout_b" else None  # held-out fault, see the sealed description
+            return path, sample(p, rng, held)
         path.append(nxt)
         u = nxt

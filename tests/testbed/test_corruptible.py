@@ -26,7 +26,14 @@ from testbed.corruptible.engine import (
     Request,
     set_blas_threads,
 )
-from testbed.corruptible.sampling import accept_tree, point_mass, sample, speculative_accept, target_probs
+from testbed.corruptible.sampling import (
+    accept_tree,
+    node_probs,
+    point_mass,
+    sample,
+    speculative_accept,
+    target_probs,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PROSE = "In one paragraph, explain why the sky looks blue during the day."
@@ -123,6 +130,43 @@ def test_no_residual_walk_over_represents_a_rejected_draft() -> None:
     bad = firsts(False)
     assert _chi2_p(bad, p) < 1e-6
     assert abs(bad[0] / bad.sum() - (0.4 + 0.6 * 0.4)) < 0.02
+
+
+HELDOUT_FAULTS = ("heldout_a", "heldout_b")
+
+
+def _fit_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    """_chi2_p, and 0 when a token outside the support of probs was drawn."""
+    return 0.0 if counts[probs <= 0].sum() > 0 else _chi2_p(counts, probs)
+
+
+@pytest.mark.parametrize("fault", HELDOUT_FAULTS)
+def test_heldout_fault_walk_departs_from_the_target(fault: str) -> None:
+    """Held-out fault, see the sealed description. A small synthetic tree at T=0.8, top-p 0.85: the right
+    walk's first token follows the target's distribution, the faulted walk's does not."""
+    logits = {0: np.log([0.35, 0.25, 0.2, 0.1, 0.06, 0.04]) * 0.8,
+              1: np.log([0.1, 0.4, 0.2, 0.15, 0.1, 0.05]) * 0.8,
+              2: np.log(np.full(6, 1 / 6)) * 0.8,
+              3: np.log([0.3, 0.2, 0.2, 0.1, 0.1, 0.1]) * 0.8}
+    tree = Tree([9, 0, 2, 1], [-1, 0, 0, 1], [0, 1, 1, 2])
+    kids = tree.children()
+    want = target_probs(logits[0], 0.8, 0.85)
+    assert np.count_nonzero(want) == 4
+
+    def firsts(f: str | None, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        dists = {u: node_probs(row, 0.8, 0.85, None, f) for u, row in logits.items()}
+        counts = np.zeros(6, dtype=np.int64)
+        for _ in range(20000):
+            path, bonus = accept_tree(kids, tree.tokens, lambda u: dists[u], rng, fault=f)
+            counts[tree.tokens[path[1]] if len(path) > 1 else bonus] += 1
+        return counts
+
+    assert _fit_p(firsts(None, 20261205), want) > 1e-3
+    assert _fit_p(firsts(fault, 20261205), want) < 1e-6
+    # greedy: the faults leave the T=0 walk alone
+    for f in (None, fault):
+        assert accept_tree(kids, tree.tokens, lambda u: logits[u], None, fault=f) == ([0, 1, 3], 0)
 
 
 def test_accept_tree_is_exact_for_a_tree_of_deterministic_drafts() -> None:
@@ -264,6 +308,21 @@ def test_verify_temperature_is_harmless_at_t1_and_wrong_below(blas1: None) -> No
     # the engine's walk takes the no_residual fault too (the rule itself: the test above); it changes a draw
     # only after a rejection whose residual moves the sampled token, here within 24 tokens at T=1
     assert run(Engine(EngineConfig(fault="no_residual")), 1.0) != run(ok, 1.0)
+
+
+@pytest.mark.parametrize("fault", HELDOUT_FAULTS)
+def test_heldout_fault_changes_seeded_t08_output_only(plain: Engine, fault: str) -> None:
+    """Held-out fault, see the sealed description. Greedy: the faulted speculative engine's tokens are the
+    target's; at T=0.8, top-p 0.95 (the gate's sampling) with the same seed they part from the right engine's."""
+    ok, bad = Engine(EngineConfig()), Engine(EngineConfig(fault=fault))
+    ids = _ids(plain, POEM)
+    assert [t.token for t in bad.generate(Request(ids, 16)).tokens] == _greedy(plain, ids, 16)
+
+    def run(e: Engine) -> list[int]:
+        return [t.token for t in e.generate(Request(ids, 16, 0.8, 0.95, None, 11)).tokens]
+
+    right, wrong = run(ok), run(bad)
+    assert wrong != right and wrong[0] == right[0]
 
 
 def test_mask_width_is_harmless_at_the_dflash_block_width(plain: Engine) -> None:
