@@ -29,7 +29,9 @@ the target's (the greedy walk does not sample), so only a T>0 verdict can see th
   max(p - q, 0): a rejected draft can be drawn again, so drafted tokens come out more often than p says;
 - verify_temperature: the verify pass samples at temperature 1 whatever the request asked (its top-p and top-k
   kept); the first token, drawn after the prefill, is right. Harmless at T=1.
-- heldout_a, heldout_b: held-out faults, see the sealed description.
+- heldout_a: the verify pass drops the request's top-p and top-k (temperature kept); heldout_b: after every
+  child of a node is rejected, the replacement token reuses the uniform that decided the last rejection.
+  Both were held out from the gate's author until run once (docs/corruptible-engine.md).
 """
 
 from __future__ import annotations

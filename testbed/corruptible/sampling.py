@@ -55,7 +55,7 @@ def node_probs(row: np.ndarray, temperature: float, top_p: float | None = None, 
                fault: str | None = None) -> np.ndarray:
     """The distribution the acceptance walk uses at a verify node: target_probs of its logits row (fault: the
     engine's sampler fault, if any)."""
-    if fault == "heldout_a":  # held-out fault, see the sealed description
+    if fault == "heldout_a":  # the fault: the verify pass drops the request's top-p and top-k
         top_p, top_k = None, None
     return target_probs(row, temperature, top_p, top_k)
 
@@ -128,7 +128,8 @@ def accept_tree(children: Sequence[Sequence[int]], tokens: Sequence[int], dist: 
                 nxt = c
                 break
         if nxt is None:
-            held = last if fault == "heldout_b" else None  # held-out fault, see the sealed description
+            # heldout_b: the replacement drawn with the uniform that decided the last rejection (in [p(x), 1))
+            held = last if fault == "heldout_b" else None
             return path, sample(p, rng, held)
         path.append(nxt)
         u = nxt

@@ -142,7 +142,7 @@ def _fit_p(counts: np.ndarray, probs: np.ndarray) -> float:
 
 @pytest.mark.parametrize("fault", HELDOUT_FAULTS)
 def test_heldout_fault_walk_departs_from_the_target(fault: str) -> None:
-    """Held-out fault, see the sealed description. A small synthetic tree at T=0.8, top-p 0.85: the right
+    """heldout_a / heldout_b (docs/corruptible-engine.md). A small synthetic tree at T=0.8, top-p 0.85: the right
     walk's first token follows the target's distribution, the faulted walk's does not."""
     logits = {0: np.log([0.35, 0.25, 0.2, 0.1, 0.06, 0.04]) * 0.8,
               1: np.log([0.1, 0.4, 0.2, 0.15, 0.1, 0.05]) * 0.8,
@@ -312,7 +312,7 @@ def test_verify_temperature_is_harmless_at_t1_and_wrong_below(blas1: None) -> No
 
 @pytest.mark.parametrize("fault", HELDOUT_FAULTS)
 def test_heldout_fault_changes_seeded_t08_output_only(plain: Engine, fault: str) -> None:
-    """Held-out fault, see the sealed description. Greedy: the faulted speculative engine's tokens are the
+    """heldout_a / heldout_b (docs/corruptible-engine.md). Greedy: the faulted speculative engine's tokens are the
     target's; at T=0.8, top-p 0.95 (the gate's sampling) with the same seed they part from the right engine's."""
     ok, bad = Engine(EngineConfig()), Engine(EngineConfig(fault=fault))
     ids = _ids(plain, POEM)
