@@ -61,6 +61,7 @@ class Hooks:
     loadtest: Callable[[str, str], CheckResult]  # (label, url) -> capacity against the SLOs
     rollback: Callable[[tuple[str, ...], str], RestoreResult]  # (hosts, to: previous | current)
     promote: Callable[[], CheckResult] | None = None
+    preflight: Callable[[tuple[str, ...]], CheckResult] | None = None  # every host, before any changes
     log: Callable[[str], None] = lambda _m: None
 
 
@@ -173,6 +174,13 @@ class Executor:
     def run(self) -> RolloutRecord:
         result, failed_at = "promoted", None
         try:
+            if self.h.preflight is not None:
+                self._stage("preflight")
+                t0 = time.monotonic()
+                c = self.h.preflight(self.plan.hosts)
+                self._add("preflight", "all", self.plan.hosts, c.ok, c.summary, t0, c.data)
+                if not c.ok:
+                    raise _Failed("deploy-failed", "preflight")
             for gp in self.plan.groups:
                 for i, batch in enumerate([(gp.canary,), *gp.batches]):
                     self._batch(gp, batch, canary=i == 0)

@@ -26,7 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
-from flow import fit
+from flow import fit, plan
 from flow.report import Stage, write
 from pipeline.errors import EXIT_FAIL, EXIT_OK, PipelineError, UsageError
 from pipeline.reports import Case, new_run_dir
@@ -192,6 +192,7 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
     lt_cfg = loadtest_config(cfg, inv.endpoint(hosts[0])) if cfg.loadtest and cfg.gate and not check else None
     digest = None
     reg = None
+    unverified: list[str] = []
     stages: list[Stage] = [serve_args_stage(cfg, hosts_pattern, str(ref))]
     if image_tarball:
         labels = fit.tarball_labels(image_tarball)
@@ -204,13 +205,26 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
             reg.check()
             digest = reg.require(ref)
             labels = reg.labels(ref)
+        except PipelineError as exc:
+            reg.close()
+            if not check:
+                raise
+            # CHECK=1 is a plan a reviewer reads offline: say what could not be verified, go on.
+            reg, labels = None, None
+            unverified.append(f"registry {ref.registry}: {exc} (tag, digest, image labels and the hosts' diff "
+                              "not checked)")
         except BaseException:
             reg.close()
             raise
-    fit_info = fit.check(str(ref), labels, inv, hosts) if cfg.image_fit_check else {"skipped": True}
+    if labels is None:
+        fit_info: dict[str, Any] = {"skipped": "registry unreachable"}
+    else:
+        fit_info = fit.check(str(ref), labels, inv, hosts) if cfg.image_fit_check else {"skipped": True}
     stages.append(Stage("image-fit", True, f"{ref} fits {', '.join(sorted(fit_info.get('groups', {})))}"
-                        if cfg.image_fit_check else "image fit check disabled", skipped=not cfg.image_fit_check,
-                        data=fit_info))
+                        if cfg.image_fit_check and labels is not None else
+                        f"image fit check {'not run: registry unreachable' if labels is None else 'disabled'}",
+                        skipped=not cfg.image_fit_check or labels is None, data=fit_info))
+    the_plan = make_plan(cfg, inv, hosts, str(ref), gate_cfg, tuple(unverified))
     run_dir = new_run_dir(ro._abs(cfg.runs_dir), "deploy-check" if check else "deploy")
     report: dict[str, Any] = {"action": "deploy", "image": str(ref), "digest": digest, "hosts": hosts,
                               "inventory": str(inv.path), "check": check, "run_dir": str(run_dir), "fit": fit_info,
@@ -222,12 +236,50 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
         extra_vars.setdefault("rollout_registry_ca_bundle", reg.t.ca_bundle)
     if reg is not None and reg.auth_scheme and reg.creds:  # the registry asked for a login: the hosts log in too
         extra_vars.setdefault("rollout_registry_auth", True)
+    report["plan"] = the_plan.to_dict()
+    if check:
+        print(the_plan.render(), file=sys.stderr, flush=True)
+        if unverified:  # nothing more can be checked without the registry: the plan is the answer
+            report["would_change"] = None
+            return _finish(run_dir, report, stages, [], "check", EXIT_OK, quiet, t0)
     try:
+        if not check and use_canary(cfg, the_plan):
+            from flow import staged
+
+            return staged.run(cfg, inv, the_plan, ref, digest, reg, run_dir, report, stages, gate_cfg,
+                              image_tarball, extra_vars, quiet, t0)
         return _run(cfg, inv, hosts, ref, digest, reg, run_dir, report, stages, gate_cfg, lt_cfg, check,
                     image_tarball, extra_vars, quiet, t0)
     finally:
         if reg:
             reg.close()
+
+
+def make_plan(cfg: RolloutConfig, inv: Inventory, hosts: list[str], image: str, gate_cfg: Any,
+              unverified: tuple[str, ...] = ()) -> plan.Plan:
+    """The plan (flow/plan.py); the full gate's false-fail share is its likelihood alpha when it samples."""
+    alpha = 0.0
+    gc = gate_cfg
+    if gc is None and cfg.gate:
+        try:
+            from validation.config import load_gate_config
+
+            gc = load_gate_config(ro._abs(cfg.gate_config) if cfg.gate_config else None)
+        except Exception:  # the plan is printed anyway; the deploy itself loads and checks the config
+            gc = None
+    if gc is not None and any(t > 0 for t in gc.temperatures):
+        alpha = float(gc.likelihood.alpha)
+    gate = (cfg.gate_config or "the default gate config") if cfg.gate else "disabled"
+    return plan.build(inv, hosts, image, serial=cfg.serial, gate=gate, gate_alpha=alpha,
+                      loadtest=cfg.loadtest, unverified=unverified)
+
+
+def use_canary(cfg: RolloutConfig, p: plan.Plan) -> bool:
+    if not cfg.gate:
+        return False  # a baseline deploy (--no-gate / --target-only): nothing to canary
+    if cfg.canary is not None:
+        return cfg.canary
+    return any(g.router for g in p.groups)
 
 
 def _run(cfg: RolloutConfig, inv: Inventory, hosts: list[str], ref: registry.ImageRef, digest: str | None,
@@ -355,7 +407,9 @@ def _annotations(report: dict[str, Any], stages: list[Stage]) -> dict[str, str]:
 
 
 def headline(report: dict[str, Any], stages: list[Stage]) -> dict[str, Any]:
-    lt = next((s for s in stages if s.name == "loadtest"), None)
+    lt = next((s for s in stages if s.name == "loadtest"), None) or next(  # the canary rollout: the last one
+        (s for s in reversed(stages) if s.name.split(" ")[0] in ("loadtest", "fleet-loadtest")
+         and s.data.get("capacity") is not None), None)
     gates = [s for s in stages if s.name.startswith("gate")]
     acc = next((s.data.get("accept_length") for s in gates if s.data.get("accept_length") is not None), None)
     ttft = lt.data.get("ttft_p95_ms_at_capacity") if lt else None

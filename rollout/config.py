@@ -43,6 +43,15 @@ class RolloutConfig(StrictModel):
     # environment variable or a file holding it (pipeline/auth.py), never the key; passed to both stages.
     api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     api_key_file: str | None = None
+    # Canary rollout (flow/plan.py, flow/canary.py): per group one canary (rollout_canary: true, else the first
+    # host) drained from its router, deployed, fully gated and load-tested alone, then the other hosts in
+    # `serial` batches with a smoke gate, then a fleet load test through the router. None: on when the
+    # inventory names a router (rollout_router_url) and the gate is on; false: every host, then every gate.
+    canary: bool | None = None
+    drain_timeout_s: float = Field(default=120.0, gt=0)  # bound on a drained host's requests in flight
+    router_add_timeout_s: float = Field(default=180.0, gt=0)  # until the router reports a host healthy
+    # Constant client load through the router during the whole rollout (requests per second, 0: none).
+    client_load_rate: float = Field(default=0.0, ge=0)
     # Refuse an image whose labels (target, sglang version, patch series) do not fit the host group.
     image_fit_check: bool = True
 

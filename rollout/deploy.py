@@ -92,7 +92,8 @@ def _summary(res: PlaybookResult | DeployOutcome) -> dict[str, Any]:
 
 def apply(cfg: RolloutConfig, inv: Inventory, hosts: list[str], image: str, run_dir: Path, *, check: bool = False,
           image_tarball: str | None = None, extra_vars: dict[str, Any] | None = None,
-          credentials: registry.Credentials | None = None, quiet: bool = False) -> DeployOutcome:
+          credentials: registry.Credentials | None = None, quiet: bool = False,
+          tags: str | None = None, label: str | None = None) -> DeployOutcome:
     """Run the deploy playbook: preflight, pull (or load the tarball), weights, rolling restart with health.
     `credentials` (from the environment or the Docker config file) reach the hosts' login through the 0600
     file of rollout/runner.py, never through the playbook's environment."""
@@ -106,7 +107,7 @@ def apply(cfg: RolloutConfig, inv: Inventory, hosts: list[str], image: str, run_
     env = ({registry.USER_ENV: credentials.username, registry.PASSWORD_ENV: credentials.password}
            if credentials else None)
     res = run_playbook("deploy", inv.path, hosts, run_dir, extravars, check=check, forks=cfg.forks, quiet=quiet,
-                       envvars=env)
+                       envvars=env, tags=tags, label=label)
     return DeployOutcome(res.rc, res.status, res.wall_s, res.hosts, check)
 
 
