@@ -1,0 +1,53 @@
+"""`make deploy CHECK=1` as a plan a reviewer can read offline: it prints the hosts, the canary, the batches,
+every stage and the false-fail budget, changes nothing, and with the registry unreachable still prints the
+plan with what it could not verify (exit 0); bad plan input is exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flow.plan import build
+from pipeline.errors import UsageError
+from rollout import REPO_ROOT
+from rollout.inventory import Inventory
+
+
+def _inv(**hv) -> Inventory:
+    hosts = ["p1", "p2", "p3", "n1"]
+    return Inventory(Path("inv"), {"pcie": {"p1", "p2", "p3"}, "nvlink": {"n1"}, "all": set(hosts)},
+                     {h: {"serve_port": 30000 + i, **hv.get(h, {})} for i, h in enumerate(hosts)})
+
+
+def test_plan_canary_batches_budget() -> None:
+    p = build(_inv(p2={"rollout_canary": True}), ["p1", "p2", "p3", "n1"], "r/x:1", serial=2, gate="g.yaml",
+              gate_alpha=0.01)
+    assert [g.canary for g in p.groups] == ["p2", "n1"] and p.groups[0].batches == (("p1", "p3"),)
+    assert p.order() == ["p2", "p1", "p3", "n1"]
+    assert p.budget.canaries == 2 and p.budget.smoke_hosts == 2 and p.budget.total == pytest.approx(0.02)
+    text = p.render()
+    assert "canary p2 (named in the inventory)" in text and "at most 2.00%" in text and "smoke-gate" in text
+
+
+def test_plan_bad_input() -> None:
+    with pytest.raises(UsageError, match="more than one host has rollout_canary"):
+        build(_inv(p1={"rollout_canary": True}, p2={"rollout_canary": True}), ["p1", "p2"], "r/x:1")
+    with pytest.raises(UsageError, match="different routers"):
+        build(_inv(p1={"rollout_router_url": "http://a:1"}, p2={"rollout_router_url": "http://b:1"}),
+              ["p1", "p2"], "r/x:1")
+
+
+def test_check_prints_the_plan_with_the_registry_down(tmp_path) -> None:
+    from rollout import collections
+
+    if collections.missing():
+        pytest.skip("needs the Ansible collections (make setup installs them)")
+    r = subprocess.run([sys.executable, "-m", "flow", "deploy", "--hosts", "pcie", "--check",
+                        "--image", "127.0.0.1:9/sglang-fleet:rc7"], capture_output=True, text=True, cwd=REPO_ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "plan: 127.0.0.1:9/sglang-fleet:rc7 to 2 host(s), order pcie-01 -> pcie-02" in r.stderr
+    assert "canary pcie-01" in r.stderr and "NOT VERIFIED: registry 127.0.0.1:9" in r.stderr
