@@ -1,7 +1,10 @@
 """`make demo`: the product's real path on an embedded fleet on this machine (root).
 
 patch series checked -> CPU serving image built and pushed to a local TLS + login registry -> two SSH test
-hosts (network namespaces) -> `flow.promote.deploy` (Ansible deploy, gate, load test, promotion) -> one
+hosts (network namespaces, group pcie) serving a baseline tag -> sglang-router on the controller in front of
+them -> `flow.promote.deploy` as a canary rollout (the canary drained, deployed, gated and load-tested alone,
+then the second host smoke-gated, a fleet load test through the router, promotion) under a constant client
+load through the router -> one
 page (runs/demo-*/index.html) with verdict, capacity, TTFT p95 and accept length on top, linking every
 report. The hosts and their containers are removed at the end; the registry and dockerd keep running.
 
@@ -25,7 +28,7 @@ from pipeline.reports import new_run_dir
 from rollout import REPO_ROOT
 from rollout.config import RolloutConfig
 
-PREFIX, NET, BASE_PORT = "dm", "10.234", 18300
+PREFIX, NET, BASE_PORT, ROUTER_PORT = "dm", "10.234", 18300, 18390
 GATE = REPO_ROOT / "testbed" / "fixtures" / "gate-embedded-lean.yaml"
 
 
@@ -76,17 +79,44 @@ def run(out: str | None = None) -> int:
     stages.append(Stage("image", True, f"{image} built ({built['id'][:19]}) and pushed over TLS with a login",
                         time.monotonic() - t))
 
+    # The same build under a second tag: the baseline the fleet serves before the rollout.
+    base = image.rsplit(":", 1)[0] + ":base-" + image.rsplit(":", 1)[1]
+    repo, _, btag = base.rpartition(":")
+    client.images.get(image).tag(repo, btag)
+    for line in client.images.push(repo, tag=btag, stream=True, decode=True, auth_config=auth):
+        if "error" in line:
+            raise UsageError(f"push of {base} failed: {line['error']}")
+
     t = time.monotonic()
     hosts_dir = run_dir / "testhosts"
+    router = None
+    from rollout.router import RouterProcess
+
     try:  # a start that fails half-way (one host up) is stopped too
         testhosts_sh("start", "2", str(hosts_dir), prefix=PREFIX, net=NET)
-        inv = write_inventory(run_dir / "inventory", hosts_dir, base_port=BASE_PORT, startup_budget_s=180)
-        stages.append(Stage("fleet", True, f"2 SSH test hosts {PREFIX}1 (pcie), {PREFIX}2 (nvlink) in network "
-                            "namespaces", time.monotonic() - t))
-        cfg = RolloutConfig(inventory=str(inv), runs_dir=str(run_dir), gate_config=str(GATE), loadtest_max_load=2)
+        router_url = f"http://127.0.0.1:{ROUTER_PORT}"
+        inv = write_inventory(run_dir / "inventory", hosts_dir, base_port=BASE_PORT, startup_budget_s=180,
+                              fabrics=["pcie", "pcie"], extra_all={"rollout_router_url": router_url})
+        stages.append(Stage("fleet", True, f"2 SSH test hosts {PREFIX}1, {PREFIX}2 (group pcie) in network "
+                            f"namespaces behind sglang-router {router_url}", time.monotonic() - t))
         os.environ.update(registry_env())
+        t = time.monotonic()
+        base_cfg = RolloutConfig(inventory=str(inv), runs_dir=str(run_dir), gate=False)
+        rc, _ = promote.deploy(base_cfg, "all", base)
+        if rc != 0:
+            raise UsageError(f"the baseline deploy of {base} failed (exit {rc})")
+        workers = [f"http://127.0.0.1:{BASE_PORT + i}" for i in (1, 2)]
+        router = RouterProcess(ROUTER_PORT, workers, prometheus_port=ROUTER_PORT + 1,
+                               log=run_dir / "router.log").start()
+        stages.append(Stage("baseline", True, f"{base} on both hosts (not gated); sglang-router started on the "
+                            f"controller in front of {', '.join(workers)}", time.monotonic() - t,
+                            links={"router log": str(run_dir / "router.log")}))
+        cfg = RolloutConfig(inventory=str(inv), runs_dir=str(run_dir), gate_config=str(GATE), loadtest_max_load=2,
+                            client_load_rate=0.5, drain_timeout_s=60)
         rc, deploy_dir = promote.deploy(cfg, "all", image)
     finally:
+        if router is not None:
+            router.stop()
         testhosts_sh("stop", str(hosts_dir), check=False, prefix=PREFIX, net=NET)
         for c in client.containers.list(all=True, filters={"label": "org.sglang-fleet.managed=true"}):
             if c.name in (f"rollout-test-{PREFIX}1", f"rollout-test-{PREFIX}2"):
@@ -102,6 +132,8 @@ def run(out: str | None = None) -> int:
     page = write(run_dir, "Demo — embedded fleet", verdict, head, stages,
                  {"action": "demo", "image": image, "run_dir": str(run_dir), "deploy_run": str(deploy_dir),
                   "wall_s": round(time.monotonic() - t0, 1)})
+    cl = next((s for s in rep["stages"] if s["name"] == "client-load"), None)
+    print(f"client load through the router: {cl['summary'] if cl else 'none'}", file=sys.stderr)
     print(f"{verdict}: capacity {head['capacity (users meeting the SLOs)']} users, TTFT p95 "
           f"{head['TTFT p95 at capacity (ms)']} ms, accept length {head['accept length']}; page {page}",
           file=sys.stderr)
