@@ -331,6 +331,17 @@ class OpenAIClient:
         except ValueError:
             return None
 
+    def props(self) -> dict[str, Any] | None:
+        """llama.cpp's /props (None elsewhere)."""
+        resp = self._try_get("/props")
+        if resp is None or resp.status_code != 200:
+            return None
+        try:
+            got = resp.json()
+        except ValueError:
+            return None
+        return got if isinstance(got, dict) else None
+
     def metrics_text(self) -> str | None:
         """Prometheus text from /metrics, None when the server has none."""
         resp = self._try_get("/metrics")

@@ -202,6 +202,13 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
                            "suite": Path(cfg.suite).name, "max_tokens": cfg.max_tokens, "recorded": utc_now(),
                            "answers": answers, "logprobs": {s.prompt_id: s.logprobs for s in t0 if s.logprobs},
                            "samples": samples_record(result.samples), "seed_streams": SEED_STREAMS}
+    if result.server_kind == "sglang" and doc["samples"]:
+        # the baseline server's own prefill log-probs of its T>0 answers: a gate without a live target-only
+        # server lets the candidate score (its non-speculative prefill) only after it reproduces these
+        from validation.likelihood import record_scores
+
+        doc["scores"] = record_scores(args.target, cfg, result.model, gate.api_key, result.samples,
+                                      {p.id: p.messages() for p in gate.suite.prompts})
     write_json(args.out, doc)
     print(json.dumps({"baseline": args.out, "model": result.model, "answers": len(answers),
                       "with_logprobs": len(doc["logprobs"]), "samples": len(doc["samples"])}))

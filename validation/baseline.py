@@ -32,6 +32,13 @@ class BaselineSample:
     text: str
     finish_reason: str | None = None
     output_ids: tuple[int, ...] | None = None  # the ids the server sampled (SGLang), scored instead of the text
+    sampling: dict[str, Any] | None = None  # the top_p / top_k / min_p it was sampled with (older files: none)
+
+    def params(self) -> Any:
+        """Its tokenlaw.SamplingParams (None when the file did not record them)."""
+        from validation.tokenlaw import SamplingParams
+
+        return SamplingParams(self.temperature, **self.sampling) if self.sampling else None
 
 
 def _ids(raw: Any) -> tuple[int, ...] | None:
@@ -43,6 +50,18 @@ def _ids(raw: Any) -> tuple[int, ...] | None:
     return tuple(raw) or None
 
 
+def _sampling(raw: Any) -> dict[str, Any] | None:
+    """A recorded answer's sampling parameters, checked; None where none were recorded (older baselines)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"top_p", "top_k", "min_p"}:
+        raise TypeError("sampling is not {top_p, top_k, min_p}")
+    from validation.tokenlaw import SamplingParams
+
+    SamplingParams(1.0, float(raw["top_p"]), int(raw["top_k"]), float(raw["min_p"]))  # ValueError when out of range
+    return {"top_p": float(raw["top_p"]), "top_k": int(raw["top_k"]), "min_p": float(raw["min_p"])}
+
+
 def hot_temperatures(cfg: GateConfig) -> list[float]:
     return sorted({t for t in cfg.temperatures if t > 0})
 
@@ -51,7 +70,8 @@ def samples_record(samples: list[Sample]) -> list[dict[str, Any]]:
     """The `samples` key of a baseline file: the T>0 suite answers, their texts and, where the server said
     them, the token ids it sampled."""
     return [{"prompt_id": s.prompt_id, "temperature": s.temperature, "seed": s.seed, "text": s.text,
-             "finish_reason": s.finish_reason, **({"output_ids": s.output_ids} if s.output_ids else {})}
+             "finish_reason": s.finish_reason, **({"output_ids": s.output_ids} if s.output_ids else {}),
+             **({"sampling": s.sampling} if s.sampling else {})}
             for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
 
 
@@ -62,7 +82,8 @@ def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[Baseline
     try:
         samples = [] if rows is None else [
             BaselineSample(str(r["prompt_id"]), float(r["temperature"]), r.get("seed"), str(r["text"]),
-                           r.get("finish_reason"), _ids(r.get("output_ids"))) for r in rows]
+                           r.get("finish_reason"), _ids(r.get("output_ids")), _sampling(r.get("sampling")))
+            for r in rows]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"cannot read baseline samples from {path}: {type(exc).__name__}") from None
     if samples and doc.get("seed_streams") != SEED_STREAMS:
@@ -81,13 +102,20 @@ def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[Baseline
         shown = ", ".join(f"{pid}@T{t:g}/seed{seed}" for pid, t, seed in missing[:4])
         raise UsageError(f"baseline {path} lacks {len(missing)} of the {len(need)} T>0 samples this profile "
                          f"compares against ({shown}{', …' if len(missing) > 4 else ''}): {RERECORD}")
-    return [s for s in samples if (s.prompt_id, s.temperature, s.seed) in set(need)]
+    kept = [s for s in samples if (s.prompt_id, s.temperature, s.seed) in set(need)]
+    for s in kept:
+        want = cfg.sampling.params_for(s.prompt_id, s.temperature).as_dict()
+        if s.sampling != want:
+            got = "no sampling parameters (recorded before they were kept)" if s.sampling is None else s.sampling
+            raise UsageError(f"baseline {path}: {s.prompt_id}@T{s.temperature:g} was sampled with {got}, this "
+                             f"profile samples it with {want}: the two sides would not share a law; {RERECORD}")
+    return kept
 
 
 def from_report(report: dict[str, Any]) -> list[BaselineSample]:
     """Baseline samples from a gate report of the target-only server (its T>0 suite answers)."""
     return [BaselineSample(r["prompt_id"], float(r["temperature"]), r.get("seed"), r.get("text") or "",
-                           r.get("finish_reason"), _ids(r.get("output_ids")))
+                           r.get("finish_reason"), _ids(r.get("output_ids")), _sampling(r.get("sampling")))
             for r in report.get("samples") or []
             if r.get("purpose") == "suite" and float(r["temperature"]) > 0 and not r.get("error")]
 

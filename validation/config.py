@@ -114,12 +114,51 @@ class DetectorThresholds(StrictModel):
         return v
 
 
+class SamplingMix(StrictModel):
+    """One set of truncation parameters of the production-like mix (top_k 0, top_p 1, min_p 0: off)."""
+
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0, lt=1)
+
+
+def _default_mix() -> list[SamplingMix]:
+    return [SamplingMix(top_p=0.95), SamplingMix(), SamplingMix(top_k=40), SamplingMix(top_p=0.9, min_p=0.05),
+            SamplingMix(top_k=20, top_p=0.8)]
+
+
 class SamplingConfig(StrictModel):
-    """Sampling settings sent with every suite request (part of the suite config)."""
+    """Sampling settings of the T>0 requests (part of the suite config).
+
+    Production batches mix temperatures and sampling parameters, so the gate's do too: each (prompt, T>0) pair
+    gets one entry of `mix` (a fixed function of the pair, the same for the candidate and the baseline, so the
+    two sides of every prompt stay exchangeable), every field sent explicitly (servers have defaults of their
+    own), and with `interleave` the gate's requests of every temperature and purpose are sent in one shuffled
+    order, so concurrent requests share batches. An empty `mix` sends top_p / top_k / min_p as given to all."""
 
     top_p: float | None = Field(default=0.95, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, lt=1)
+    mix: list[SamplingMix] = Field(default_factory=_default_mix)
+    interleave: bool = Field(default=True, description="send every phase's requests in one shuffled order")
     extra: dict[str, Any] = Field(default_factory=dict, description="extra request body keys")
+
+    def params_for(self, prompt_id: str, temperature: float) -> Any:
+        """The tokenlaw.SamplingParams of one (prompt, T>0)."""
+        import hashlib
+
+        from validation.tokenlaw import SamplingParams
+
+        if self.mix:
+            h = hashlib.sha256(f"mix/{prompt_id}/{temperature:g}".encode()).digest()
+            m = self.mix[int.from_bytes(h[:4], "big") % len(self.mix)]
+            return SamplingParams(temperature, m.top_p, m.top_k, m.min_p)
+        return SamplingParams(temperature, self.top_p or 1.0, self.top_k or 0, self.min_p or 0.0)
+
+    @property
+    def min_top_p(self) -> float:
+        """The smallest top_p any T>0 request is sent with (the support check's bound)."""
+        return min([m.top_p for m in self.mix] or [self.top_p or 1.0])
 
 
 class DeterminismConfig(StrictModel):
@@ -319,11 +358,29 @@ class LikelihoodConfig(StrictModel):
     rng_seed: int = 20261203
     min_answers: int = Field(default=6, ge=2, description="per side and temperature; fewer never pass")
     sd_floor: float = Field(default=0.05, gt=0, description="nats; floor of a prompt's pooled spread")
-    top_logprobs: int = Field(default=20, ge=1, le=100, description="SGLang scorer: alternatives per position")
+    top_logprobs: int = Field(default=64, ge=1, le=256, description="SGLang scorer: alternatives per position (the "
+                              "per-token test places a token in the law from them; past them the tail is one "
+                              "category)")
     power_rates: list[float] = Field(default_factory=lambda: [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0])
     power_reps: int = Field(default=200, ge=0, le=5000, description="Monte Carlo draws per rate; 0: no power")
     power_permutations: int = Field(default=500, ge=100)
     power_target: float = Field(default=0.8, gt=0, lt=1)
+    token_share: float = Field(default=0.4, ge=0, lt=1, description="share of each temperature's alpha spent on "
+                               "the per-token test (validation/tokenlaw.py): four fifths to its KS test, one fifth "
+                               "to the count of tokens outside the request's top-k/top-p/min-p")
+    token_noise_limit: float = Field(default=0.05, ge=0, le=0.5, description="the largest KS distance of the "
+                                     "baseline's own tokens from the law that is allowed as the scorer's noise; "
+                                     "beyond it the per-token test cannot judge (a fail)")
+    token_power_target: float = Field(default=0.9, gt=0, lt=1, description="the per-token test's power statement: "
+                                      "the smallest share of wrongly drawn tokens refused with this probability")
+    token_power_reps: int = Field(default=100, ge=0, le=2000, description="Monte Carlo draws per rate and family of "
+                                  "the per-token power statement; 0: none")
+    trust_median_nats: float = Field(default=0.02, gt=0, description="candidate as scorer (no live target-only "
+                                     "server): the largest median |d log p| against the baseline's recorded scores")
+    trust_p99_nats: float = Field(default=0.25, gt=0, description="... and the largest 99th percentile")
+    sampler_order: str | list[str] | None = Field(default=None, description="the engine's truncation order: "
+                                                  "'sglang', 'llamacpp', 'temperature_first' or a list of steps; "
+                                                  "null: from the server (SGLang; llama.cpp's /props samplers)")
     power_answers_per_prompt: int = Field(default=1, ge=1, description="baseline answers per prompt and T whose "
                                           "corrupted variants the power estimate scores (cost bound)")
     power_families: list[str] = Field(default_factory=lambda: ["soup_tail", "block_loop", "word_shuffle"],
@@ -339,6 +396,12 @@ class LikelihoodConfig(StrictModel):
         if shared and not self.allow_shared_seeds:
             raise ValueError(f"likelihood.seeds and baseline_seeds share {shared}: the test would rest on seeded "
                              "identity (set allow_shared_seeds: true to allow)")
+        if self.support_share + self.token_share >= 1:
+            raise ValueError("likelihood.support_share + token_share must leave a share for the answer statistics")
+        if self.sampler_order is not None:
+            from validation.tokenlaw import order_of
+
+            order_of(self.sampler_order if isinstance(self.sampler_order, str) else list(self.sampler_order))
         if any(not 0 < r <= 1 for r in self.power_rates):
             raise ValueError("likelihood.power_rates must lie in (0, 1]")
         from validation.synth import CORRUPTION_FAMILIES

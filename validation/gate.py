@@ -36,12 +36,13 @@ from validation.config import GateConfig, gate_api_key, lossless_requirement, ta
 from validation.depth import long_copy_case, quality_case, speed_cases
 from validation.detectors import score_text
 from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
-from validation.likelihood import Answer, answer_seed, design_problem, likelihood_verdicts, make_scorer
+from validation.likelihood import Answer, answer_seed, check_trust, design_problem, likelihood_verdicts, make_scorer
 from validation.lossless import (
     Comparison,
     Continuation,
     Continue,
     compare_answer,
+    compare_forced,
     compare_path,
     control_reanchor,
     decode_logprobs,
@@ -59,6 +60,9 @@ from validation.suite import Prompt, Suite, load_suite
 class _LikelihoodPlan:
     scorer: Any  # validation.likelihood.Scorer
     baseline: list[BaselineSample] | None  # recorded T>0 answers; None: sampled live from baseline_url
+    # the candidate scores itself (its non-speculative prefill; no live target-only server): trusted only after
+    # it reproduces these recorded log-probs of the baseline's answers (likelihood.check_trust)
+    trust: dict[str, list[float]] | None = None
 
 
 @dataclass
@@ -137,6 +141,10 @@ class Gate:
         max_tokens = cfg.max_tokens or p.max_tokens
         s = Sample(p.id, temperature, seed, purpose, max_tokens, category=p.category)
         extra = dict(cfg.sampling.extra)
+        params = cfg.sampling.params_for(p.id, temperature) if temperature > 0 else None
+        if params is not None:  # every truncation field explicit: the law the per-token test places tokens in
+            extra.update(params.request_fields(self.kind))
+            s.sampling = params.as_dict()
         if self.kind == "sglang":
             extra.setdefault("return_spec_tokens_details", True)
             extra.setdefault("return_output_ids_in_sglext", True)  # the likelihood test scores what was sampled
@@ -148,8 +156,7 @@ class Gate:
         try:
             r: ChatResult = self.client.chat(
                 p.messages(), max_tokens=max_tokens, temperature=temperature,
-                top_p=cfg.sampling.top_p if temperature > 0 else None,
-                top_k=cfg.sampling.top_k if temperature > 0 else None,
+                top_p=None, top_k=None,  # in `extra` at T>0 (params.request_fields)
                 seed=self._request_seed(p, temperature, seed, purpose), stream=True, extra=extra or None,
                 top_logprobs=1 if ids_only else n_alts,
             )
@@ -265,6 +272,10 @@ class Gate:
         cfg = self.cfg
         jobs = [(p, t, seed, "suite") for t in cfg.temperatures for seed in self.seeds(t, derived_seeds)
                 for p in self.suite.prompts]
+        if cfg.sampling.interleave:  # production-like batches: every temperature and parameter set at once
+            import random
+
+            random.Random(cfg.seed).shuffle(jobs)
         samples = self._run_all(jobs, progress, "suite")
         if cfg.determinism.enabled:
             for pid in cfg.determinism.prompt_ids:
@@ -316,6 +327,7 @@ class Gate:
     # ------------------------------------------------------------------ the target's likelihood at T>0
     likelihood_off: str | None = None  # why T>0 is not judged by the target's likelihood (detectors mode)
     likelihood_error: str | None = None  # why the likelihood verdict could not run (not_run, never a pass)
+    scorer_trust: Any = None  # likelihood.ScorerTrust where the candidate scored itself
 
     def _likelihood_plan(self, model: str) -> _LikelihoodPlan | None:
         """The scorer and the baseline's T>0 answers that judge T>0 under the target model, or None with the
@@ -329,6 +341,7 @@ class Gate:
             self.likelihood_off = "disabled by config (likelihood.enabled: false)"
             return None
         rows = None
+        doc: dict[str, Any] = {}
         if cfg.lossless.baseline:
             doc = read_baseline(cfg.lossless.baseline, model, cfg.suite, cfg.max_tokens)
             if doc.get("samples") or not cfg.baseline_url:
@@ -343,16 +356,53 @@ class Gate:
                 if url and self._same_model_client(url, role).server_kind() == "sglang":
                     kind = url
                     break
+        trust = None
+        if kind is None and self.kind == "sglang" and rows is not None:
+            # the production sequence (a baseline file, no live target-only server): the candidate's own prefill
+            # (input log-probs: the target model, no drafting) scores, once it reproduces the baseline's scores
+            recorded = doc.get("scores") if cfg.lossless.baseline else None
+            if not isinstance(recorded, dict) or not isinstance(recorded.get("logprobs"), dict):
+                raise UsageError(f"baseline {cfg.lossless.baseline} holds no target-only scores of its T>0 answers "
+                                 "(recorded before they were kept): the candidate cannot be trusted as the target's "
+                                 "scorer without them; re-record it (python -m validation record-baseline), or set "
+                                 "baseline_url / likelihood.scorer to a live target-only server")
+            kind, trust = self.client.base_url, recorded["logprobs"]
         if kind is not None:  # a scorer named, or a live target-only SGLang server: one that cannot score is bad input
-            return _LikelihoodPlan(make_scorer(kind, cfg, model=model, candidate_url=self.client.base_url,
-                                               api_key=self.api_key), rows)
+            scorer = make_scorer(kind, cfg, model=model, candidate_url=self.client.base_url, api_key=self.api_key)
+            scorer.order = self.sampler_order()
+            if trust is not None:
+                scorer.method = f"the candidate's own prefill (no drafting), trusted on the baseline's scores: " \
+                                f"{scorer.method}"
+            return _LikelihoodPlan(scorer, rows, trust)
         try:  # the in-process reference model scores only the model it is (the embedded target)
             scorer = make_scorer("reference", cfg, model=model, candidate_url=self.client.base_url,
                                  api_key=self.api_key)
         except UsageError as exc:
             self.likelihood_off = f"no scorer of the target model: {exc}"
             return None
+        scorer.order = self.sampler_order()
         return _LikelihoodPlan(scorer, rows)
+
+    def sampler_order(self) -> tuple[str, ...]:
+        """The order in which the candidate's engine applies temperature, top-k, top-p and min-p (the law the
+        per-token test places each token in): likelihood.sampler_order, else SGLang's, else the sampler chain
+        llama.cpp's /props names. UsageError when none is known."""
+        from validation.tokenlaw import ORDERS, order_of
+
+        lc = self.cfg.likelihood
+        try:
+            if lc.sampler_order is not None:
+                return order_of(lc.sampler_order if isinstance(lc.sampler_order, str) else list(lc.sampler_order))
+            if self.kind == "sglang":
+                return ORDERS["sglang"]
+            params = ((self.client.props() or {}).get("default_generation_settings") or {}).get("params") or {}
+            chain = params.get("samplers")
+            if isinstance(chain, list) and chain:
+                return order_of([str(x) for x in chain])
+        except ValueError as exc:
+            raise UsageError(f"likelihood: {exc}") from None
+        raise UsageError(f"likelihood: {self.client.base_url} names no sampler order (SGLang, or llama.cpp's /props "
+                         "samplers): set likelihood.sampler_order")
 
     def _likelihood_verdicts(self, plan: _LikelihoodPlan, samples: list[Sample], hot: list[float],
                              progress: Progress) -> dict[float, Any]:
@@ -365,17 +415,18 @@ class Gate:
             base = self._baseline_hot_answers(progress)
         mine = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
         cand = [Answer(s.prompt_id, s.temperature, s.seed, s.text, _stopped(s.finish_reason),
-                       tuple(s.output_ids) if s.output_ids else None) for s in mine]
-        ref = [Answer(b.prompt_id, b.temperature, b.seed, b.text, _stopped(b.finish_reason), b.output_ids)
-               for b in base]
+                       tuple(s.output_ids) if s.output_ids else None, s.params()) for s in mine]
+        ref = [Answer(b.prompt_id, b.temperature, b.seed, b.text, _stopped(b.finish_reason), b.output_ids,
+                      b.params()) for b in base]
         lc = cfg.likelihood
         n_var = len({(b.prompt_id, b.temperature) for b in base}) * lc.power_answers_per_prompt * len(
             lc.power_families) if lc.power_reps else 0
         task = progress.add_task(f"likelihood: scoring under {plan.scorer.name}", total=len(cand) + len(ref) + n_var)
         t0 = time.perf_counter()
+        base_scored: list[Any] = []
         try:
             verdicts = likelihood_verdicts(cand, ref, plan.scorer, cfg, lambda pid: prompts[pid].messages(), hot,
-                                           on_score=lambda _sc: progress.advance(task))
+                                           on_score=lambda _sc: progress.advance(task), on_baseline=base_scored.extend)
         except TargetError as exc:
             self.likelihood_error = f"scoring failed on {plan.scorer.name}: {str(exc)[:300]}"
             return {}
@@ -384,6 +435,15 @@ class Gate:
         self.console.print(f"[likelihood] {len(cand)} candidate and {len(ref)} baseline answers scored, with the "
                            f"power estimate's variants, in {time.perf_counter() - t0:.1f}s", highlight=False,
                            markup=False)
+        if plan.trust is not None:
+            self.scorer_trust = check_trust(plan.trust, base_scored, plan.scorer.name, cfg.likelihood)
+            self.console.print(f"[likelihood] scorer trust: {self.scorer_trust.reason}", highlight=False,
+                               markup=False)
+            if not self.scorer_trust.ok:
+                for v in verdicts:
+                    v.ok, v.reason = False, f"the scorer is not trusted: {self.scorer_trust.reason}; {v.reason}"
+            for v in verdicts:
+                v.statistic["scorer_trust"] = self.scorer_trust.as_dict()
         return {v.temperature: v for v in verdicts}
 
     def _baseline_hot_answers(self, progress: Progress) -> list[BaselineSample]:
@@ -401,7 +461,7 @@ class Gate:
         if errs:
             raise TargetError(f"baseline {cfg.baseline_url} failed: {errs[0].error}")
         return [BaselineSample(s.prompt_id, s.temperature, s.seed, s.text, s.finish_reason,
-                               tuple(s.output_ids) if s.output_ids else None) for s in got]
+                               tuple(s.output_ids) if s.output_ids else None, s.sampling) for s in got]
 
     def seeds(self, t: float, oracle_hot: bool) -> list[int]:
         """The suite's seeds at one temperature: `seed` at T=0 and in detectors mode; at T>0 in oracle mode the
@@ -417,16 +477,19 @@ class Gate:
     def _seeds_ignored(self) -> str | None:
         return seeds_ignored_reason(self.kind, self.client.server_info() if self.kind == "sglang" else None)
 
-    def _reanchor_fn(self) -> tuple[Continue | None, str]:
-        """The target-only continuation the lossless check re-anchors near-ties on, or why there is none."""
+    def _reanchor_fn(self) -> tuple[Continue | None, str, bool]:
+        """The continuation the lossless check re-anchors near-ties on, where it comes from, and whether it is the
+        candidate itself forced back onto the baseline's path (lossless.compare_forced: the production sequence,
+        a baseline file and no live target-only server); (None, why, False) when there is none."""
         cfg = self.cfg
         url = cfg.lossless.reanchor_url or cfg.baseline_url
-        if not url:
-            return None, "no lossless.reanchor_url or baseline_url to re-anchor on"
+        forced = not url and bool(cfg.lossless.baseline)
+        if not url and not forced:
+            return None, "no lossless.reanchor_url, baseline_url or baseline file to re-anchor on", False
         try:
-            base = self._same_model_client(url, "re-anchor server")
+            base = self.client if forced else self._same_model_client(url, "re-anchor server")
         except TargetError as exc:
-            return None, f"re-anchor server {url} unreachable: {exc}"
+            return None, f"re-anchor server {url} unreachable: {exc}", False
         prompts = {p.id: p for p in self.suite.prompts}
 
         def cont(pid: str, prefix: str) -> Continuation:
@@ -437,7 +500,9 @@ class Gate:
                           top_logprobs=cfg.lossless.top_logprobs)
             return Continuation(r.text, r.logprobs, r.finish_reason)
 
-        return cont, url
+        if forced:
+            return cont, f"the candidate {self.client.base_url}, forced onto the baseline's recorded path", True
+        return cont, str(url), False
 
     def _lossless_paths(self, samples: list[Sample], ref: dict[str, str]) -> tuple[dict[str, Comparison], dict]:
         """Every T=0 suite answer compared with the baseline's, re-anchored at near-ties where a target-only
@@ -454,8 +519,10 @@ class Gate:
         tied = [pid for pid, c in first.items() if c.verdict == "near_tie" and not c.ended]
         info: dict[str, Any] = {"url": None, "control": None, "off": None}
         cont: Continue | None = None
+        forced = False
         if tied and cfg.lossless.max_reanchors > 0:
-            cont, where = self._reanchor_fn()
+            cont, where, forced = self._reanchor_fn()
+            info["forced"] = forced
             if cont is None:
                 info["off"] = where
             else:
@@ -470,6 +537,11 @@ class Gate:
                     cont, info["off"] = None, bad
         elif tied:
             info["off"] = "lossless.max_reanchors is 0"
+        if forced:
+            comps = {pid: (compare_forced(pid, mine[pid].text, mine[pid].finish_reason, ref[pid], lps.get(pid), tol,
+                                          cont, cfg.lossless.max_reanchors, ends)
+                           if c.verdict == "near_tie" else c) for pid, c in first.items()}
+            return comps, info
         comps = {pid: (compare_path(pid, mine[pid].text, mine[pid].finish_reason, ref[pid], lps.get(pid), tol, cont,
                                     cfg.lossless.max_reanchors, info["off"] or "", ends)
                        if c.verdict == "near_tie" else c) for pid, c in first.items()}

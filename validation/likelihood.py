@@ -48,6 +48,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from pipeline.errors import UsageError
+from validation import tokenlaw
+from validation.tokenlaw import SamplingParams
 
 PROBE_TEXT = ("The quick brown fox jumps over the lazy dog. Numbers 12345 and symbols: #@!; "
               "déjà vu, naïve café, 東京, emoji 🙂\n\n```python\ndef f(x):\n    return x * 2\n```")
@@ -74,6 +76,13 @@ class AnswerScore:
     # each token's mid-PIT under p_T: the mass of the lower token ids plus half its own (pit_of_row); None when
     # the scorer does not give it
     pit: tuple[float, ...] | None = None
+    # the per-token test (validation/tokenlaw.py): each token's randomized PIT in descending-probability order
+    # under the request's own law (None: outside its support); None when the answer was scored without its
+    # sampling parameters
+    tok_pit: tuple[float | None, ...] | None = None
+    # per token, its PIT had it been drawn from each wrong law of tokenlaw.FAMILIES (NaN: outside): the power
+    wrong: tuple[tuple[float, ...], ...] | None = None
+    approx_tokens: int = 0  # tokens whose law reached into a server row's unlisted tail (placed approximately)
 
     @property
     def n_tokens(self) -> int:
@@ -150,6 +159,35 @@ class ScoreRequest:
     # the token ids the server sampled (SGLang says them): a scorer that reads ids (`scores_ids`) scores these
     # instead of the text re-tokenized, which need not be the sequence the sampler drew
     ids: tuple[int, ...] | None = None
+    # the request's sampling parameters: the per-token test places each token in exactly this law
+    params: SamplingParams | None = None
+
+
+def _scorer_kw(scorer: Any, r: ScoreRequest) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    if r.ids is not None and getattr(scorer, "scores_ids", False):
+        kw["ids"] = r.ids
+    if r.params is not None:
+        kw["params"] = r.params
+    return kw
+
+
+def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: list[int], params: SamplingParams,
+              order: tuple[str, ...]) -> tuple[tuple[float | None, ...], tuple[tuple[float, ...], ...], int]:
+    """(each token's PIT under the request's law, the wrong laws' PITs, tokens placed approximately)."""
+    if params.temperature != temperature:
+        raise ValueError(f"sampling parameters at T={params.temperature} for an answer at T={temperature}")
+    rng = np.random.default_rng(int.from_bytes(label.encode()[:8].ljust(8, b"\0"), "little") & 0xFFFFFFFF)
+    pits: list[float | None] = []
+    wrong: list[tuple[float, ...]] = []
+    approx = 0
+    for k, (row, tok) in enumerate(zip(rows, seq, strict=True)):
+        law = tokenlaw.law_of(row, params, order)
+        hit = np.flatnonzero(row.ids == tok)
+        pits.append(tokenlaw.pit(law, int(hit[0]) if hit.size else None, tokenlaw.uniform_of(f"{label}/{k}")))
+        wrong.append(tokenlaw.wrong_draws(row, law, params, order, rng))
+        approx += law.approximate
+    return tuple(pits), tuple(wrong), approx
 
 
 def score_all(scorer: Scorer, reqs: list[ScoreRequest], on_score: Any = None) -> list[AnswerScore]:
@@ -164,7 +202,7 @@ def score_all(scorer: Scorer, reqs: list[ScoreRequest], on_score: Any = None) ->
         return out
     out = []
     for r in reqs:
-        kw = {"ids": r.ids} if r.ids is not None and getattr(scorer, "scores_ids", False) else {}
+        kw = _scorer_kw(scorer, r)
         out.append(scorer.score(r.messages, r.answer, r.temperature, prompt_id=r.prompt_id, seed=r.seed,
                                 stop=r.stop, **kw))
         if on_score is not None:
@@ -300,9 +338,13 @@ class ReferenceScorer:
     def tokenize(self, text: str) -> list[int]:
         return [i for i, _ in self._judge.tokenize(text)]
 
+    order: tuple[str, ...] = tokenlaw.ORDERS["llamacpp"]  # the engine's truncation order (the gate sets it)
+
     def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
-              seed: int | None = None, stop: bool = False, ids: tuple[int, ...] | None = None) -> AnswerScore:
-        """ids: the token ids the server sampled, scored instead of `answer` re-tokenized."""
+              seed: int | None = None, stop: bool = False, ids: tuple[int, ...] | None = None,
+              params: SamplingParams | None = None) -> AnswerScore:
+        """ids: the token ids the server sampled, scored instead of `answer` re-tokenized; params: the request's
+        sampling parameters (each token's PIT under its law, validation/tokenlaw.py)."""
         if temperature <= 0:
             raise ValueError("the likelihood test scores T>0 answers")
         if ids is not None:
@@ -321,8 +363,14 @@ class ReferenceScorer:
             return AnswerScore(prompt_id, temperature, seed, (), (), (), self.window, error="empty answer")
         logits = self._judge.logits(self.prompt_ids(messages), seq)
         lp1, lpt, pit = _scores_from_logits(logits, seq, temperature)
+        tok: dict[str, Any] = {}
+        if params is not None:
+            rows = [tokenlaw.row_from_logits(logits[k], temperature) for k in range(len(seq))]
+            label = f"{prompt_id}@T{temperature:g}/seed{seed}"
+            tok["tok_pit"], tok["wrong"], tok["approx_tokens"] = per_token(label, temperature, rows, seq, params,
+                                                                           self.order)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp1.tolist()), tuple(lpt.tolist()), tuple(pieces),
-                           self.window, vocab=int(logits.shape[1]), pit=tuple(pit.tolist()))
+                           self.window, vocab=int(logits.shape[1]), pit=tuple(pit.tolist()), **tok)
 
     def close(self) -> None:
         self._judge.stop()
@@ -342,6 +390,7 @@ class SGLangScorer:
 
     name = "sglang"
     scores_ids = True  # an answer's sampled ids, where the gate has them, are scored instead of its text
+    order: tuple[str, ...] = tokenlaw.ORDERS["sglang"]
 
     def __init__(self, url: str, top_k: int, window: int, timeout_s: float, model: str | None = None,
                  api_key: str | None = None) -> None:
@@ -429,8 +478,10 @@ class SGLangScorer:
         return ids
 
     def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
-              seed: int | None = None, stop: bool = False, ids: tuple[int, ...] | None = None) -> AnswerScore:
-        """ids: the token ids the server sampled, scored instead of `answer` re-tokenized."""
+              seed: int | None = None, stop: bool = False, ids: tuple[int, ...] | None = None,
+              params: SamplingParams | None = None) -> AnswerScore:
+        """ids: the token ids the server sampled, scored instead of `answer` re-tokenized; params: the request's
+        sampling parameters (the per-token test)."""
         if temperature <= 0:
             raise ValueError("the likelihood test scores T>0 answers")
         try:
@@ -447,7 +498,19 @@ class SGLangScorer:
         pit = tuple(pit_from_topk(x, a, i, temperature) for x, a, i in zip(lp, alts, toks, strict=True))
         pieces = self._pieces(toks)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp), tuple(lpt), pieces, self.window,
-                           exact_support=temperature == 1.0, pit=pit)
+                           exact_support=temperature == 1.0, pit=pit,
+                           **self._per_token(prompt_id, temperature, seed, lp, alts, toks, params))
+
+    def _per_token(self, prompt_id: str, temperature: float, seed: int | None, lp: list[float],
+                   alts: list[list[tuple[float, int]]], toks: list[int], params: SamplingParams | None
+                   ) -> dict[str, Any]:
+        """The per-token test's fields from the server's top-k rows (tokenlaw.row_from_topk)."""
+        if params is None:
+            return {}
+        rows = [tokenlaw.row_from_topk(x, a, i, temperature) for x, a, i in zip(lp, alts, toks, strict=True)]
+        pits, wrong, approx = per_token(f"{prompt_id}@T{temperature:g}/seed{seed}", temperature, rows, toks, params,
+                                        self.order)
+        return {"tok_pit": pits, "wrong": wrong, "approx_tokens": approx}
 
     def score_many(self, reqs: list[ScoreRequest], batch: int = 64) -> list[AnswerScore]:
         """`score` for many answers in a few requests: the answers tokenized in one `/tokenize` (a list of
@@ -464,7 +527,8 @@ class SGLangScorer:
                 got = self._score_batch([reqs[i] for i in chunk])
             except (ValueError, KeyError, TypeError):
                 got = [self.score(reqs[i].messages, reqs[i].answer, reqs[i].temperature, prompt_id=reqs[i].prompt_id,
-                                  seed=reqs[i].seed, stop=reqs[i].stop, ids=reqs[i].ids) for i in chunk]
+                                  seed=reqs[i].seed, stop=reqs[i].stop, ids=reqs[i].ids, params=reqs[i].params)
+                       for i in chunk]
             for i, sc in zip(chunk, got, strict=True):
                 out[i] = sc
         return [sc for sc in out if sc is not None]
@@ -515,7 +579,8 @@ class SGLangScorer:
             pit = tuple(pit_from_topk(x, al, i, r.temperature) for x, al, i in zip(lp, alts, ids, strict=True))
             out.append(AnswerScore(r.prompt_id, r.temperature, r.seed, tuple(lp), tuple(lpt),
                                    tuple(pieces[at:at + len(ids)]), self.window, exact_support=r.temperature == 1.0,
-                                   pit=pit))
+                                   pit=pit, **self._per_token(r.prompt_id, r.temperature, r.seed, lp, alts, ids,
+                                                              r.params)))
             at += len(ids)
         return out
 
@@ -680,6 +745,8 @@ class LikelihoodVerdict:
     reason: str = ""
     # answers scored on the ids the server sampled, per side (the rest on their text re-tokenized)
     on_ids: dict[str, int] = field(default_factory=dict)
+    # the per-token test (tokenlaw.TokenVerdict.as_dict()), None when the answers carry no sampling parameters
+    token: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -753,9 +820,38 @@ def design_problem(lc: Any, n_prompts: int, n_temperatures: int) -> str | None:
             "likelihood.seeds / baseline_seeds")
 
 
-def _alphas(lc: Any, n_temperatures: int) -> tuple[float, float, float]:
+def _alphas(lc: Any, n_temperatures: int, token: bool = True) -> tuple[float, float, float]:
+    """(a temperature's alpha, the support check's share, each answer-level statistic's share); the per-token
+    test's share is `_token_alphas` (token False: the answers carry no sampling parameters, so the per-token test
+    cannot run and its share goes back to the answer-level statistics)."""
     a_t = lc.alpha / max(1, n_temperatures)
-    return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share) / len(STATS)
+    token = getattr(lc, "token_share", 0.0) if token else 0.0
+    return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share - token) / len(STATS)
+
+
+def _token_alphas(lc: Any, n_temperatures: int) -> tuple[float, float]:
+    """(the per-token KS test's alpha, the outside-the-law count's): `token_share` of the temperature's alpha,
+    four fifths to the KS test."""
+    a_tok = lc.alpha / max(1, n_temperatures) * lc.token_share
+    return 0.8 * a_tok, 0.2 * a_tok
+
+
+def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int
+                  ) -> tokenlaw.TokenVerdict | None:
+    """The per-token test of one temperature's answers (validation/tokenlaw.py), with its power at this gate's
+    size from the baseline's rows; None when an answer was scored without its sampling parameters."""
+    if not cand or not base or any(a.tok_pit is None for a in cand + base):
+        return None
+    a_ks, a_out = _token_alphas(lc, n_temperatures)
+    cp = [x for a in cand for x in a.tok_pit or ()]
+    bp = [x for a in base for x in a.tok_pit or ()]
+    tv = tokenlaw.token_test(cp, bp, a_ks, a_out, approximate=sum(a.approx_tokens for a in cand),
+                             limit=lc.token_noise_limit)
+    draws = np.asarray([w for a in base for w in a.wrong or ()], dtype=np.float64).reshape(-1, len(tokenlaw.FAMILIES))
+    if lc.token_power_reps:
+        tv.power = tokenlaw.token_power(draws, len(cp), tv.noise_allowance, len(bp), tv.outside_baseline, a_ks,
+                                        a_out, lc.token_power_target, lc.token_power_reps, lc.rng_seed)
+    return tv
 
 
 def support_limit(lc: Any, n_tokens: int, top_p: float, a_support: float, vocab: int) -> tuple[float, float]:
@@ -817,12 +913,14 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
     answers (make_variants) for the power estimate."""
     lc = getattr(cfg, "likelihood", cfg)
     if top_p is None:
-        top_p = getattr(getattr(cfg, "sampling", None), "top_p", None) or 1.0
+        samp = getattr(cfg, "sampling", None)
+        top_p = getattr(samp, "min_top_p", None) or getattr(samp, "top_p", None) or 1.0
     temps = {a.temperature for a in candidate} | {a.temperature for a in baseline}
     if len(temps) > 1:
         raise ValueError(f"likelihood_test takes one temperature's answers, got {sorted(temps)}")
     t = temps.pop() if temps else float("nan")
-    a_t, a_sup, a_stat = _alphas(lc, n_temperatures)
+    per_token_on = bool(candidate) and bool(baseline) and all(a.tok_pit is not None for a in candidate + baseline)
+    a_t, a_sup, a_stat = _alphas(lc, n_temperatures, per_token_on)
     unscored = [a for a in candidate if a.error or a.n_tokens == 0]
     cand = [a for a in candidate if not (a.error or a.n_tokens == 0)]
     base = [a for a in baseline if not (a.error or a.n_tokens == 0)]
@@ -869,6 +967,10 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
                                                - set(common))
     v.p_value = min(s["p_value"] for s in stats.values())
     v.statistic["not_computed"] = [n for n in STATS if n not in stats]  # their alpha share stays unspent
+    tv = token_verdict(cand, base, lc, n_temperatures)
+    if tv is not None:
+        v.token = tv.as_dict()
+        ok = ok and tv.ok
     v.ok = ok
     v.power = estimate_power(base, variants, lc, log_eps, a_stat, {p: sum(1 for a in cand if a.prompt_id == p)
                                                                    for p in common})
@@ -881,11 +983,14 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
             if s["p_value"] < a_stat:
                 parts.append(f"{n} shifted by {s['z']:+.1f} sd (p={s['p_value']:.2g} < {a_stat:.2g})"
                              + (": successive tokens are not drawn independently" if n == "pit_lag1" else ""))
+        if tv is not None and not tv.ok:
+            parts.insert(0, f"per-token: {tv.reason}")
         v.reason = "; ".join(parts)
         v.evidence = _evidence(cand, stats, bad)
     else:
         v.reason = (f"no impossible token (min log p_T {sup['min_log_p_T']:.2f} >= {log_eps:.2f}); "
-                    + ", ".join(f"{n} p={s['p_value']:.3g}" for n, s in stats.items()))
+                    + ", ".join(f"{n} p={s['p_value']:.3g}" for n, s in stats.items())
+                    + (f"; per-token: {tv.reason}" if tv is not None else ""))
     return v
 
 
@@ -981,11 +1086,12 @@ class Answer:
     text: str
     stopped: bool | None = None   # finish_reason == "stop"; None: unknown (a recorded baseline keeps texts only)
     ids: tuple[int, ...] | None = None  # the token ids the server sampled, where it said them
+    params: SamplingParams | None = None  # the request's sampling parameters (the per-token test)
 
 
 def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer: Scorer, cfg: Any,
                         messages_of: Any, temperatures: list[float] | None = None,
-                        on_score: Any = None) -> list[LikelihoodVerdict]:
+                        on_score: Any = None, on_baseline: Any = None) -> list[LikelihoodVerdict]:
     """Every T>0 temperature's verdict: both sides scored by `scorer`, the baseline's corrupted variants made and
     scored for the power estimate, alpha split over the temperatures. messages_of(prompt_id) -> the prompt's
     chat messages. The end-of-turn token is scored only when every answer on both sides says whether it
@@ -1004,14 +1110,20 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
     with_ids = any(a.ids for a in candidate) and any(a.ids for a in baseline)
 
     def scored(rows: list[Answer]) -> list[AnswerScore]:
+        # the per-token test needs every answer's parameters on both sides (a baseline recorded before they were
+        # kept has none: the answer-level statistics judge alone then)
+        with_params = all(a.params is not None for a in candidate + baseline)
         return score_all(scorer, [ScoreRequest(messages_of(a.prompt_id), a.text, a.temperature, a.prompt_id, a.seed,
-                                               bool(with_stop and a.stopped), a.ids if with_ids else None)
+                                               bool(with_stop and a.stopped), a.ids if with_ids else None,
+                                               a.params if with_params else None)
                                   for a in rows], on_score)
 
     out = []
     for t in temps:
         base_rows = [a for a in baseline if a.temperature == t]
         base = scored(base_rows)
+        if on_baseline is not None:
+            on_baseline(base)
         cand = scored([a for a in candidate if a.temperature == t])
         lc = getattr(cfg, "likelihood", cfg)
         variants = None
@@ -1043,3 +1155,80 @@ def answer_seed(seed: int, prompt_id: str, temperature: float) -> int:
 
     h = hashlib.sha256(f"likelihood/{seed}/{prompt_id}/{temperature:g}".encode()).digest()
     return int.from_bytes(h[:4], "big") & 0x7FFFFFFF
+
+
+# ---------------------------------------------------------------------------- the candidate as its own scorer
+
+
+def score_key(prompt_id: str, temperature: float, seed: int | None) -> str:
+    return f"{prompt_id}@T{temperature:g}/seed{seed}"
+
+
+def record_scores(url: str, cfg: Any, model: str, api_key: str | None, samples: list[Any],
+                  messages: dict[str, list[dict[str, str]]]) -> dict[str, Any]:
+    """What record-baseline keeps so that a gate without a live target-only server can trust the candidate's own
+    prefill as the target's scorer: every T>0 baseline answer's log p_1 per token, scored by the recording
+    (target-only) server itself through the same SGLang scorer the gate uses."""
+    scorer = make_scorer(url, cfg, model=model, api_key=api_key)
+    try:
+        hot = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
+        got = score_all(scorer, [ScoreRequest(messages[s.prompt_id], s.text, s.temperature, s.prompt_id, s.seed,
+                                              s.finish_reason == "stop",
+                                              tuple(s.output_ids) if s.output_ids else None) for s in hot])
+    finally:
+        scorer.close()
+    return {"method": scorer.method, "eos_id": scorer.eos_id,
+            "logprobs": {score_key(a.prompt_id, a.temperature, a.seed): [round(x, 5) for x in a.token_logprobs]
+                         for a in got if not a.error}}
+
+
+@dataclass
+class ScorerTrust:
+    """Whether a scorer reproduces the log-probs the target-only server gave the baseline's answers."""
+
+    ok: bool
+    scorer: str
+    answers: int
+    tokens: int
+    median_abs: float | None
+    p99_abs: float | None
+    max_abs: float | None
+    limits: dict[str, float]
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def check_trust(recorded: dict[str, list[float]], scored: list[AnswerScore], scorer_name: str, lc: Any
+                ) -> ScorerTrust:
+    """The scorer's log p_1 of the baseline's own answers against what the target-only server recorded for them:
+    the median and 99th-percentile absolute differences within likelihood.trust_* (bf16 numerics differ between
+    batch shapes; another model, another quantisation or a broken prefill differ by far more)."""
+    limits = {"median_abs_nats": lc.trust_median_nats, "p99_abs_nats": lc.trust_p99_nats}
+    diffs: list[float] = []
+    n = 0
+    missing = []
+    for a in scored:
+        want = recorded.get(score_key(a.prompt_id, a.temperature, a.seed))
+        if want is None or a.error:
+            missing.append(a.label)
+            continue
+        if len(want) != a.n_tokens:
+            return ScorerTrust(False, scorer_name, n, len(diffs), None, None, None, limits,
+                               f"{a.label}: {a.n_tokens} tokens scored, {len(want)} recorded: another tokenizer or "
+                               "chat template than the baseline's")
+        n += 1
+        diffs += [abs(x - y) for x, y in zip(a.token_logprobs, want, strict=True)]
+    if not diffs:
+        return ScorerTrust(False, scorer_name, 0, 0, None, None, None, limits,
+                           "no baseline answer with recorded scores was scored: nothing shows the scorer is the "
+                           "target model" + (f" ({len(missing)} without)" if missing else ""))
+    d = np.asarray(diffs)
+    med, p99, mx = float(np.median(d)), float(np.quantile(d, 0.99)), float(d.max())
+    ok = med <= lc.trust_median_nats and p99 <= lc.trust_p99_nats
+    what = (f"{scorer_name} scored the baseline's {n} answers ({d.size} tokens) within |d log p| median {med:.4f}, "
+            f"p99 {p99:.4f}, max {mx:.3f} nats of the target-only server's recorded log-probs")
+    reason = what if ok else (what + f": beyond the limits (median {lc.trust_median_nats:g}, p99 "
+                                      f"{lc.trust_p99_nats:g}): its target model is not the baseline's")
+    return ScorerTrust(ok, scorer_name, n, int(d.size), med, p99, mx, limits, reason)

@@ -353,6 +353,71 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
                           gap_nats=cmp.gap_nats, reanchors=steps)
 
 
+def compare_forced(pid: str, got: str | None, got_finish: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
+                   near_tie: float | NearTieRule, cont: Continue | None, max_reanchors: int = 16,
+                   end_tokens: frozenset[bytes] = frozenset()) -> Comparison:
+    """compare_answer, then, at each near-tie, the candidate is put back on the baseline's path: it continues,
+    greedily, from the baseline's own text up to and including the baseline's token there, and its continuation
+    must equal the rest of the baseline's recorded answer, up to near-ties of the recorded log-probs, forced
+    again at each (at most `max_reanchors`). No live target-only server: the recorded answer is the target's
+    greedy path, and the candidate must be able to walk all of it. An answer that survives (`reanchored`) shows
+    the candidate's engine reproduces the target's whole greedy text; its own answer past the first near-tie is
+    another greedy path, judged by the text detectors."""
+    stop = end_tokens if got_finish == "stop" else frozenset()
+    first = compare_answer(got, ref, ref_logprobs, near_tie, stop)
+    if first.verdict != "near_tie" or got is None or ref_logprobs is None:
+        return first
+    if first.ended:
+        return _replace(first, verdict="reanchored", detail=f"{first.detail}: the candidate stopped at a near-tie "
+                        "with the end of turn")
+    rows = spelled(ref_logprobs, ref) or ref_logprobs
+    ref_stopped = len(rows) == len(ref_logprobs) - 1  # the baseline's end-of-turn token was recorded after it
+    toks = [t for t, _, _ in rows]
+    j, steps, ties = first.token, 0, [first.gap_nats]
+    assert j is not None
+    while True:
+        if cont is None:
+            return _replace(first, detail=f"{first.detail}; the rest is not compared (no continuation)")
+        if steps >= max_reanchors:
+            return _replace(first, detail=f"{first.detail}; forced back onto the baseline's path {steps} times, the "
+                            f"rest not compared (lossless.max_reanchors {max_reanchors})", reanchors=steps)
+        cut = sum(len(t) for t in toks[:j + 1])
+        prefix = _char_cut(b"".join(toks), cut)
+        if prefix is None or len(prefix.encode()) != cut:
+            return _replace(first, detail=f"{first.detail}; the rest is not compared (the baseline's token at the "
+                            "near-tie ends inside a character)", reanchors=steps)
+        try:
+            c = cont(pid, prefix)
+        except TargetError as exc:
+            return _replace(first, detail=f"{first.detail}; forced continuation {steps + 1} failed "
+                            f"({type(exc).__name__}: {str(exc)[:160]}): the rest is not compared", reanchors=steps)
+        steps += 1
+        rest = ref[len(prefix):]
+        at = f"forced onto the baseline's path {steps} time{'s' if steps > 1 else ''} (at char {len(prefix)})"
+        if c.text == rest or (c.text.startswith(rest) and not ref_stopped):  # or the baseline met its budget
+            gaps = ", ".join(f"{g:.3f}" for g in ties if g is not None)
+            return Comparison("reanchored", f"the candidate reproduces the target's whole greedy text: {steps} "
+                              f"near-tie{'s' if steps > 1 else ''} ({gaps} nats), at each the candidate continued "
+                              "the baseline's own path to its end", char=first.char, token=first.token,
+                              gap_nats=first.gap_nats, reanchors=steps)
+        if rest.startswith(c.text) and c.finish_reason == "length":
+            return Comparison("reanchored", f"the candidate reproduces the target's greedy text up to its token "
+                              f"budget after {steps} forced near-tie(s)", char=first.char, token=first.token,
+                              gap_nats=first.gap_nats, reanchors=steps)
+        cmp = compare_answer(c.text, rest, rows[j + 1:], near_tie, end_tokens if c.finish_reason == "stop"
+                             else frozenset())
+        if cmp.verdict == "near_tie" and not cmp.ended and cmp.token is not None:
+            ties.append(cmp.gap_nats)
+            j = j + 1 + cmp.token
+            continue
+        if cmp.verdict == "near_tie":
+            return Comparison("reanchored", f"{at}: the candidate continues the baseline's path and stops at a "
+                              "near-tie with the end of turn", char=first.char, token=first.token,
+                              gap_nats=first.gap_nats, reanchors=steps)
+        return Comparison("diverged", f"{at}: {cmp.detail}", char=len(prefix) + (cmp.char or 0), token=cmp.token,
+                          gap_nats=cmp.gap_nats, reanchors=steps, why=cmp.why)
+
+
 def _replace(c: Comparison, **kw: Any) -> Comparison:
     return Comparison(**{**c.__dict__, **kw})
 
@@ -403,5 +468,5 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
 
 
 __all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "NearTieRule", "as_rule", "compare_answer",
-           "compare_path", "control_reanchor", "decode_logprobs", "encode_logprobs", "end_tokens_of",
+           "compare_forced", "compare_path", "control_reanchor", "decode_logprobs", "encode_logprobs", "end_tokens_of",
            "infer_logprob_step", "near_tie_rule", "read_baseline", "recorded_differences", "spelled"]

@@ -37,6 +37,15 @@ class Sample:
     backstop: list[Finding] = field(default_factory=list)  # what no correct engine emits (validation/backstop.py)
     score: Any = None  # the answer scored under the target model (validation/likelihood.py), T>0 in oracle mode
     output_ids: list[int] | None = None  # the token ids the server sampled, where it says them (SGLang)
+    sampling: dict[str, Any] | None = None  # T>0: the top_p / top_k / min_p it was sampled with (0 / 1: off)
+
+    def params(self) -> Any:
+        """Its tokenlaw.SamplingParams (None at T=0 or when not recorded)."""
+        from validation.tokenlaw import SamplingParams
+
+        if self.temperature <= 0 or not self.sampling:
+            return None
+        return SamplingParams(self.temperature, **self.sampling)
 
     @property
     def label(self) -> str:

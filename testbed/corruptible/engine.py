@@ -133,6 +133,7 @@ class Request:
     top_k: int | None = None
     seed: int | None = None
     logprobs: int | None = None   # alternatives per token (0: the token's own log-prob only); None: none
+    min_p: float | None = None
 
 
 @dataclass
@@ -405,7 +406,7 @@ class Engine:
                 if greedy:
                     return row
                 temp = 1.0 if verify and cfg.fault == "verify_temperature" else req.temperature
-                return node_probs(row, temp, req.top_p, req.top_k, cfg.fault if verify else None)
+                return node_probs(row, temp, req.top_p, req.top_k, cfg.fault if verify else None, req.min_p)
 
             _, tok = accept_tree([[]], [0], lambda _u: dist(lg[-1]), rng)
             out: list[TokenOut] = []

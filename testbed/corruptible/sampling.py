@@ -20,10 +20,12 @@ _TOP_P_CANDIDATES = 512  # top-p first looks among this many most likely tokens,
 
 
 def target_probs(logits: np.ndarray, temperature: float, top_p: float | None = None,
-                 top_k: int | None = None) -> np.ndarray:
+                 top_k: int | None = None, min_p: float | None = None) -> np.ndarray:
     """The sampling distribution (float64, sums to 1) of one logits row at temperature > 0: softmax of
     logits / T, cut to the top_k most likely tokens (0 or None: no cut), then to the smallest set of most
-    likely tokens whose mass reaches top_p (the token that crosses it included), renormalised."""
+    likely tokens whose mass reaches top_p (the token that crosses it included), then to the tokens with at
+    least min_p times the most likely one's probability, renormalised after each cut (the order this engine
+    names in its /props `samplers`)."""
     if temperature <= 0:
         raise ValueError("target_probs needs a temperature > 0 (T=0 is greedy)")
     z = np.asarray(logits, dtype=np.float64) / temperature
@@ -48,16 +50,19 @@ def target_probs(logits: np.ndarray, temperature: float, top_p: float | None = N
         keep = order[:cut]
         q[keep] = p[keep]
         p = q / q.sum()
+    if min_p:
+        p = np.where(p >= p.max() * min_p, p, 0.0)
+        p = p / p.sum()
     return p
 
 
 def node_probs(row: np.ndarray, temperature: float, top_p: float | None = None, top_k: int | None = None,
-               fault: str | None = None) -> np.ndarray:
+               fault: str | None = None, min_p: float | None = None) -> np.ndarray:
     """The distribution the acceptance walk uses at a verify node: target_probs of its logits row (fault: the
     engine's sampler fault, if any)."""
     if fault == "heldout_a":  # the fault: the verify pass drops the request's top-p and top-k
         top_p, top_k = None, None
-    return target_probs(row, temperature, top_p, top_k)
+    return target_probs(row, temperature, top_p, top_k, min_p)
 
 
 def sample(p: np.ndarray, rng: np.random.Generator, u: float | None = None) -> int:

@@ -87,6 +87,7 @@ def parse_chat(body: Any, engine: Engine) -> tuple[Request, dict[str, Any]]:
     temperature = _number(body, "temperature", 1.0, 0.0, 5.0)
     top_p = _number(body, "top_p", None, 1e-9, 1.0)
     top_k = _number(body, "top_k", None, -1, 1 << 31, integer=True)
+    min_p = _number(body, "min_p", None, 0.0, 1.0)
     seed = _number(body, "seed", None, -(1 << 63), (1 << 64) - 1, integer=True)
     want = None
     if body.get("logprobs"):
@@ -96,7 +97,7 @@ def parse_chat(body: Any, engine: Engine) -> tuple[Request, dict[str, Any]]:
         raise BadRequest("stream_options must be an object")
     req = Request(ids, int(max_tokens), float(temperature), float(top_p) if top_p is not None else None,
                   int(top_k) if top_k and top_k > 0 else None, int(seed) % (1 << 64) if seed is not None else None,
-                  want)
+                  want, float(min_p) if min_p else None)
     return req, {"stream": bool(body.get("stream")), "include_usage": bool(so.get("include_usage")),
                  "model": engine.cfg.alias}
 
@@ -169,7 +170,10 @@ def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
                 self._json(200, {"model_alias": c.alias, "total_slots": 1, "engine": "testbed.corruptible",
                                  "speculative": c.speculative, "budget": c.budget if spec else None,
                                  "topk": c.topk if spec else None, "verify_width": c.verify_width,
-                                 "fault": c.fault, "n_ctx": c.n_ctx})
+                                 "fault": c.fault, "n_ctx": c.n_ctx,
+                                 # the order its sampler applies these (llama.cpp's /props names its chain so)
+                                 "default_generation_settings": {"params": {
+                                     "samplers": ["temperature", "top_k", "top_p", "min_p"]}}})
             else:
                 self._error(404, f"no route {path}")
 

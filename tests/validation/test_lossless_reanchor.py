@@ -149,7 +149,7 @@ def gate_with(table: dict[str, list], ref_text: str = CLEAN_REF) -> tuple[dict, 
                      quality={"enabled": False}, long_copy={"enabled": False})
     gate = Gate("http://127.0.0.1:9", cfg)
     gate.baseline_logprobs = {"poem": BASE}
-    gate._reanchor_fn = lambda: (Target(table), "http://127.0.0.1:9")  # the continuation, as above
+    gate._reanchor_fn = lambda: (Target(table), "http://127.0.0.1:9", False)  # the continuation, as above
     s = Sample("poem", 0.0, cfg.seed, "suite", 64, text=LOOPING, finish_reason="length", prompt_tokens=5,
                completion_tokens=64, findings=score_text(LOOPING), backstop=backstop_findings(LOOPING, "length"))
     comps, info = gate._lossless_paths([s], {"poem": ref_text})

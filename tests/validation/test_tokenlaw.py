@@ -1,0 +1,245 @@
+"""The per-token T>0 test (validation/tokenlaw.py): every sampled token placed in the law its request defines.
+
+The laws here are drawn from random logits and sampled by an independent reference written in this file (each
+engine's truncation order spelled out step by step over the sorted row), so the code under test and the
+sampler share nothing but numpy. A correct sampler's PITs must be uniform under every order and parameter mix;
+samplers that are wrong in the ways a speculative verify pass goes wrong (its law, its parameters, another
+row's parameters, reused randomness is tested in test_likelihood_pit.py) must be refused at gate size."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from validation.config import LikelihoodConfig
+from validation.likelihood import AnswerScore, check_trust, token_verdict
+from validation.tokenlaw import (
+    FAMILIES,
+    ORDERS,
+    SamplingParams,
+    binomial_upper,
+    ks_critical,
+    ks_p,
+    ks_uniform,
+    law_of,
+    order_of,
+    pit,
+    row_from_logits,
+    row_from_topk,
+    token_power,
+    token_test,
+    uniform_of,
+    wrong_draws,
+)
+
+V = 200
+MIX = [SamplingParams(0.6, 0.9, 0, 0.0), SamplingParams(0.8, 1.0, 20, 0.05), SamplingParams(1.0, 0.95, 50, 0.02),
+       SamplingParams(0.8), SamplingParams(0.6, 0.8, 20, 0.0)]
+
+
+def reference_law(logits: np.ndarray, p: SamplingParams, order: str) -> np.ndarray:
+    """The engine's law written out independently: sort, apply each step of the engine in order, renormalise."""
+    lp = logits - logits.max()
+    srt = np.lexsort((np.arange(lp.size), -lp))
+    keep = np.ones(lp.size, bool)
+    if order == "sglang":  # all cuts on p_T at once
+        pt = np.exp(lp[srt] / p.temperature)
+        pt /= pt.sum()
+        before = np.cumsum(pt) - pt
+        if p.top_k:
+            keep &= np.arange(lp.size) < p.top_k
+        keep &= before < p.top_p
+        keep &= pt >= pt[0] * p.min_p
+        keep[0] = True
+    else:
+        scale = 1.0
+        for step in ORDERS[order]:
+            if step == "temperature":
+                scale = 1.0 / p.temperature
+            elif step == "top_k" and p.top_k:
+                keep &= np.arange(lp.size) < p.top_k
+            elif step == "top_p" and p.top_p < 1:
+                w = np.exp(lp[srt] * scale) * keep
+                w /= w.sum()
+                keep &= (np.cumsum(w) - w) < p.top_p
+            elif step == "min_p" and p.min_p > 0:
+                keep &= lp[srt] * scale >= lp[srt][0] * scale + math.log(p.min_p)
+    q = np.zeros(lp.size)
+    q[srt[keep]] = np.exp(lp[srt[keep]] / p.temperature)
+    return q / q.sum()
+
+
+def pits(order: str, n_pos: int, seed: int, draw_with: object = None, score_order: str | None = None
+         ) -> list[float | None]:
+    """n_pos positions of random logits, each sampled from `draw_with(logits, params)` (default: the correct law),
+    scored under the request's own law in `score_order` (default: the engine's)."""
+    rng = np.random.default_rng(seed)
+    out: list[float | None] = []
+    for k in range(n_pos):
+        logits = rng.normal(0, 2.5, V)
+        p = MIX[k % len(MIX)]
+        q = draw_with(logits, p, k) if callable(draw_with) else reference_law(logits, p, order)
+        tok = int(rng.choice(V, p=q))
+        row = row_from_logits(logits, p.temperature)
+        law = law_of(row, p, ORDERS[score_order or order])
+        out.append(pit(law, int(np.flatnonzero(row.ids == tok)[0]), uniform_of(f"s{seed}/{k}")))
+    return out
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_a_correct_sampler_gives_uniform_pits_under_every_order(order: str) -> None:
+    u = pits(order, 4000, 1)
+    assert all(x is not None for x in u)  # never outside the law
+    d = ks_uniform(np.asarray(u))
+    assert ks_p(d, len(u)) > 1e-3, d
+
+
+def test_the_orders_really_differ() -> None:
+    """llama.cpp's top-p on p_1 after top-k and SGLang's joint cut on p_T are different laws: scoring one
+    engine's draws under the other's order is refused (so the order must be the engine's)."""
+    u = pits("llamacpp", 4000, 2, score_order="sglang")
+    v = token_test(u, pits("sglang", 4000, 3), 1e-3, 1e-3)
+    assert not v.ok
+
+
+def wrong_temperature(logits: np.ndarray, p: SamplingParams, k: int) -> np.ndarray:
+    return reference_law(logits, SamplingParams(1.0, p.top_p, p.top_k, p.min_p), "sglang")
+
+
+def no_top_p(logits: np.ndarray, p: SamplingParams, k: int) -> np.ndarray:
+    return reference_law(logits, SamplingParams(p.temperature, 1.0, p.top_k, p.min_p), "sglang")
+
+
+def other_row(logits: np.ndarray, p: SamplingParams, k: int) -> np.ndarray:
+    """A batch-row fault: the request's parameters are its neighbour's (the next entry of the mix)."""
+    nb = MIX[(k + 1) % len(MIX)]
+    return reference_law(logits, SamplingParams(nb.temperature, nb.top_p, nb.top_k, nb.min_p), "sglang")
+
+
+def greedy_share(share: float) -> object:
+    def f(logits: np.ndarray, p: SamplingParams, k: int) -> np.ndarray:
+        q = reference_law(logits, p, "sglang")
+        if (k * 7919) % 1000 < share * 1000:
+            q = np.zeros_like(q)
+            q[int(np.argmax(logits))] = 1.0
+        return q
+    return f
+
+
+@pytest.mark.parametrize("fault", [wrong_temperature, no_top_p, other_row, greedy_share(0.1)],
+                         ids=["wrong_temperature", "no_top_p", "other_row", "greedy_10pct"])
+def test_wrong_samplers_are_refused_at_gate_size(fault: object) -> None:
+    base = pits("sglang", 3000, 10)
+    cand = pits("sglang", 3000, 11, draw_with=fault)
+    v = token_test(cand, base, 1e-3, 3e-4)
+    assert not v.ok, v.reason
+    assert token_test(pits("sglang", 3000, 12), base, 1e-3, 3e-4).ok
+
+
+def test_tokens_outside_the_law_are_counted_against_the_baselines() -> None:
+    even = list(np.linspace(0.0005, 0.9995, 2000))
+    base = [*even, None, None]
+    assert token_test([*even, None, None, None], base, 1e-3, 1e-3).outside_p > 0.1
+    v = token_test(even + [None] * 40, base, 1e-3, 1e-3)
+    assert not v.ok and "outside the request's top-k/top-p/min-p" in v.reason
+
+
+def test_the_scorers_own_deviation_is_measured_on_the_baseline_and_allowed_up_to_its_limit() -> None:
+    rng = np.random.default_rng(5)
+    bent = rng.random(6000) ** 1.08  # a scorer whose law is slightly off the engine's
+    v = token_test(list(rng.random(6000) ** 1.08), list(bent), 1e-3, 1e-3)
+    assert v.noise_allowance > 0 and v.ok, v.reason  # the candidate deviates exactly as the baseline does
+    far = list(rng.random(6000) ** 2.0)
+    v = token_test(far, far, 1e-3, 1e-3, limit=0.05)
+    assert not v.ok and "does not reproduce the engine's law" in v.reason
+    v = token_test(list(rng.random(6000)), list(rng.random(6000)), 1e-3, 1e-3)
+    assert v.noise_allowance == 0.0 and v.ok
+
+
+def test_ks_pieces_against_known_values() -> None:
+    assert ks_p(0.0, 100) == 1.0
+    assert abs(ks_p(ks_critical(1000, 0.01), 1000) - 0.01) < 1e-3
+    assert abs(ks_critical(10_000, 0.05) * math.sqrt(10_000) - 1.358) < 0.01  # the classic 1.36 / sqrt(n)
+    assert abs(binomial_upper(3, 10, 0.5) - 0.9453125) < 1e-9
+    assert binomial_upper(0, 10, 0.1) == 1.0
+
+
+def test_a_servers_top_k_row_gives_the_exact_law_where_the_nucleus_fits() -> None:
+    rng = np.random.default_rng(7)
+    logits = rng.normal(0, 3, V)
+    full = row_from_logits(logits, 1.0)
+    p = SamplingParams(1.0, 0.9, 0, 0.0)
+    top = list(zip(full.lp[1:64].tolist(), full.ids[1:64].tolist(), strict=True))
+    part = row_from_topk(float(full.lp[0]), int(full.ids[0]), top, 1.0)
+    a, b = law_of(full, p, ORDERS["sglang"]), law_of(part, p, ORDERS["sglang"])
+    assert a.n == b.n and np.allclose(a.q / a.total, b.q / b.total)
+    # at T < 1 the tail's share is estimated: the law is flagged approximate, and close
+    p6 = SamplingParams(0.6, 0.9)
+    full6 = row_from_logits(logits, 0.6)
+    part6 = row_from_topk(float(full.lp[0]), int(full.ids[0]), top, 0.6)
+    c, d = law_of(full6, p6, ORDERS["sglang"]), law_of(part6, p6, ORDERS["sglang"])
+    assert d.approximate and c.n == d.n and np.allclose(c.q / c.total, d.q / d.total, atol=1e-3)
+
+
+def test_the_power_statement_finds_a_small_greedy_share_at_gate_size() -> None:
+    rng = np.random.default_rng(9)
+    draws = []
+    for k in range(2000):
+        logits = rng.normal(0, 2.5, V)
+        p = MIX[k % len(MIX)]
+        row = row_from_logits(logits, p.temperature)
+        law = law_of(row, p, ORDERS["sglang"])
+        draws.append(wrong_draws(row, law, p, ORDERS["sglang"], rng))
+    pw = token_power(np.asarray(draws), 6000, 0.0, 6000, 0, 1e-3, 3e-4, 0.9, 60, 1)
+    fam = pw["families"]
+    assert set(fam) == set(FAMILIES) and pw["estimated"]
+    assert fam["greedy"]["min_rate"] is not None and fam["greedy"]["min_rate"] <= 0.1
+    assert fam["greedy"]["rejection_rate"]["0.005"] < 0.5  # tiny shares are not claimed
+
+
+def test_order_of_reads_a_llamacpp_chain_and_refuses_nonsense() -> None:
+    chain = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+    assert order_of(chain) == ORDERS["llamacpp"]
+    with pytest.raises(ValueError, match="no temperature"):
+        order_of(["top_k", "top_p"])
+    with pytest.raises(ValueError, match="unknown sampler order"):
+        order_of("vllm")
+    with pytest.raises(ValueError):
+        SamplingParams(0.0)
+    assert SamplingParams(0.8, top_k=0).request_fields("sglang")["top_k"] == -1
+    assert SamplingParams(0.8, top_k=0).request_fields("llamacpp")["top_k"] == 0
+
+
+def _scored(pid: str, seed: int, lps: list[float], tok: list[float | None] | None = None) -> AnswerScore:
+    wrong = tuple((0.1, 0.2, 0.3, 0.4) for _ in lps) if tok is not None else None
+    return AnswerScore(pid, 0.8, seed, tuple(lps), tuple(lps), tuple("x" for _ in lps), 16,
+                       tok_pit=tuple(tok) if tok is not None else None, wrong=wrong)
+
+
+def test_the_verdict_carries_the_per_token_test_and_its_power() -> None:
+    rng = np.random.default_rng(3)
+    lc = LikelihoodConfig(token_power_reps=20)
+    cand = [_scored("p", s, list(-rng.random(300)), list(rng.random(300))) for s in range(4)]
+    base = [_scored("p", 100 + s, list(-rng.random(300)), list(rng.random(300))) for s in range(4)]
+    v = token_verdict(cand, base, lc, 3)
+    assert v is not None and v.ok and v.n_candidate == 1200 and v.power["estimated"]
+    sharp = [_scored("p", s, list(-rng.random(300)), list(rng.random(300) ** 1.6)) for s in range(4)]
+    v = token_verdict(sharp, base, lc, 3)
+    assert v is not None and not v.ok and "not distributed as the target's law" in v.reason
+    assert token_verdict([_scored("p", 1, [-0.1])], base, lc, 3) is None  # no parameters: not run
+
+
+def test_the_candidate_is_trusted_as_scorer_only_when_it_reproduces_the_baselines_scores() -> None:
+    lc = LikelihoodConfig()
+    rec = {"p@T0.8/seed1": [-0.5, -1.25, -0.01], "q@T0.8/seed2": [-2.0, -0.3]}
+    same = [_scored("p", 1, [-0.51, -1.25, -0.01]), _scored("q", 2, [-2.0, -0.31])]
+    t = check_trust(rec, same, "sglang", lc)
+    assert t.ok and t.tokens == 5, t.reason
+    other = [_scored("p", 1, [-0.9, -0.8, -0.4]), _scored("q", 2, [-1.2, -0.9])]
+    t = check_trust(rec, other, "sglang", lc)
+    assert not t.ok and "not the baseline's" in t.reason
+    t = check_trust(rec, [_scored("p", 1, [-0.5, -1.25])], "sglang", lc)
+    assert not t.ok and "another tokenizer" in t.reason
+    assert not check_trust(rec, [_scored("r", 3, [-0.5])], "sglang", lc).ok  # nothing recorded to compare

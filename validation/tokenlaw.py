@@ -1,0 +1,471 @@
+"""Each sampled token against the target's own law: the per-token T>0 test.
+
+A correct speculative sampler draws every token from exactly the law a target-only engine would: the target's
+distribution at the request's temperature, truncated by the request's top-k / top-p / min-p in the order the
+engine applies them, renormalised. Given that law q at a position (candidates in descending probability) and
+the token drawn there at rank r, the randomized probability integral transform
+
+    u = (q_0 + ... + q_{r-1} + V * q_r) / (sum of q),  V ~ Uniform(0, 1) independent of everything
+
+is exactly Uniform(0, 1) whatever q is, and the u of different tokens are independent. So every T>0 token of
+a gate is one independent draw from U(0, 1) under a correct build, and a sampler that draws from another law
+(a wrong temperature, a dropped top-p, another row's parameters, reused random numbers) moves them away from
+uniform. Descending-probability order puts the shift where such faults put it: a sharper law piles u near 0,
+a flatter one spreads it to 1. A token outside the law's support (cut by top-p, top-k or min-p) has no u: it
+is counted apart (`outside`), a thing a correct sampler never emits.
+
+The law of one position is built from a `Row`: the most likely candidates' log p_1 (T=1, normalised over the
+whole vocabulary), their ids, and the mass the row does not list (the tail). The in-process reference scorer
+lists enough candidates that the tail is tiny and knows its exact size at every T; a server scorer (SGLang's
+input log-probs) lists its top-k, and the tail's share at T < 1 is then bounded, not known (`Row.exact`).
+Where the law reaches into the tail, the tail is one category (coarsening keeps u exactly uniform, and loses
+only the tail's resolution).
+
+Engines apply the truncations in different orders (`ORDERS`): SGLang scales by the temperature first and cuts
+all three jointly on p_T; llama.cpp cuts top-k, then top-p on the renormalised survivors of p_1, then min-p,
+and applies the temperature last (its /props `samplers`).
+
+The test per temperature (`token_test`): the one-sample Kolmogorov-Smirnov distance of the candidate's u from
+uniform, less the scorer's own deviation measured on the baseline's answers scored the same way (0 when those
+are uniform), against the Kolmogorov critical value; and the candidate's share of tokens outside the law
+against the baseline's (a conditional binomial test). `token_power` states what that refuses: the smallest
+fraction of tokens drawn from a wrong law (greedy, untruncated, the kept set at T=1, flat) refused with the
+target probability at the gate's own token count, by Monte Carlo from the baseline's rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# the truncation steps of each engine, in its order ("joint": SGLang's top-k, top-p and min-p on p_T at once)
+ORDERS: dict[str, tuple[str, ...]] = {
+    "sglang": ("temperature", "joint"),
+    "llamacpp": ("top_k", "top_p", "min_p", "temperature"),
+    "temperature_first": ("temperature", "top_k", "top_p", "min_p"),
+}
+STEP_NAMES = frozenset({"temperature", "joint", "top_k", "top_p", "min_p"})
+# the wrong laws the power statement mixes into a correct sampler's tokens
+FAMILIES = ("greedy", "untruncated", "kept_at_t1", "flat")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request's sampling parameters (temperature > 0). top_k 0: off; top_p 1: off; min_p 0: off."""
+
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"sampling parameters need a temperature > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1 or self.top_k < 0 or not 0 <= self.min_p < 1:
+            raise ValueError(f"bad sampling parameters {self}")
+
+    def request_fields(self, kind: str) -> dict[str, Any]:
+        """What a request must send so the engine applies exactly this law: every field explicit (servers have
+        defaults of their own: llama.cpp top_k 40 and min_p 0.05, SGLang the model's generation config); top-k
+        off is -1 for SGLang (it refuses 0), 0 for llama.cpp."""
+        off = -1 if kind == "sglang" else 0
+        return {"top_p": self.top_p, "top_k": self.top_k or off, "min_p": self.min_p}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
+
+    @property
+    def label(self) -> str:
+        parts = [f"T{self.temperature:g}"]
+        if self.top_p < 1:
+            parts.append(f"top_p {self.top_p:g}")
+        if self.top_k:
+            parts.append(f"top_k {self.top_k}")
+        if self.min_p:
+            parts.append(f"min_p {self.min_p:g}")
+        return ", ".join(parts)
+
+
+def order_of(engine: str | Sequence[str]) -> tuple[str, ...]:
+    """The truncation order of an engine name (ORDERS) or an explicit list of steps (llama.cpp's /props
+    `samplers`, filtered to the four that shape the law)."""
+    if isinstance(engine, str):
+        if engine not in ORDERS:
+            raise ValueError(f"unknown sampler order {engine!r}; known: {', '.join(ORDERS)}")
+        return ORDERS[engine]
+    names = {"top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "temperature": "temperature", "temp": "temperature"}
+    steps = tuple(names[s] for s in engine if s in names)
+    if "temperature" not in steps:
+        raise ValueError(f"sampler chain {list(engine)} has no temperature step")
+    return steps
+
+
+@dataclass(frozen=True)
+class Row:
+    """One position's distribution as a scorer knows it: candidates in descending probability (ties by id)."""
+
+    lp: np.ndarray          # log p_1 of the listed candidates, descending (normalised over the whole vocabulary)
+    ids: np.ndarray         # their token ids
+    log_z: float            # log sum over the whole vocabulary of p_1^(1/T) at the request's T (0 at T=1)
+    exact: bool = True      # log_z exact (full logits) or estimated from the listed candidates
+
+    @property
+    def tail(self) -> float:
+        """p_1 mass of the tokens not listed."""
+        return max(0.0, 1.0 - float(np.exp(self.lp).sum()))
+
+
+def row_from_logits(logits: np.ndarray, temperature: float, keep: int = 2048) -> Row:
+    """A full logits row (one position) as a Row: the `keep` most likely candidates and the exact tail."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max()
+    lse = m + math.log(float(np.exp(x - m).sum()))
+    lp_all = x - lse
+    k = min(keep, lp_all.size)
+    top = np.argpartition(-lp_all, k - 1)[:k] if k < lp_all.size else np.arange(lp_all.size)
+    order = np.lexsort((top, -lp_all[top]))  # descending probability, ties by id
+    ids = top[order]
+    s = lp_all / temperature
+    sm = s.max()
+    log_z = float(sm + math.log(float(np.exp(s - sm).sum())))
+    return Row(lp_all[ids], ids.astype(np.int64), log_z, True)
+
+
+def row_from_topk(own_lp: float, own_id: int, top: Iterable[tuple[float, int]], temperature: float) -> Row:
+    """A server's top-k alternatives (log p_1, id) and the sampled token's own log p_1 as a Row. The tail's
+    contribution to sum p_1^(1/T) is estimated at half its upper bound (each unlisted token is at most the
+    least listed one): exact at T=1, within a factor 2 of the tail's share below it."""
+    vals: dict[int, float] = {int(i): float(v) for v, i in top}
+    vals[int(own_id)] = float(own_lp)
+    ids = np.fromiter(vals.keys(), dtype=np.int64, count=len(vals))
+    lp = np.fromiter(vals.values(), dtype=np.float64, count=len(vals))
+    order = np.lexsort((ids, -lp))
+    ids, lp = ids[order], lp[order]
+    tail = max(0.0, 1.0 - float(np.exp(lp).sum()))
+    a = 1.0 / temperature
+    known = float(np.exp(lp * a).sum())
+    tail_t = tail if temperature == 1.0 else 0.5 * tail * math.exp(float(lp[-1]) * (a - 1.0))
+    return Row(lp, ids, math.log(known + tail_t), temperature == 1.0)
+
+
+@dataclass(frozen=True)
+class Law:
+    """The truncated law at one position: q of the first `n` listed candidates (not normalised: divide by
+    `total`) and `lump`, the kept share of the unlisted tail (0: the tail is cut)."""
+
+    q: np.ndarray
+    lump: float
+    total: float
+    # where the truncation could not be placed exactly (it reached into the unlisted tail of a server's row)
+    approximate: bool = False
+
+    @property
+    def n(self) -> int:
+        return int(self.q.size)
+
+
+def law_of(row: Row, p: SamplingParams, order: Sequence[str]) -> Law:
+    """The engine's law at this position for these parameters (module docstring)."""
+    lp = row.lp
+    k_all = lp.size
+    tail1 = row.tail
+    a = 1.0 / p.temperature
+    tail_t = max(0.0, math.exp(row.log_z) - float(np.exp(lp * a).sum())) if p.temperature != 1.0 else tail1
+    n, tail_frac, scale, approx = k_all, 1.0, 1.0, False
+
+    def masses(s: float) -> tuple[np.ndarray, float]:
+        w = np.exp(lp[:n] * s)
+        t = (tail1 if s == 1.0 else tail_t) * tail_frac
+        return w, t
+
+    for step in order:
+        if step == "temperature":
+            scale = a
+        elif step == "top_k":
+            if 0 < p.top_k < n:
+                n, tail_frac = p.top_k, 0.0
+            elif p.top_k and tail_frac > 0:
+                approx = True  # the cut falls among the unlisted tokens: the tail kept whole
+        elif step == "top_p":
+            if p.top_p < 1:
+                w, t = masses(scale)
+                tot = float(w.sum()) + t
+                before = np.concatenate([[0.0], np.cumsum(w)[:-1]]) / tot
+                inside = int(np.searchsorted(before, p.top_p, side="left"))  # count with cum_before < top_p
+                if inside < n:
+                    n, tail_frac = max(1, inside), 0.0
+                elif tail_frac > 0 and t > 0:
+                    need = (p.top_p - float(w.sum()) / tot) * tot
+                    tail_frac = tail_frac * min(1.0, max(0.0, need / t) + 1e-12)
+                    approx = approx or tail_frac < 1.0
+        elif step == "min_p":
+            if p.min_p > 0:
+                keep = int(np.sum(lp[:n] * scale >= lp[0] * scale + math.log(p.min_p)))
+                if keep < n:
+                    n, tail_frac = max(1, keep), 0.0
+                elif tail_frac > 0:
+                    approx = True
+        elif step == "joint":
+            w, t = masses(scale)
+            tot = float(w.sum()) + t
+            cap = n
+            if 0 < p.top_k < cap:
+                cap = p.top_k
+            if p.top_p < 1:
+                before = np.concatenate([[0.0], np.cumsum(w)[:-1]]) / tot
+                cap = min(cap, max(1, int(np.searchsorted(before, p.top_p, side="left"))))
+            if p.min_p > 0:
+                cap = min(cap, max(1, int(np.sum(w >= w[0] * p.min_p))))
+            if cap < n:
+                n, tail_frac = cap, 0.0
+            elif tail_frac > 0 and p.top_p < 1:
+                need = (p.top_p - float(w.sum()) / tot) * tot
+                tail_frac *= min(1.0, max(0.0, need / t) + 1e-12) if t > 0 else 1.0
+                approx = True
+        else:
+            raise ValueError(f"unknown truncation step {step!r}")
+    q = np.exp(lp[:n] * a)
+    lump = tail_t * tail_frac
+    return Law(q, lump, float(q.sum()) + lump, approx or not row.exact)
+
+
+def pit(law: Law, rank: int | None, v: float) -> float | None:
+    """The randomized PIT of the token at `rank` among the listed candidates (None: an unlisted token), or
+    None when the law does not hold it (outside the support)."""
+    if rank is None:
+        if law.lump <= 0:
+            return None
+        return (float(law.q.sum()) + v * law.lump) / law.total
+    if rank >= law.n:
+        return None
+    return (float(law.q[:rank].sum()) + v * float(law.q[rank])) / law.total
+
+
+def uniform_of(key: str) -> float:
+    """The V of one token's randomized PIT: a fixed function of the token's place (answer, position), independent
+    of what was sampled there, so a report can be re-scored to the same numbers."""
+    h = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return (int.from_bytes(h, "big") + 0.5) / 2.0**64
+
+
+def wrong_draws(row: Row, law: Law, p: SamplingParams, order: Sequence[str], rng: np.random.Generator
+                ) -> tuple[float, ...]:
+    """One token's PIT under the correct law when the token comes from each wrong law of FAMILIES instead
+    (NaN: outside the support), for the power statement: greedy (the most likely token), untruncated (p_T with
+    no top-k/top-p/min-p), kept_at_t1 (the kept candidates at T=1), flat (uniform over the kept candidates)."""
+    v = float(rng.random())
+    out = []
+    # greedy
+    out.append(v * float(law.q[0]) / law.total if law.n else math.nan)
+    # untruncated p_T: a listed candidate or the tail lump
+    a = 1.0 / p.temperature
+    w = np.exp(row.lp * a)
+    tail_t = max(0.0, math.exp(row.log_z) - float(w.sum())) if p.temperature != 1.0 else row.tail
+    probs = np.append(w, tail_t)
+    r = int(rng.choice(probs.size, p=probs / probs.sum()))
+    got = pit(law, None if r == row.lp.size else r, v)
+    out.append(math.nan if got is None else got)
+    # the kept candidates at T=1
+    if law.n:
+        k1 = np.exp(row.lp[:law.n])
+        r = int(rng.choice(law.n, p=k1 / k1.sum()))
+        out.append(float(pit(law, r, v) or 0.0))
+        r = int(rng.integers(law.n))
+        out.append(float(pit(law, r, v) or 0.0))
+    else:
+        out += [math.nan, math.nan]
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def kolmogorov_sf(lam: float) -> float:
+    """P(K > lam) for the Kolmogorov distribution (the limit of sqrt(n) D_n)."""
+    if lam <= 0:
+        return 1.0
+    if lam < 0.2:
+        return 1.0
+    s = 0.0
+    for k in range(1, 101):
+        term = (-1) ** (k - 1) * math.exp(-2.0 * k * k * lam * lam)
+        s += term
+        if abs(term) < 1e-16:
+            break
+    return min(1.0, max(0.0, 2.0 * s))
+
+
+def ks_uniform(u: np.ndarray) -> float:
+    """The one-sample KS distance of u from Uniform(0, 1)."""
+    x = np.sort(np.asarray(u, dtype=np.float64))
+    n = x.size
+    if n == 0:
+        return 0.0
+    i = np.arange(1, n + 1)
+    return float(max(np.max(i / n - x), np.max(x - (i - 1) / n)))
+
+
+def ks_p(d: float, n: int) -> float:
+    """The p-value of a KS distance d over n points (Stephens' finite-n correction of the limit law)."""
+    if n == 0:
+        return 1.0
+    rn = math.sqrt(n)
+    return kolmogorov_sf((rn + 0.12 + 0.11 / rn) * d)
+
+
+def ks_critical(n: int, alpha: float) -> float:
+    """The smallest d whose ks_p is below alpha (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if ks_p(mid, n) < alpha:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def binomial_upper(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    if p <= 0:
+        return 0.0
+    if p >= 1:
+        return 1.0
+    lp, lq = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * lp + (n - j) * lq
+             for j in range(k, n + 1)]
+    m = max(terms)
+    return min(1.0, math.exp(m) * sum(math.exp(t - m) for t in terms))
+
+
+NOISE_P = 0.01  # the baseline's own u count as non-uniform (the scorer's deviation allowed) below this p
+MEDIAN_K = 0.8276  # the median of the Kolmogorov distribution
+
+
+@dataclass
+class TokenVerdict:
+    """The per-token test at one temperature."""
+
+    ok: bool
+    n_candidate: int
+    n_baseline: int
+    ks_d: float
+    ks_p: float
+    baseline_ks_d: float
+    baseline_ks_p: float
+    noise_allowance: float
+    outside_candidate: int
+    outside_baseline: int
+    outside_p: float
+    alpha_ks: float
+    alpha_outside: float
+    mean_u: float | None
+    approximate_share: float
+    reason: str = ""
+    power: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def noise_allowance(base_u: np.ndarray) -> tuple[float, float, float]:
+    """(the baseline's KS distance, its p, the allowance): the scorer's own deviation from the engine's sampler,
+    the baseline's distance beyond its median under uniformity when the baseline is not uniform at NOISE_P."""
+    n = base_u.size
+    d = ks_uniform(base_u)
+    p = ks_p(d, n)
+    allow = max(0.0, d - MEDIAN_K / math.sqrt(n)) if n and p < NOISE_P else 0.0
+    return d, p, allow
+
+
+def decide(cand_u: np.ndarray, n_out_c: int, n_base: int, n_out_b: int, allow: float, a_ks: float,
+           a_out: float) -> tuple[bool, float, float, float]:
+    """(pass, the candidate's KS distance, its p after the allowance, the outside test's p)."""
+    n = cand_u.size
+    d = ks_uniform(cand_u)
+    p = ks_p(max(0.0, d - allow), n)
+    n_c = n + n_out_c
+    k = n_out_c + n_out_b
+    p_out = binomial_upper(n_out_c, k, n_c / max(1, n_c + n_base)) if k else 1.0
+    return p >= a_ks and p_out >= a_out, d, p, p_out
+
+
+def token_test(cand: Sequence[float | None], base: Sequence[float | None], a_ks: float, a_out: float,
+               approximate: int = 0, limit: float = 0.05) -> TokenVerdict:
+    """The candidate's per-token PITs (None: outside the law) against uniform, the baseline's scored the same way
+    giving the scorer's allowance (module docstring). `limit`: the largest allowance the test accepts: beyond it
+    the scorer does not reproduce the engine's law and the test cannot judge (a fail, with that reason)."""
+    cu = np.asarray([x for x in cand if x is not None], dtype=np.float64)
+    bu = np.asarray([x for x in base if x is not None], dtype=np.float64)
+    oc, ob = len(cand) - cu.size, len(base) - bu.size
+    bd, bp, allow = noise_allowance(bu) if bu.size else (0.0, 1.0, 0.0)
+    ok, d, p, p_out = decide(cu, oc, bu.size, ob, allow, a_ks, a_out)
+    v = TokenVerdict(ok, cu.size, bu.size, d, p, bd, bp, allow, oc, ob, p_out, a_ks, a_out,
+                     float(cu.mean()) if cu.size else None, approximate / max(1, len(cand)))
+    if cu.size == 0:
+        v.ok, v.reason = False, "no candidate token inside the law: nothing to test"
+    elif allow > limit:
+        v.ok = False
+        v.reason = (f"the scorer does not reproduce the engine's law on the baseline's own tokens (KS {bd:.3f}, "
+                    f"p {bp:.2g}; allowance {allow:.3f} > {limit:g}): wrong sampler order or parameters, or another "
+                    "model")
+    elif not ok:
+        parts = []
+        if p < a_ks:
+            parts.append(f"sampled tokens not distributed as the target's law: KS {d:.4f} over {cu.size} tokens "
+                         f"(allowance {allow:.4f}), p {p:.2g} < {a_ks:.2g}, mean u {v.mean_u:.3f} (0.5 expected; "
+                         "below: too often the most likely tokens)")
+        if p_out < a_out:
+            parts.append(f"{oc} of {len(cand)} tokens outside the request's top-k/top-p/min-p support (baseline "
+                         f"{ob} of {len(base)}), p {p_out:.2g} < {a_out:.2g}")
+        v.reason = "; ".join(parts)
+    else:
+        v.reason = (f"{cu.size} tokens: KS {d:.4f} (allowance {allow:.4f}) p {p:.3g}; outside the law {oc} "
+                    f"(baseline {ob}) p {p_out:.3g}")
+    return v
+
+
+def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out_b: int, a_ks: float, a_out: float,
+                target: float, reps: int, seed: int,
+                rates: Sequence[float] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+                ) -> dict[str, Any]:
+    """Monte Carlo power of `decide` at this gate's size: a candidate whose tokens are each drawn, with
+    probability r, from a wrong law (`draws`: rows of wrong_draws over the baseline's tokens, NaN outside the
+    support) and otherwise correctly (u uniform). Per family: the rejection rate at each r and the smallest r
+    refused with probability >= target; the mean total-variation distance at that r is r times the family's
+    mean distance from the law (reported by the caller)."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, Any] = {"reps": reps, "target": target, "n_tokens": n_cand, "families": {}}
+    if draws.size == 0 or n_cand == 0:
+        return {**out, "estimated": False}
+    for j, fam in enumerate(FAMILIES):
+        col = draws[:, j]
+        table = {}
+        for r in rates:
+            rejected = 0
+            for _ in range(reps):
+                m = rng.binomial(n_cand, r)
+                picked = col[rng.integers(col.size, size=m)]
+                u = np.concatenate([rng.random(n_cand - m), picked[~np.isnan(picked)]])
+                n_out = int(np.isnan(picked).sum())
+                ok, _, _, _ = decide(u, n_out, n_base, n_out_b, allow, a_ks, a_out)
+                rejected += not ok
+            table[f"{r:g}"] = rejected / reps
+        hit = [r for r in rates if table[f"{r:g}"] >= target]
+        out["families"][fam] = {"rejection_rate": table, "min_rate": hit[0] if hit else None}
+    worst = [f["min_rate"] for f in out["families"].values()]
+    out["estimated"] = True
+    out["min_rate_all_families"] = None if any(w is None for w in worst) else max(worst)
+    return out
+
+
+__all__ = ["FAMILIES", "ORDERS", "Law", "Row", "SamplingParams", "TokenVerdict", "binomial_upper", "decide",
+           "ks_critical", "ks_p", "ks_uniform", "law_of", "noise_allowance", "order_of", "pit", "row_from_logits",
+           "row_from_topk", "token_power", "token_test", "uniform_of", "wrong_draws"]
