@@ -66,23 +66,13 @@ from .config import resolve_from_server_args
 from .head import DraftTopKHead, draft_topk
 from .profile import StepProfiler
 
+# The sampler (node_draws), its test faults (TEST_FAULTS, each documented there, read by read_test_fault at start)
+# and _renorm live in sampling.py: plain torch, tested on CPU by tests/ddtree/test_ddtree_sampler.py. The names
+# stay importable from here, where docs and tools look for them.
+from .sampling import TEST_FAULTS, node_draws, read_test_fault  # noqa: F401
+from .sampling import renorm as _renorm  # noqa: F401
+
 logger = logging.getLogger(__name__)
-
-# Faults the validation tests put into a served DDTree on purpose (never set in production): the gate must refuse
-# the server they run in. step_shared_random: the target's draws at the nodes of one verify step share their
-# random numbers, so the tokens a step emits are dependent while each keeps its own law. Unseeded requests (an
-# SGLang server without --enable-deterministic-inference ignores request seeds) draw every node by inverse CDF
-# from one uniform per request and step; seeded ones key every node's hash by the step's first position.
-TEST_FAULTS = ("step_shared_random",)
-
-
-def read_test_fault() -> str | None:
-    """SGLANG_DDTREE_TEST_FAULT, checked: unset or empty for no fault; anything else not in TEST_FAULTS stops
-    the server at start."""
-    v = os.environ.get("SGLANG_DDTREE_TEST_FAULT", "")
-    if v and v not in TEST_FAULTS:
-        raise ValueError(f"SGLANG_DDTREE_TEST_FAULT={v!r}: known test faults are {', '.join(TEST_FAULTS)}")
-    return v or None
 
 
 class DDTreeWorker(DFlashWorkerV2):
@@ -299,32 +289,17 @@ class DDTreeWorker(DFlashWorkerV2):
     # ------------------------------------------------------------------ target
     def _target_tokens(self, logits: torch.Tensor, sampling_info, positions: torch.Tensor) -> torch.Tensor:
         """The target's token at every node: argmax for greedy rows, a draw from the adjusted
-        distribution (temperature, top-k, top-p, min-p) otherwise."""
-        greedy = torch.argmax(logits, dim=-1)
+        distribution (temperature, top-k, top-p, min-p) otherwise (``sampling.node_draws``)."""
         if sampling_info is None or sampling_info.is_all_greedy:
-            return greedy
-        w = self.verify_width
-        temps = torch.repeat_interleave(sampling_info.temperatures.view(-1), w).view(-1, 1)
-        probs = torch.softmax(logits.float() / temps.clamp_min(1e-6), dim=-1)
-        top_ks = torch.repeat_interleave(sampling_info.top_ks.view(-1), w)
-        top_ps = torch.repeat_interleave(sampling_info.top_ps.view(-1), w)
-        min_ps = torch.repeat_interleave(sampling_info.min_ps.view(-1), w)
-        probs = _renorm(probs, top_ks, top_ps, min_ps)
-        if sampling_info.sampling_seed is not None:
-            from sglang.srt.layers.sampler import multinomial_with_seed
-
-            seeds = torch.repeat_interleave(sampling_info.sampling_seed.view(-1), w)
-            if self._test_fault == "step_shared_random":  # every node keyed by the step's first position
-                positions = positions.view(-1, w)[:, :1].expand(-1, w).reshape(-1)
-            sampled = multinomial_with_seed(torch.log(probs.clamp_min(1e-30)), seeds, positions)
-        elif self._test_fault == "step_shared_random":  # one uniform per request and step, inverse CDF at every node
-            cdf = torch.cumsum(probs, dim=-1)
-            u = torch.rand(cdf.shape[0] // w, 1, device=cdf.device).repeat_interleave(w, dim=0) * cdf[:, -1:]
-            sampled = torch.searchsorted(cdf, u).clamp_max(cdf.shape[-1] - 1).view(-1)
-        else:
-            sampled = torch.multinomial(probs, 1).view(-1)
-        is_greedy = (temps.view(-1) <= 1e-5) | (top_ks == 1)
-        return torch.where(is_greedy, greedy, sampled.view(-1))
+            return torch.argmax(logits, dim=-1)
+        seeds = sampling_info.sampling_seed
+        seeded_draw = None
+        if seeds is not None:
+            from sglang.srt.layers.sampler import multinomial_with_seed as seeded_draw
+        return node_draws(
+            logits, sampling_info.temperatures, sampling_info.top_ks, sampling_info.top_ps, sampling_info.min_ps,
+            self.verify_width, seeds=seeds, positions=positions, fault=self._test_fault, seeded_draw=seeded_draw,
+        )
 
     # ------------------------------------------------------------------ step
     def _decode_step(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
@@ -563,18 +538,3 @@ def _check_decode_reserve(block: int, window: int) -> None:
             "past a block of lag (patch 0016-dflash-v2-decode-reserve-covers-verify-width of this repo's "
             "series); this sglang build lacks it"
         )
-
-
-def _renorm(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor) -> torch.Tensor:
-    """Keep the top-k, top-p and min-p support of each row and renormalise (sglang's order)."""
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-    ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
-    keep = ranks < top_ks.clamp_min(1).unsqueeze(1)
-    cum = torch.cumsum(sorted_p, dim=-1)
-    keep &= (cum - sorted_p) < top_ps.unsqueeze(1)
-    keep &= sorted_p >= (sorted_p[:, :1] * min_ps.unsqueeze(1))
-    keep[:, 0] = True
-    sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
-    out = torch.zeros_like(probs).scatter_(1, order, sorted_p)
-    return out / out.sum(dim=-1, keepdim=True)
-

@@ -1,0 +1,151 @@
+"""The target's draw at every node of a DDTree verify step, in plain torch (no sglang import at module level).
+
+Law (``node_draws``): for each request ``b`` of the batch and each of its ``width`` tree nodes ``n``,
+
+- greedy requests (temperature <= ``GREEDY_T`` or top_k == 1) take ``argmax(logits[n])``;
+- every other request draws from ``q = softmax(logits[n] / T_b)`` restricted to the joint top-k / top-p / min-p
+  support of ``q`` (``renorm``: all three masks computed on the same sorted ``q``, sglang's order) and
+  renormalised; seeded requests through the seeded draw (sglang's ``multinomial_with_seed``: Gumbel noise hashed
+  from seed, position and vocabulary id), the others through ``torch.multinomial``.
+
+The per-request parameters are repeated over the ``width`` nodes of each request (rows ``b * width ..
+(b + 1) * width - 1`` of ``logits``). ``TEST_FAULTS`` are wrong samplers on purpose, for the validation tests:
+each keeps the greedy rows exact and changes one thing about the draw (docs/ddtree-sampler.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+
+# Faults the validation tests put into a served DDTree on purpose (never set in production, never on by default):
+# the gate must refuse the server they run in. Each one keeps every greedy row (T = 0 or top_k == 1) exactly argmax
+# and makes the T > 0 draws wrong in one way, one per class of "how a draw can be wrong":
+TEST_FAULTS = (
+    # randomness: the target's draws at the nodes of one verify step share their random numbers, so the tokens a
+    # step emits are dependent while each keeps its own law. Unseeded requests (an SGLang server without
+    # --enable-deterministic-inference ignores request seeds) draw every node by inverse CDF (vocabulary order)
+    # from one uniform per request and step; seeded ones key every node's hash by the step's first position.
+    "step_shared_random",
+    # law: the verify pass samples at temperature 1 whatever temperature the request asked (top-k / top-p / min-p
+    # still applied, on the T = 1 distribution); requests at T = 1 are unaffected.
+    "verify_temperature_one",
+    # parameters: top-p is ignored in the verify pass (taken as 1); temperature, top-k and min-p still applied.
+    "verify_no_top_p",
+    # batch row: each sampling request's temperature, top-p, top-k and min-p are read from the next sampling
+    # request's row (cyclic over the batch's sampling requests in batch order; greedy requests keep their own and
+    # are never a source, so they stay argmax and no sampling request turns greedy). A batch with one sampling
+    # request, or whose sampling requests share their parameters, is unaffected.
+    "row_shift",
+    # parameters: the min-p threshold is computed on the T = 1 probabilities (softmax of the raw logits) instead of
+    # the temperature-scaled ones: at T < 1 it keeps tokens the correct support drops, at T > 1 it drops tokens
+    # it keeps. Requests with min_p = 0 or T = 1 are unaffected.
+    "min_p_on_t1",
+)
+
+# at or below this temperature a request is greedy (argmax), as in sglang's sampler
+GREEDY_T = 1e-5
+
+SeededDraw = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def read_test_fault() -> str | None:
+    """SGLANG_DDTREE_TEST_FAULT, checked: unset or empty for no fault; anything else not in TEST_FAULTS stops
+    the server at start."""
+    v = os.environ.get("SGLANG_DDTREE_TEST_FAULT", "")
+    if v and v not in TEST_FAULTS:
+        raise ValueError(f"SGLANG_DDTREE_TEST_FAULT={v!r}: known test faults are {', '.join(TEST_FAULTS)}")
+    return v or None
+
+
+def renorm(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor,
+           min_p_probs: torch.Tensor | None = None) -> torch.Tensor:
+    """Keep the top-k, top-p and min-p support of each row and renormalise (sglang's order).
+
+    All three masks are computed on the same descending sort of ``probs`` (joint, not one after the other):
+    rank < top_k; the mass before the token < top_p; p >= min_p * p_max. The most probable token is always
+    kept. ``min_p_probs`` (only the ``min_p_on_t1`` test fault) computes the min-p mask on other probabilities
+    of the same order instead."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
+    keep = ranks < top_ks.clamp_min(1).unsqueeze(1)
+    cum = torch.cumsum(sorted_p, dim=-1)
+    keep &= (cum - sorted_p) < top_ps.unsqueeze(1)
+    ref = sorted_p if min_p_probs is None else torch.gather(min_p_probs, 1, order)
+    keep &= ref >= (ref[:, :1] * min_ps.unsqueeze(1))
+    keep[:, 0] = True
+    sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+    out = torch.zeros_like(probs).scatter_(1, order, sorted_p)
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+def next_sampling_row(sampling: torch.Tensor) -> torch.Tensor:
+    """[bs] bool -> [bs] long: for a sampling row the next sampling row of the batch, cyclically (itself when it
+    is the only one); for any other row itself. Tensor ops only, O(bs) (no host sync)."""
+    bs = int(sampling.shape[0])
+    idx = torch.arange(bs, device=sampling.device)
+    cand = torch.where(sampling, idx, torch.full_like(idx, bs))
+    first_from = torch.flip(torch.cummin(torch.flip(cand, [0]), 0).values, [0])  # first sampling row >= i
+    after = torch.cat([first_from[1:], first_from.new_full((1,), bs)])  # first sampling row > i
+    after = torch.where(after < bs, after, first_from[:1].expand(bs))  # past the last: wrap to the first
+    return torch.where(sampling, after, idx)
+
+
+def node_draws(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: torch.Tensor,
+    width: int,
+    seeds: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    fault: str | None = None,
+    seeded_draw: SeededDraw | None = None,
+) -> torch.Tensor:
+    """The target's token at every node: ``logits`` [bs * width, V]; temperatures, top_ks, top_ps, min_ps (and
+    seeds) per request, [bs] or [bs, 1]; ``positions`` [bs * width] (the nodes' sequence positions, seeded
+    requests only); ``seeded_draw(logprobs, seeds, positions) -> [n, 1]`` (sglang's ``multinomial_with_seed``,
+    imported lazily when ``seeds`` is given without it). Returns [bs * width] token ids (long)."""
+    if fault is not None and fault not in TEST_FAULTS:
+        raise ValueError(f"unknown DDTree test fault {fault!r}")
+    w = int(width)
+    greedy = torch.argmax(logits, dim=-1)
+    req_t = temperatures.view(-1)
+    req_k = top_ks.view(-1)
+    req_p = top_ps.view(-1)
+    req_m = min_ps.view(-1)
+    # greedy by the request's own parameters, whatever the fault
+    is_greedy = torch.repeat_interleave((req_t <= GREEDY_T) | (req_k == 1), w)
+    if fault == "row_shift":
+        src = next_sampling_row(~((req_t <= GREEDY_T) | (req_k == 1)))
+        req_t, req_k, req_p, req_m = req_t[src], req_k[src], req_p[src], req_m[src]
+    if fault == "verify_temperature_one":
+        req_t = torch.ones_like(req_t)
+    if fault == "verify_no_top_p":
+        req_p = torch.ones_like(req_p)
+    temps = torch.repeat_interleave(req_t, w).view(-1, 1)
+    probs = torch.softmax(logits.float() / temps.clamp_min(1e-6), dim=-1)
+    ks = torch.repeat_interleave(req_k, w)
+    ps = torch.repeat_interleave(req_p, w)
+    ms = torch.repeat_interleave(req_m, w)
+    min_p_probs = torch.softmax(logits.float(), dim=-1) if fault == "min_p_on_t1" else None
+    probs = renorm(probs, ks, ps, ms, min_p_probs=min_p_probs)
+    if seeds is not None:
+        if seeded_draw is None:
+            from sglang.srt.layers.sampler import multinomial_with_seed as seeded_draw
+        if positions is None:
+            raise ValueError("seeded draws need the nodes' positions")
+        node_seeds = torch.repeat_interleave(seeds.view(-1), w)
+        if fault == "step_shared_random":  # every node keyed by the step's first position
+            positions = positions.view(-1, w)[:, :1].expand(-1, w).reshape(-1)
+        sampled = seeded_draw(torch.log(probs.clamp_min(1e-30)), node_seeds, positions)
+    elif fault == "step_shared_random":  # one uniform per request and step, inverse CDF at every node
+        cdf = torch.cumsum(probs, dim=-1)
+        u = torch.rand(cdf.shape[0] // w, 1, device=cdf.device).repeat_interleave(w, dim=0) * cdf[:, -1:]
+        sampled = torch.searchsorted(cdf, u).clamp_max(cdf.shape[-1] - 1).view(-1)
+    else:
+        sampled = torch.multinomial(probs, 1).view(-1)
+    return torch.where(is_greedy, greedy, sampled.view(-1))
