@@ -132,6 +132,9 @@ def main() -> int:
                                          f"corruptible-gate-{time.strftime('%Y-%m-%d')}.json"))
     ap.add_argument("--parallel", type=int, default=1, help="modes run at once")
     ap.add_argument("--runs-dir", default=str(REPO / "runs" / "corruptible-gate"))
+    ap.add_argument("--production", action="store_true",
+                    help="the README's production sequence: each gate gets the recorded baseline file and nothing "
+                         "else (no live target-only server: the reference scorer, re-anchoring on the candidate)")
     ap.add_argument("--refresh", metavar="RAW", help="only re-read the runs' reports into this raw file's summaries")
     args = ap.parse_args()
     if args.refresh:
@@ -165,7 +168,9 @@ def main() -> int:
             baseline = CorruptibleServer(speculative=False, log_path=runs / "baseline.log").start()
             base_url = baseline.url
             result["baseline"] = "testbed.corruptible --target-only (the same numpy model, no speculation)"
-        cfg_doc = {**profile, "gate": {**profile["gate"], "baseline_url": base_url}}
+        cfg_doc = {**profile, "gate": {**profile["gate"],
+                                       **({} if args.production else {"baseline_url": base_url})}}
+        result["production_sequence"] = bool(args.production)
         cfg_path = runs / "gate-config.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg_doc, sort_keys=False))
         base_file = runs / "baseline.json"

@@ -293,6 +293,13 @@ def _likelihood(ctx: GateContext, t: float | None) -> list[CheckResult]:
     power = (f"; power: a candidate with {pw['min_detectable_rate']:.0%} of its answers corrupted is refused with "
              f"probability >= {pw['target']:.0%}" if pw.get("min_detectable_rate") is not None else
              ("; power: no corruption rate tried reaches the target probability" if pw.get("estimated") else ""))
+    tok = v.per_token or {}
+    tpw = tok.get("power") or {}
+    if tpw.get("estimated"):
+        rates = {f: d["min_rate"] for f, d in tpw["families"].items()}
+        shown = ", ".join(f"{f} {r:.1%}" if r is not None else f"{f} none tried" for f, r in rates.items())
+        power += (f"; per-token power ({tpw['n_tokens']} tokens): the smallest share of tokens drawn from a wrong "
+                  f"law refused with probability >= {tpw['target']:.0%}: {shown}")
     on_ids = v.on_ids or {}
     drawn = (f" ({on_ids.get('candidate', 0)} + {on_ids.get('baseline', 0)} on the ids the servers sampled, the "
              "rest on their text)" if any(on_ids.values()) else " (on their text)")

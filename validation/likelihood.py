@@ -745,8 +745,9 @@ class LikelihoodVerdict:
     reason: str = ""
     # answers scored on the ids the server sampled, per side (the rest on their text re-tokenized)
     on_ids: dict[str, int] = field(default_factory=dict)
-    # the per-token test (tokenlaw.TokenVerdict.as_dict()), None when the answers carry no sampling parameters
-    token: dict[str, Any] | None = None
+    # the per-token test (tokenlaw.TokenVerdict.as_dict()), None when the answers carry no sampling parameters (not
+    # "token": the reports redact values under keys ending so)
+    per_token: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -969,7 +970,7 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
     v.statistic["not_computed"] = [n for n in STATS if n not in stats]  # their alpha share stays unspent
     tv = token_verdict(cand, base, lc, n_temperatures)
     if tv is not None:
-        v.token = tv.as_dict()
+        v.per_token = tv.as_dict()
         ok = ok and tv.ok
     v.ok = ok
     v.power = estimate_power(base, variants, lc, log_eps, a_stat, {p: sum(1 for a in cand if a.prompt_id == p)
