@@ -507,7 +507,7 @@ class SGLangScorer:
         """The per-token test's fields from the server's top-k rows (tokenlaw.row_from_topk)."""
         if params is None:
             return {}
-        rows = [tokenlaw.row_from_topk(x, a, i, temperature) for x, a, i in zip(lp, alts, toks, strict=True)]
+        rows = [tokenlaw.row_from_topk(x, i, a, temperature) for x, a, i in zip(lp, alts, toks, strict=True)]
         pits, wrong, approx = per_token(f"{prompt_id}@T{temperature:g}/seed{seed}", temperature, rows, toks, params,
                                         self.order)
         return {"tok_pit": pits, "wrong": wrong, "approx_tokens": approx}

@@ -243,3 +243,25 @@ def test_the_candidate_is_trusted_as_scorer_only_when_it_reproduces_the_baseline
     t = check_trust(rec, [_scored("p", 1, [-0.5, -1.25])], "sglang", lc)
     assert not t.ok and "another tokenizer" in t.reason
     assert not check_trust(rec, [_scored("r", 3, [-0.5])], "sglang", lc).ok  # nothing recorded to compare
+
+
+def test_the_sglang_scorers_rows_place_tokens_as_the_full_row_does() -> None:
+    """The SGLang scorer builds each position's law from the server's top-k rows (log p_1, id) and the sampled
+    token's own log p_1: where the nucleus fits in the listed candidates its PITs are the full row's."""
+    from validation.likelihood import SGLangScorer
+
+    rng = np.random.default_rng(11)
+    sc = SGLangScorer("http://127.0.0.1:9", 64, 16, 5.0)
+    p = SamplingParams(1.0, 0.9, 0, 0.0)
+    lp, alts, toks, want = [], [], [], []
+    for k in range(40):
+        full = row_from_logits(rng.normal(0, 3, V), 1.0)
+        tok = int(full.ids[k % 5])
+        lp.append(float(full.lp[k % 5]))
+        alts.append(list(zip(full.lp[:64].tolist(), full.ids[:64].tolist(), strict=True)))
+        toks.append(tok)
+        want.append(pit(law_of(full, p, ORDERS["sglang"]), k % 5, uniform_of(f"q@T1/seed7/{k}")))
+    got = sc._per_token("q", 1.0, 7, lp, alts, toks, p)
+    sc.close()
+    assert np.allclose([x if x is not None else -1 for x in got["tok_pit"]],
+                       [x if x is not None else -1 for x in want])
