@@ -19,6 +19,8 @@ from typing import Any
 # Secret-looking key names: hf_token, registry_password, api_key, Authorization, credentials...
 # Counters such as max_tokens / completion_tokens are not secrets and stay readable.
 _SECRET_KEYS = re.compile(r"(token|password|passwd|secret|api[_-]?key|authorization|credentials?)$", re.I)
+# Names that end like a secret's but hold measurements: the likelihood verdict's per-token test ("per_token")
+_PUBLIC_KEYS = frozenset({"per_token"})
 
 
 @dataclass
@@ -38,7 +40,8 @@ class Case:
 def redact(obj: Any) -> Any:
     """Copy of obj with values under secret-looking keys replaced by '***'."""
     if isinstance(obj, dict):
-        return {k: ("***" if isinstance(k, str) and _SECRET_KEYS.search(k) and v else redact(v))
+        return {k: ("***" if isinstance(k, str) and k not in _PUBLIC_KEYS and _SECRET_KEYS.search(k) and v
+                    else redact(v))
                 for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [redact(v) for v in obj]
