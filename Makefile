@@ -20,7 +20,7 @@ endif
 GATE_CONFIG ?=
 LOADTEST_CONFIG ?=
 
-.PHONY: help docs docs-check setup lint lint-py test test-prepare test-fast demo demo-need-root demo-light validate check-text record-baseline sweep embedded-start embedded-stop
+.PHONY: help docs docs-check setup lint lint-py lint-types test test-prepare test-fast demo demo-need-root demo-light validate check-text record-baseline sweep embedded-start embedded-stop
 
 # `make help` groups targets by stage: a target is listed when its line ends in `## [group] what it does`,
 # one of HELP_GROUPS (tests/test_make_help.py fails on a documented target without a known group).
@@ -76,10 +76,13 @@ test-fast: setup ## [ci] unit tests only: no servers, no network, no nvcc, no do
 	PIPELINE_TEST_FAST=1 $(PY) -m pytest -m "not integration and not docker and not gpu and not slow and not network and not nvcc" \
 	  $(PYTEST_ARGS)
 
-lint: lint-py lint-images lint-ansible ## [ci] all linters (ruff, hadolint, ansible-lint production profile)
+lint: lint-py lint-types lint-images lint-ansible ## [ci] all linters (ruff, mypy, hadolint, ansible-lint production profile)
 
 lint-py: setup
 	$(VENV)/bin/ruff check .
+
+lint-types: setup ## [ci] mypy over the gate's packages and the shared pieces (pyproject [tool.mypy]; boundary types strict)
+	$(VENV)/bin/mypy
 
 # ----------------------------------------------------------------------------- validation gate
 # Exit codes as the tool's: 0 PASS, 1 gate FAIL, 2 bad input / unreachable target (mk/exit-code.inc).

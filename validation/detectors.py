@@ -485,11 +485,11 @@ def detect_subword_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
                     continue
             return [Finding("subword_repeat", f"{unit!r} repeated {len(span) // len(unit)}x without a space"
                             + (" (in code)" if in_code else ""), excerpt(text, m.start(), m.end()))]
-    m = _JOINED_LOOP.search(text)
-    if m:
-        return [Finding("subword_repeat", f"{m.group(1)!r} repeated {len(m.group(0)) // (len(m.group(1)) + 1) + 1}x, "
-                        "glued by '_' or '-'",
-                        excerpt(text, m.start(), m.end()))]
+    glued = _JOINED_LOOP.search(text)
+    if glued:
+        return [Finding("subword_repeat", f"{glued.group(1)!r} repeated "
+                        f"{len(glued.group(0)) // (len(glued.group(1)) + 1) + 1}x, glued by '_' or '-'",
+                        excerpt(text, glued.start(), glued.end()))]
     return []
 
 
@@ -959,14 +959,14 @@ def detect_near_repeat(text: str, th: DetectorThresholds) -> list[Finding]:
     # 3) a whole enumeration repeated with small variations: its items are too short to be sentences
     runs = [u for u in (_norm_words(r) for r in _ENUM_RESTART.split(prose)) if len(u) >= th.near_repeat_min_words]
     run_words = sum(len(u) for u in runs)
-    for a in runs if len(runs) >= th.near_repeat_min_copies else []:
-        group = [b for b in runs if _similar(a, b) >= th.near_repeat_similarity]
-        variants = {tuple(b) for b in group}
-        share = sum(len(b) for b in group) / max(1, run_words)
-        if len(group) >= th.near_repeat_min_copies and len(variants) >= 2 and share >= th.near_repeat_min_share:
-            return [Finding("near_repeat", f"an enumeration restarts {len(group)} times as near-copies of itself "
-                            f"({len(variants)} variants, {share:.0%} of its words)",
-                            " | ".join(" ".join(b) for b in group[:3])[:160])]
+    for run in runs if len(runs) >= th.near_repeat_min_copies else []:
+        copies = [other for other in runs if _similar(run, other) >= th.near_repeat_similarity]
+        kinds = {tuple(other) for other in copies}
+        share = sum(len(other) for other in copies) / max(1, run_words)
+        if len(copies) >= th.near_repeat_min_copies and len(kinds) >= 2 and share >= th.near_repeat_min_share:
+            return [Finding("near_repeat", f"an enumeration restarts {len(copies)} times as near-copies of itself "
+                            f"({len(kinds)} variants, {share:.0%} of its words)",
+                            " | ".join(" ".join(other) for other in copies[:3])[:160])]
     # 4) a list of short items written again and again: its item sequence repeats with a period
     hit = _periodic_items(prose, th) or _repeated_passage(text, th)
     return [hit] if hit else []

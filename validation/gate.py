@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -196,7 +196,7 @@ class Gate:
             want = max(want or 0, dc.top_logprobs)
         return want
 
-    def _run_all(self, jobs: list[tuple[Prompt, float, int | None, str]], progress: Progress, label: str,
+    def _run_all(self, jobs: Sequence[tuple[Prompt, float, int | None, str]], progress: Progress, label: str,
                  workers: int | None = None) -> list[Sample]:
         task = progress.add_task(label, total=len(jobs))
         out: list[Sample] = []
@@ -487,7 +487,7 @@ class Gate:
         if not url and not forced:
             return None, "no lossless.reanchor_url, baseline_url or baseline file to re-anchor on", False
         try:
-            base = self.client if forced else self._same_model_client(url, "re-anchor server")
+            base = self.client if forced else self._same_model_client(str(url), "re-anchor server")
         except TargetError as exc:
             return None, f"re-anchor server {url} unreachable: {exc}", False
         prompts = {p.id: p for p in self.suite.prompts}

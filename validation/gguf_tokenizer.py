@@ -34,7 +34,7 @@ class GGUFTokenizer:
         from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
         vocab = {t: i for i, t in enumerate(tokens)}
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        pairs = [(a, b) for a, _, b in (m.partition(" ") for m in merges)]
         tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         if pre not in _DIGITS_THEN_GPT2:

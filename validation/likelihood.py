@@ -72,7 +72,7 @@ class AnswerScore:
     window: int = 16
     error: str | None = None                     # why this answer could not be scored
     exact_support: bool = True                   # False: p_T's normaliser from top-k only (over-estimated)
-    vocab: int = 262_144                         # the model's vocabulary size (the support bound's V)
+    vocab: int = 262_144                         # the model's vocabulary size (the support bound's V); DEFAULT_VOCAB
     # each token's mid-PIT under p_T: the mass of the lower token ids plus half its own (pit_of_row); None when
     # the scorer does not give it
     pit: tuple[float, ...] | None = None
@@ -136,9 +136,14 @@ class AnswerScore:
         return float(np.dot(d[1:], d[:-1]) / den) if den > 1e-12 else 0.0
 
 
+DEFAULT_VOCAB = 262_144  # the support bound's V when no answer says its vocabulary
+
+
 class Scorer(Protocol):
     name: str
     method: str
+    order: tuple[str, ...]  # the engine's truncation order the per-token test applies (tokenlaw.ORDERS)
+    eos_id: int | None
 
     def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
               seed: int | None = None, stop: bool = False) -> AnswerScore: ...
@@ -826,8 +831,8 @@ def _alphas(lc: Any, n_temperatures: int, token: bool = True) -> tuple[float, fl
     test's share is `_token_alphas` (token False: the answers carry no sampling parameters, so the per-token test
     cannot run and its share goes back to the answer-level statistics)."""
     a_t = lc.alpha / max(1, n_temperatures)
-    token = getattr(lc, "token_share", 0.0) if token else 0.0
-    return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share - token) / len(STATS)
+    share = float(getattr(lc, "token_share", 0.0)) if token else 0.0
+    return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share - share) / len(STATS)
 
 
 def _token_alphas(lc: Any, n_temperatures: int) -> tuple[float, float]:
@@ -926,7 +931,7 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
     cand = [a for a in candidate if not (a.error or a.n_tokens == 0)]
     base = [a for a in baseline if not (a.error or a.n_tokens == 0)]
     n_tok = sum(a.n_tokens for a in cand)
-    vocab = max([a.vocab for a in cand], default=AnswerScore.__dataclass_fields__["vocab"].default)
+    vocab = max([a.vocab for a in cand], default=DEFAULT_VOCAB)
     log_eps, bound = support_limit(lc, n_tok, top_p, a_sup, vocab)
     method = (f"stratified two-sided permutation test ({lc.permutations} permutations, seed {lc.rng_seed}) of the "
               f"per-answer mean NLL, worst {lc.window}-token-window NLL and lag-1 autocorrelation of the "

@@ -60,8 +60,8 @@ def read_spec_metrics(client: OpenAIClient, kind: str) -> SpecReading | None:
     info = client.server_info() or {}
     if _declares_no_speculation(info):
         return None  # sglang exports its spec gauges at 0.0 on every server; the server's own args decide
-    lengths = [s.get("avg_spec_accept_length") for s in info.get("internal_states") or [] if isinstance(s, dict)]
-    lengths = [float(x) for x in lengths if x is not None]
+    raw = [s.get("avg_spec_accept_length") for s in info.get("internal_states") or [] if isinstance(s, dict)]
+    lengths = [float(x) for x in raw if x is not None]
     if lengths:
         return SpecReading(sum(lengths) / len(lengths), None, "/server_info")
     text = client.metrics_text()

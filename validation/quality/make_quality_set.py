@@ -41,8 +41,9 @@ def build(seed: int = 20261129, n_arith: int = 24) -> list[dict[str, str]]:
         word = {"+": "plus", "-": "minus", "*": "times"}[op]
         rows.append({"id": f"arith-{i:02d}", "kind": "arithmetic",
                      "question": f"What is {a} {word} {b}? Answer with just the number.", "answer": str(val)})
-    for i, (q, a) in enumerate(FACTS):
-        rows.append({"id": f"fact-{i:02d}", "kind": "factual", "question": q + " Answer in one word.", "answer": a})
+    for i, (q, ans) in enumerate(FACTS):
+        rows.append({"id": f"fact-{i:02d}", "kind": "factual", "question": q + " Answer in one word.",
+                     "answer": ans})
     return rows
 
 
