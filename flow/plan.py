@@ -42,6 +42,7 @@ class GroupPlan:
     canary_named: bool  # rollout_canary: true in the inventory (else the group's first host)
     batches: tuple[tuple[str, ...], ...]  # after the canary
     workers: dict[str, str] = field(default_factory=dict)  # host -> URL the router knows it by
+    router_metrics: str | None = None  # the router's Prometheus URL, when the inventory's router role names it
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,13 @@ def build(inv: Inventory, hosts: list[str], image: str, *, serial: int | str = 1
             raise UsageError(f"group {grp}: its hosts name different routers ({', '.join(sorted(routers))}); "
                              "set rollout_router_url per group")
         router = routers.pop() or None
+        deployed = inv.routers().get(grp)  # the router role's host for this group (ansible/roles/router)
+        if router is None and deployed:
+            router = deployed["url"]
+        router_metrics = deployed["metrics_url"] if deployed and deployed["url"] == router else None
         rest = [h for h in members if h != canary]
         gp = GroupPlan(grp, router, canary, bool(named), tuple(_batches(rest, serial)),
-                       {h: worker_url(inv, h) for h in members})
+                       {h: worker_url(inv, h) for h in members}, router_metrics)
         groups.append(gp)
         drain = ("remove from the router, wait for its requests in flight (bounded)" if router
                  else "no router: the host keeps its traffic while it restarts")
@@ -164,22 +169,43 @@ def build(inv: Inventory, hosts: list[str], image: str, *, serial: int | str = 1
     return Plan(image, tuple(hosts), tuple(groups), tuple(steps), budget, gate, unverified)
 
 
-def smoke_gate_config(gate_cfg: Any, suite_out: Any) -> Any:
-    """A reduced copy of the gate config: T=0 only, SMOKE_PROMPTS of its suite (written to suite_out),
-    no determinism / variation / depth / speed checks; lossless (the baseline) is kept as it is."""
+def smoke_gate_config(gate_cfg: Any, suite_dir: Any) -> Any:
+    """A reduced copy of the gate config: T=0 only, SMOKE_PROMPTS of its suite (written to suite_dir under the
+    suite's own file name: a recorded baseline names its suite file, and the gate checks that name), no
+    determinism / variation / depth / speed checks; the lossless baseline (when there is one) is reduced to the
+    same prompts, beside it: lossless_t0 compares every prompt the baseline holds."""
+    import json
+    from pathlib import Path
+
     import yaml
 
     from validation.suite import load_suite
 
     suite = load_suite(gate_cfg.suite)
+    suite_out = Path(suite_dir) / Path(str(gate_cfg.suite)).name
     keep = [p for p in suite.prompts if p.id in SMOKE_PROMPTS] or list(suite.prompts[:3])
     data = suite.model_dump(mode="json")
     data["prompts"] = [p.model_dump(mode="json") for p in keep]
     suite_out.parent.mkdir(parents=True, exist_ok=True)
     suite_out.write_text(yaml.safe_dump(data, sort_keys=False))
     upd: dict[str, Any] = {"suite": str(suite_out), "temperatures": [0.0]}
+    kept = [p.id for p in keep]
     for name in ("determinism", "variation", "quality", "long_copy", "speed"):
         sub = getattr(gate_cfg, name, None)
         if sub is not None and hasattr(sub, "enabled"):
-            upd[name] = sub.model_copy(update={"enabled": False})
+            off: dict[str, Any] = {"enabled": False}
+            if hasattr(sub, "prompt_ids"):  # the gate checks that every named prompt is in its suite
+                off["prompt_ids"] = kept[:1]
+            upd[name] = sub.model_copy(update=off)
+    lossless = getattr(gate_cfg, "lossless", None)
+    if lossless is not None and getattr(lossless, "baseline", None):
+        doc = json.loads(Path(lossless.baseline).read_text())
+        for key in ("answers", "logprobs"):
+            if isinstance(doc.get(key), dict):
+                doc[key] = {k: v for k, v in doc[key].items() if k in kept}
+        if isinstance(doc.get("samples"), list):  # T>0 samples: the smoke gate runs T=0 only
+            doc["samples"] = []
+        base_out = Path(suite_dir) / "baseline-smoke.json"
+        base_out.write_text(json.dumps(doc))
+        upd["lossless"] = lossless.model_copy(update={"baseline": str(base_out)})
     return gate_cfg.model_copy(update=upd)

@@ -1,4 +1,4 @@
-"""CLI: python -m rollout rollback|status|render (the deploy flow is `python -m flow deploy`)."""
+"""CLI: python -m rollout rollback|status|render|router (the deploy flow is `python -m flow deploy`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "render":
             p.add_argument("--image", default=None, help="REGISTRY/NAME:TAG")
         p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p = sub.add_parser("router", help="deploy (or stop) sglang-router on the inventory's sglang_router hosts")
+    p.add_argument("--inventory", help="inventory directory or file (default: rollout config)")
+    p.add_argument("--config", help="YAML with a `rollout:` section")
+    p.add_argument("--stop", action="store_true", help="stop the router instead of deploying it")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     args = ap.parse_args(argv)
 
     overrides: dict[str, object] = {}
@@ -36,6 +41,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from rollout import deploy as d
 
+    if args.action == "router":
+        from rollout.inventory import load_inventory
+
+        res = d.router(cfg, load_inventory(d._abs(cfg.inventory)), state="stopped" if args.stop else "present")
+        out = {"rc": res.rc, "state": res.state, "routers": res.routers, "errors": res.errors}
+        if args.json:
+            print(json.dumps(out, indent=2))
+        for h, info in res.routers.items() if not args.stop else ():
+            print(f"router {h}: {info.get('url')} ({info.get('fleet_group')}: {', '.join(info.get('workers') or [])})",
+                  file=sys.stderr)
+        if args.stop and res.ok:
+            print(f"router stopped on {', '.join(res.routers)}", file=sys.stderr)
+        for h, msgs in res.errors.items():
+            print(f"router {h}: FAILED {'; '.join(msgs)[:600]}", file=sys.stderr)
+        return EXIT_OK if res.ok else EXIT_FAIL
     if args.action == "rollback":
         rc, run_dir = d.rollback(cfg, args.hosts, check=args.check)
         if args.json:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import EXIT_FAIL, EXIT_OK, TargetError
+from pipeline.errors import EXIT_FAIL, EXIT_OK, TargetError, UsageError
 from pipeline.reports import Case, new_run_dir, write_json, write_junit
-from rollout import REPO_ROOT, collections, registry
+from rollout import REPO_ROOT, collections, registry, retry
 from rollout.config import RolloutConfig
 from rollout.inventory import Inventory, load_inventory
 from rollout.runner import HostResult, PlaybookResult, run_playbook
@@ -111,12 +111,83 @@ def apply(cfg: RolloutConfig, inv: Inventory, hosts: list[str], image: str, run_
     return DeployOutcome(res.rc, res.status, res.wall_s, res.hosts, check)
 
 
+def unreachable_only(out: DeployOutcome) -> bool:
+    """Hosts were unreachable (ansible-runner rc 4) and none failed a task: worth another try, if nothing
+    changed (a preflight changes nothing)."""
+    bad = [r for r in out.hosts.values() if r.failed or r.unreachable]
+    return out.rc != 0 and bool(bad) and all(r.unreachable and not r.failed and not r.switched for r in bad)
+
+
+def preflight(cfg: RolloutConfig, inv: Inventory, hosts: list[str], image: str, run_dir: Path, *,
+              policy: retry.Policy, log: retry.RetryLog | None = None, sleep: Any = time.sleep,
+              **kw: Any) -> DeployOutcome:
+    """Play 1 of the deploy playbook only (preflight, pull, weights: no server is touched), again with back-off
+    while hosts are merely unreachable (a transient SSH failure), at most policy.attempts times."""
+    n = 0
+
+    def once() -> DeployOutcome:
+        nonlocal n
+        n += 1
+        return apply(cfg, inv, hosts, image, run_dir, tags="preflight,image,weights",
+                     label="preflight" if n == 1 else f"preflight-{n}", **kw)
+
+    def why(out: DeployOutcome) -> str | None:
+        if not unreachable_only(out):
+            return None
+        gone = sorted(h for h, r in out.hosts.items() if r.unreachable)
+        return f"rc {out.rc}: unreachable {', '.join(gone)}: {'; '.join(out.hosts[gone[0]].messages)[:200]}"
+
+    return retry.call(once, what="ssh", name=f"preflight playbook on {', '.join(hosts)}", policy=policy, log=log,
+                      retry_result=why, sleep=sleep)
+
+
 def roll_back(cfg: RolloutConfig, inv: Inventory, hosts: list[str], run_dir: Path, *, to: str = "previous",
               quiet: bool = False) -> PlaybookResult:
     """Put `hosts` back on their recorded previous version (to="current": run the recorded current one again)."""
     ev = _common_vars(cfg) if to == "previous" else {**_common_vars(cfg), "rollback_to": "current"}
     return run_playbook("rollback", inv.path, hosts, run_dir, ev, forks=cfg.forks, quiet=quiet,
                         label="rollback" if to == "previous" else "restore")
+
+
+@dataclass
+class RouterOutcome:
+    """One run of the router playbook (ansible/playbooks/router.yml): per router host, what it reported."""
+
+    rc: int
+    state: str
+    wall_s: float
+    routers: dict[str, dict[str, Any]]  # host -> url, metrics_url, fleet_group, workers, version, pid, changed
+    errors: dict[str, list[str]]  # host -> failure messages
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.errors
+
+
+def router(cfg: RolloutConfig, inv: Inventory, *, state: str = "present", run_dir: Path | None = None,
+           quiet: bool = False, extra_vars: dict[str, Any] | None = None) -> RouterOutcome:
+    """Deploy (state present) or stop (state stopped) sglang-router on the inventory's sglang_router hosts."""
+    from rollout.inventory import ROUTER_GROUP
+
+    hosts = sorted(inv.groups.get(ROUTER_GROUP, set()))
+    if not hosts:
+        raise UsageError(f"the inventory {inv.path} has no {ROUTER_GROUP} group: no router to deploy")
+    if state not in ("present", "stopped"):
+        raise UsageError(f"router state must be present or stopped, got '{state}'")
+    run_dir = run_dir or new_run_dir(_abs(cfg.runs_dir), "router")
+    res = run_playbook("router", inv.path, hosts, run_dir, {"router_state": state, **(extra_vars or {})},
+                       forks=cfg.forks, quiet=quiet, label=f"router-{state}")
+    errors = {h: r.messages or [r.outcome] for h, r in res.hosts.items() if r.failed or r.unreachable}
+    if res.rc != 0 and not errors:  # the playbook failed before any host ran a task (a syntax error, say)
+        errors["(playbook)"] = [f"rc {res.rc} ({res.status}): {_stdout_tail(res.artifacts)}"]
+    return RouterOutcome(res.rc, state, res.wall_s, {h: dict(r.data.get("router") or {})
+                                                     for h, r in res.hosts.items()}, errors)
+
+
+def _stdout_tail(artifacts: Path, n: int = 8) -> str:
+    lines = [ln for f in sorted(artifacts.glob("*/stdout")) for ln in f.read_text(errors="replace").splitlines()
+             if ln.strip()]
+    return " | ".join(lines[-n:])[:800] or "no output"
 
 
 def _finish(report: dict[str, Any], cases: list[Case], run_dir: Path, t0: float, rc: int,

@@ -15,6 +15,8 @@ from pipeline.errors import UsageError
 from rollout import ANSIBLE_DIR
 
 FLEETS = ("pcie", "nvlink")
+# The hosts that run sglang-router (ansible/roles/router): not fleet hosts; `all` does not name them.
+ROUTER_GROUP = "sglang_router"
 
 
 def ansible_env() -> dict[str, str]:
@@ -52,6 +54,8 @@ class Inventory:
                 continue
             if tok in self.groups:
                 members = sorted(self.groups[tok])
+                if tok != ROUTER_GROUP:  # a router host in no fleet group is not deployed to
+                    members = [m for m in members if not self.router_only(m)]
             elif tok in self.hosts:
                 members = [tok]
             else:
@@ -69,6 +73,23 @@ class Inventory:
                 bad.append(f"{h} (in {fl or 'no fleet group'})")
         if bad:
             raise UsageError("every host must be in exactly one fleet group (pcie or nvlink): " + ", ".join(bad))
+
+    def router_only(self, host: str) -> bool:
+        return host in self.groups.get(ROUTER_GROUP, set()) and self.fleet_of(host) is None
+
+    def routers(self) -> dict[str, dict[str, str]]:
+        """fleet group -> the router in front of it (ansible/roles/router): host, url, metrics_url."""
+        out: dict[str, dict[str, str]] = {}
+        for h in sorted(self.groups.get(ROUTER_GROUP, set())):
+            hv = self.hostvars.get(h, {})
+            grp = str(hv.get("router_fleet_group") or "pcie")
+            addr = hv.get("router_advertise_host") or hv.get("ansible_host") or h
+            if grp in out:
+                raise UsageError(f"fleet group {grp} has two routers ({out[grp]['host']}, {h}): one per group")
+            out[grp] = {"host": h, "url": str(hv.get("router_url") or f"http://{addr}:{hv.get('router_port', 30080)}"),
+                        "metrics_url": str(hv.get("router_metrics_url")
+                                           or f"http://{addr}:{hv.get('router_prometheus_port', 29000)}/metrics")}
+        return out
 
     def endpoint(self, host: str) -> str:
         hv = self.hostvars.get(host, {})

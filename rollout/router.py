@@ -217,6 +217,9 @@ class RouterProcess:
         return f"http://127.0.0.1:{self.prometheus_port}/metrics"
 
     def start(self, timeout_s: float = 60.0) -> RouterProcess:
+        for p in (self.port, self.prometheus_port):  # another router (a killed run's) would answer for ours
+            if port_in_use(p):
+                raise RouterError(f"port {p} on 127.0.0.1 is already in use: another router or server holds it")
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT,
@@ -248,6 +251,14 @@ class RouterProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
 
 
 def command(port: int, worker_urls: list[str], *, prometheus_port: int, host: str = "127.0.0.1",

@@ -170,6 +170,8 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
         hr.restored = bool(mine.get("restored"))
         hr.would_change = bool(mine.get("would_change"))
         hr.failure = dict(mine.get("failure") or {})
+        if mine.get("router"):  # the router role's report (ansible/roles/router/tasks/check.yml)
+            hr.data["router"] = dict(mine["router"])
         if h in (stats.get("dark") or {}):
             hr.unreachable = True
         if h in (stats.get("failures") or {}):

@@ -39,7 +39,7 @@ def read_hosts(testhosts_dir: Path) -> list[tuple[str, str, str]]:
 def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None = None,
                     gpu_override: dict[str, str] | None = None, startup_budget_s: int = 90,
                     threads: int = 1, extra_all: dict | None = None, base_port: int = BASE_PORT,
-                    data_dir: Path | None = None) -> Path:
+                    data_dir: Path | None = None, router: dict | None = None) -> Path:
     """out/hosts.yml + group_vars + host_vars. fabrics[i] is the group of host i (default alternating
     pcie/nvlink); gpu_override maps a host to a key of SMI (e.g. 'wrong') or None to leave it in no fleet.
     threads: llama.cpp threads per server. 1 by default: several servers share a small CI machine, and
@@ -108,10 +108,21 @@ def write_inventory(out: Path, testhosts_dir: Path, *, fabrics: list[str] | None
         **(extra_all or {}),
     }
     (out / "group_vars" / "all.yml").write_text("---\n" + yaml.safe_dump(all_vars, sort_keys=False))
+    if router is not None:  # sglang-router on this machine (the controller), deployed by ansible/roles/router
+        children["sglang_router"] = {"hosts": {"controller": router_vars(data, **router)}}
     if not children["unassigned"]["hosts"]:
         del children["unassigned"]
     (out / "hosts.yml").write_text("---\n" + yaml.safe_dump({"all": {"children": children}}, sort_keys=False))
     return out
+
+
+def router_vars(data: Path, *, port: int, prometheus_port: int, fleet_group: str = "pcie", **extra) -> dict:
+    """The controller as the router host: local connection, the project's venv (it has sglang-router), a
+    pidfile-managed daemon (no init system here), state and log under the inventory's data dir."""
+    return {"ansible_connection": "local", "ansible_host": "127.0.0.1", "router_bind_host": "127.0.0.1",
+            "router_port": port, "router_prometheus_port": prometheus_port, "router_fleet_group": fleet_group,
+            "router_install": False, "router_python": sys.executable, "router_service_manager": "process",
+            "router_state_dir": str((data / "router").resolve()), **extra}
 
 
 # The tests' registry: TLS (a private CA) + htpasswd logins, started by `scripts/services.sh start tlsregistry`.
