@@ -31,7 +31,7 @@ from flow.report import Stage, write
 from pipeline.errors import EXIT_FAIL, EXIT_OK, PipelineError, UsageError
 from pipeline.reports import Case, new_run_dir
 from rollout import deploy as ro
-from rollout import registry
+from rollout import registry, retry
 from rollout.config import RolloutConfig
 from rollout.inventory import Inventory
 from rollout.serve_args import check_serve_command
@@ -43,6 +43,11 @@ def _log(quiet: bool) -> Callable[[str], None]:
             print(msg, file=sys.stderr, flush=True)
 
     return log
+
+
+def retry_policy(cfg: RolloutConfig, what: str) -> retry.Policy:
+    attempts = cfg.registry_attempts if what == "registry" else cfg.ssh_attempts
+    return retry.Policy(attempts, cfg.retry_wait_s, cfg.retry_max_wait_s)
 
 
 def transport(cfg: RolloutConfig, inv: Inventory, hosts: list[str]) -> registry.Transport:
@@ -193,6 +198,7 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
     digest = None
     reg = None
     unverified: list[str] = []
+    retries = retry.RetryLog()
     stages: list[Stage] = [serve_args_stage(cfg, hosts_pattern, str(ref))]
     if image_tarball:
         labels = fit.tarball_labels(image_tarball)
@@ -200,7 +206,8 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
         needs_auth = cfg.registry_auth or any(bool(inv.hostvars.get(h, {}).get("rollout_registry_auth"))
                                               for h in hosts)
         reg = registry.Registry(ref.registry, registry.credentials(ref.registry, needs_auth),
-                                transport(cfg, inv, hosts))
+                                transport(cfg, inv, hosts), retry_policy=retry_policy(cfg, "registry"),
+                                retry_log=retries)
         try:
             reg.check()
             digest = reg.require(ref)
@@ -229,7 +236,9 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
     report: dict[str, Any] = {"action": "deploy", "image": str(ref), "digest": digest, "hosts": hosts,
                               "inventory": str(inv.path), "check": check, "run_dir": str(run_dir), "fit": fit_info,
                               "registry": {"host": ref.registry, "tls": reg.t.tls if reg else None,
-                                           "user": reg.creds.username if reg and reg.creds else None}}
+                                           "user": reg.creds.username if reg and reg.creds else None},
+                              # every retry of a transient failure, filled as the run goes (rollout/retry.py)
+                              "retries": retries.entries}
     log(f"deploy {ref} ({digest or 'tarball'}) to {', '.join(hosts)} (run dir {run_dir})")
     extra_vars = dict(extra_vars or {})
     if reg is not None and reg.t.ca_bundle:  # the hosts' engines trust the same CA

@@ -52,6 +52,18 @@ class RolloutConfig(StrictModel):
     router_add_timeout_s: float = Field(default=180.0, gt=0)  # until the router reports a host healthy
     # Constant client load through the router during the whole rollout (requests per second, 0: none).
     client_load_rate: float = Field(default=0.0, ge=0)
+    # Seconds between two scrapes of the servers' and the router's /metrics while a gate or load test runs.
+    metrics_period_s: float = Field(default=2.0, gt=0)
+    # The rollout's verdicts in Prometheus text format are written to the run dir (rollout.prom) and, when set,
+    # to this file too: node-exporter's textfile collector directory + a name ending in .prom.
+    metrics_textfile: str | None = None
+    # Retries of transient failures (never of a verdict): registry HTTP calls (connection errors, 429, 5xx)
+    # and the preflight playbook when hosts were unreachable (ansible-runner rc 4). Attempts in all, and the
+    # first wait (doubled each time, at most retry_max_wait_s).
+    registry_attempts: int = Field(default=4, ge=1)
+    ssh_attempts: int = Field(default=3, ge=1)
+    retry_wait_s: float = Field(default=0.5, ge=0)
+    retry_max_wait_s: float = Field(default=8.0, ge=0)
     # Refuse an image whose labels (target, sglang version, patch series) do not fit the host group.
     image_fit_check: bool = True
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import TargetError, UsageError
+from rollout import retry
 
 MANIFEST_TYPES = [
     "application/vnd.oci.image.manifest.v1+json",
@@ -122,6 +123,14 @@ def credentials(host: str, required: bool) -> Credentials | None:
     return found
 
 
+def _transient(exc: BaseException) -> bool:
+    """No connection or no answer in time (a TLS failure is not transient: it is a configuration error)."""
+    import requests
+
+    return (isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout)
+            and not isinstance(exc, requests.exceptions.SSLError))
+
+
 @dataclass(frozen=True)
 class Transport:
     """How to talk to a registry: TLS (with an optional CA bundle) or, loopback test registries only, HTTP."""
@@ -138,8 +147,12 @@ class Transport:
 class Registry:
     """One registry, one oras-py provider; `check()` first (it picks the auth flow from the challenge)."""
 
-    def __init__(self, host: str, creds: Credentials | None = None, transport: Transport | None = None) -> None:
+    def __init__(self, host: str, creds: Credentials | None = None, transport: Transport | None = None, *,
+                 retry_policy: retry.Policy | None = None, retry_log: retry.RetryLog | None = None) -> None:
         self.host = host
+        # Transient failures (no connection, a timeout, 429 / 5xx) are retried with back-off, each retry logged.
+        self.retry_policy = retry_policy or retry.Policy()
+        self.retry_log = retry_log if retry_log is not None else retry.RetryLog()
         self.creds = creds
         self.t = transport or Transport()
         if self.t.ca_bundle and not Path(self.t.ca_bundle).is_file():
@@ -178,7 +191,9 @@ class Registry:
         probe = self._provider("basic")
         probe.session.headers.pop("Authorization", None)
         try:
-            r = probe.session.get(url, verify=self.t.verify, timeout=self.t.timeout_s)
+            r = retry.call(lambda: probe.session.get(url, verify=self.t.verify, timeout=self.t.timeout_s),
+                           what="registry", name=f"GET {self.host}/v2/", policy=self.retry_policy,
+                           log=self.retry_log, retry_exc=_transient, retry_result=retry.http_status_reason)
         except requests.exceptions.SSLError as exc:
             text = str(exc.args[0] if exc.args else exc)
             m = re.search(r"\] ([^\]]*?) \(_ssl", text)
@@ -234,9 +249,12 @@ class Registry:
 
         if hasattr(self._oras.auth, "token"):
             self._oras.auth.token = None  # token flow: a fresh token for this request's scope
+        url = path if path.startswith("http") else f"{self.scheme}://{self.host}{path}"
         try:
-            url = path if path.startswith("http") else f"{self.scheme}://{self.host}{path}"
-            return self._oras.do_request(url, method, **kw)
+            return retry.call(lambda: self._oras.do_request(url, method, **kw), what="registry",
+                              name=f"{method} {self.host}{path.split('?')[0] if path.startswith('/') else path}",
+                              policy=self.retry_policy, log=self.retry_log, retry_exc=_transient,
+                              retry_result=retry.http_status_reason)
         except requests.exceptions.RequestException as exc:
             raise TargetError(f"registry {self.host} unreachable ({type(exc).__name__})") from None
         except ValueError as exc:  # oras: "Cannot respond to request for authentication."
