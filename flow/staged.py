@@ -5,6 +5,7 @@ report is made from the typed record once, at the end."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -18,9 +19,10 @@ from flow.traffic import ClientLoad
 from pipeline.errors import EXIT_FAIL, EXIT_OK, PipelineError
 from pipeline.reports import Case
 from rollout import deploy as ro
-from rollout import registry
+from rollout import metrics, registry
 from rollout.config import RolloutConfig
 from rollout.inventory import Inventory
+from rollout.retry import RetryLog
 from rollout.router import RouterClient
 
 
@@ -37,7 +39,7 @@ def run(cfg: RolloutConfig, inv: Inventory, plan: Plan, ref: registry.ImageRef, 
         image_tarball: str | None, extra_vars: dict[str, Any] | None, quiet: bool, t0: float) -> tuple[int, Path]:
     log = pr._log(quiet)
     creds = reg.creds if reg else None
-    smoke_cfg = smoke_gate_config(gate_cfg, run_dir / "smoke-suite.yaml") if gate_cfg is not None else None
+    smoke_cfg = smoke_gate_config(gate_cfg, run_dir / "smoke-suite") if gate_cfg is not None else None
     extra: list[Case] = []
 
     def deploy(batch: tuple[str, ...]) -> DeployResult:
@@ -49,24 +51,52 @@ def run(cfg: RolloutConfig, inv: Inventory, plan: Plan, ref: registry.ImageRef, 
                             f"rc {dep.rc}; changed: {', '.join(dep.changed) or 'none'}"
                             + (f"; {' | '.join(fails)}" if fails else ""), {"deploy": dep.summary()})
 
+    retries = RetryLog(report.setdefault("retries", []))
+
     def preflight(hosts: tuple[str, ...]) -> CheckResult:
-        dep = ro.apply(cfg, inv, list(hosts), str(ref), run_dir, image_tarball=image_tarball, extra_vars=extra_vars,
-                       credentials=creds, quiet=quiet, tags="preflight,image,weights", label="preflight")
+        before = len(retries)
+        dep = ro.preflight(cfg, inv, list(hosts), str(ref), run_dir, policy=pr.retry_policy(cfg, "ssh"),
+                           log=retries, image_tarball=image_tarball, extra_vars=extra_vars, credentials=creds,
+                           quiet=quiet)
         fails = [f"{h}: {'; '.join(r.messages)[:300]}" for h, r in dep.hosts.items() if r.failed or r.unreachable]
+        again = len(retries) - before
         return CheckResult(dep.rc == 0 and not fails, f"rc {dep.rc}; preflight, pull, weights on {len(hosts)} "
-                           "host(s), no server touched" + (f"; {' | '.join(fails)}" if fails else ""))
+                           "host(s), no server touched" + (f"; {again} retr{'y' if again == 1 else 'ies'} after "
+                                                           "unreachable hosts" if again else "")
+                           + (f"; {' | '.join(fails)}" if fails else ""))
+
+    workers = {h: u for g in plan.groups for h, u in g.workers.items()}
+    router_prom = {g.router: g.router_metrics for g in plan.groups if g.router and g.router_metrics}
+
+    def metered(label: str, urls: dict[str, str], fn: Any) -> CheckResult:
+        """Run a check while the servers' (and the router's) /metrics are sampled; their peaks and growth go
+        into the check's data, a file beside its report, and one line of its summary."""
+        with metrics.Sampler(urls, period_s=cfg.metrics_period_s) as sampler:
+            c = fn()
+        m = sampler.summary()
+        out = run_dir / "metrics" / f"{_slug(label)}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(m, indent=2))
+        links = {**(c.data.get("links") or {}), "server metrics": str(out)}
+        return CheckResult(c.ok, f"{c.summary}; metrics: {metrics.summary_line(m)}",
+                           {**c.data, "links": links, "metrics": m})
 
     def gate(h: str, url: str) -> CheckResult:
-        return _check(pr.gate_stage(url, run_dir / "gate" / h, gate_cfg, quiet=quiet, name=f"gate {h}"))
+        return metered(f"gate {h}", {h: url}, lambda: _check(pr.gate_stage(
+            url, run_dir / "gate" / h, gate_cfg, quiet=quiet, name=f"gate {h}")))
 
     def smoke(h: str, url: str) -> CheckResult:
-        return _check(pr.gate_stage(url, run_dir / "smoke" / h, smoke_cfg, quiet=quiet, name=f"smoke-gate {h}"))
+        return metered(f"smoke-gate {h}", {h: url}, lambda: _check(pr.gate_stage(
+            url, run_dir / "smoke" / h, smoke_cfg, quiet=quiet, name=f"smoke-gate {h}")))
 
     def loadtest(label: str, url: str) -> CheckResult:
         if not cfg.loadtest:
             return CheckResult(True, "load test disabled (--no-loadtest)", {"skipped": True})
-        return _check(pr.loadtest_stage(pr.loadtest_config(cfg, url), run_dir / "loadtest" / _slug(label),
-                                        cfg.min_capacity, quiet=quiet))
+        # the canary alone: its server; the fleet through its router: every worker and the router itself
+        urls = ({h: u for h, u in workers.items() if u == url} or
+                {**workers, **({"router": router_prom[url]} if url in router_prom else {})})
+        return metered(f"loadtest {label}", urls, lambda: _check(pr.loadtest_stage(
+            pr.loadtest_config(cfg, url), run_dir / "loadtest" / _slug(label), cfg.min_capacity, quiet=quiet)))
 
     def rollback(hosts: tuple[str, ...], to: str) -> RestoreResult:
         if not cfg.auto_rollback:
@@ -104,13 +134,15 @@ def run(cfg: RolloutConfig, inv: Inventory, plan: Plan, ref: registry.ImageRef, 
         if load is not None:
             time.sleep(1.0)  # the last requests sent finish under the "end" stage
             load.stop()
-    router_metrics = {}
-    for url in routers:  # what the router itself saw: per-worker health and circuit-breaker outcomes
+    router_state: dict[str, Any] = {}
+    for url in routers:  # what the router itself saw: its workers, per-worker health and circuit-breaker state
         c = RouterClient(url)
         try:
-            router_metrics[url] = {"workers": [w.__dict__ for w in c.workers()]} if c.alive() else {"down": True}
+            router_state[url] = {"workers": [w.__dict__ for w in c.workers()]} if c.alive() else {"down": True}
         finally:
             c.close()
+        if url in router_prom:
+            router_state[url]["metrics"] = metrics.scrape(router_prom[url]).to_dict()
     for s in rec.steps:
         stages.append(Stage(f"{s.kind} {','.join(s.hosts)}".strip(), s.ok, s.summary, s.seconds,
                             links=dict(s.data.get("links") or {}), data={k: v for k, v in s.data.items()
@@ -131,7 +163,7 @@ def run(cfg: RolloutConfig, inv: Inventory, plan: Plan, ref: registry.ImageRef, 
              "gate": {s.hosts[0]: {"rc": 0 if s.ok else EXIT_FAIL, "summary": s.summary}
                       for s in rec.steps if s.kind == "gate"},
              "traffic": list(rec.traffic), "out_of_router": [o.__dict__ for o in rec.out_of_router],
-             "router": router_metrics, "steps": [s.__dict__ for s in rec.steps]}
+             "router": router_state, "steps": [s.__dict__ for s in rec.steps]}
     promo = next((s for s in rec.steps if s.kind == "promote"), None)
     if promo is not None:
         final["promotion"] = {k: v for k, v in promo.data.items() if k != "result"}
@@ -139,4 +171,26 @@ def run(cfg: RolloutConfig, inv: Inventory, plan: Plan, ref: registry.ImageRef, 
     if lts:
         final["loadtest"] = {"ok": all(s.ok for s in lts), "summary": lts[-1].summary,
                              "capacity": lts[-1].data.get("capacity")}
-    return pr._finish(run_dir, final, stages, extra, rec.result, EXIT_OK if rec.ok else EXIT_FAIL, quiet, t0)
+    rc = EXIT_OK if rec.ok else EXIT_FAIL
+    stages.append(export_verdicts(cfg, run_dir, {**final, "result": rec.result, "exit_code": rc,
+                                                 "wall_s": round(time.monotonic() - t0, 2)}))
+    final["metrics_textfiles"] = list(stages[-1].links.values())
+    return pr._finish(run_dir, final, stages, extra, rec.result, rc, quiet, t0)
+
+
+def export_verdicts(cfg: RolloutConfig, run_dir: Path, record: dict[str, Any]) -> Stage:
+    """The verdicts in Prometheus text format: run_dir/rollout.prom, and cfg.metrics_textfile (node-exporter's
+    textfile collector) when set. A textfile that cannot be written is said, never a reason to fail the run."""
+    t = time.monotonic()
+    paths = [run_dir / "rollout.prom"] + ([Path(cfg.metrics_textfile)] if cfg.metrics_textfile else [])
+    links, errors, names = {}, [], []
+    for p in paths:
+        try:
+            names = metrics.export(record, p)
+            links[p.name if p.parent == run_dir else f"textfile {p}"] = str(p)
+        except OSError as exc:
+            errors.append(f"{p}: {exc}")
+    written = ", ".join(str(p) for p in links.values()) or "nowhere"
+    summary = (f"{len(names)} metric families ({metrics.PREFIX}_*) written to {written}"
+               + (f"; NOT written: {'; '.join(errors)}" if errors else ""))
+    return Stage("metrics-export", True, summary, time.monotonic() - t, links=links, data={"names": names})
