@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,12 @@ from pipeline.reports import new_run_dir
 from rollout import REPO_ROOT
 from rollout.config import RolloutConfig
 
-PREFIX, NET, BASE_PORT, ROUTER_PORT = "dm", "10.234", 18300, 18390
+# Namespace prefix, /16, first server port and router port of the demo's fleet. DEMO_PREFIX, DEMO_NET,
+# DEMO_BASE_PORT and DEMO_ROUTER_PORT move it beside another fleet (one a killed run left behind, say).
+PREFIX = os.environ.get("DEMO_PREFIX", "dm")
+NET = os.environ.get("DEMO_NET", "10.234")
+BASE_PORT = int(os.environ.get("DEMO_BASE_PORT", "18300"))
+ROUTER_PORT = int(os.environ.get("DEMO_ROUTER_PORT", "18390"))
 GATE = REPO_ROOT / "testbed" / "fixtures" / "gate-embedded-lean.yaml"
 
 
@@ -89,34 +95,54 @@ def run(out: str | None = None) -> int:
 
     t = time.monotonic()
     hosts_dir = run_dir / "testhosts"
-    router = None
-    from rollout.router import RouterProcess
+    inv = None
+    from rollout import deploy as ro
+    from rollout.inventory import load_inventory
 
     try:  # a start that fails half-way (one host up) is stopped too
         testhosts_sh("start", "2", str(hosts_dir), prefix=PREFIX, net=NET)
-        router_url = f"http://127.0.0.1:{ROUTER_PORT}"
         inv = write_inventory(run_dir / "inventory", hosts_dir, base_port=BASE_PORT, startup_budget_s=180,
-                              fabrics=["pcie", "pcie"], extra_all={"rollout_router_url": router_url})
+                              fabrics=["pcie", "pcie"],
+                              router={"port": ROUTER_PORT, "prometheus_port": ROUTER_PORT + 1})
         stages.append(Stage("fleet", True, f"2 SSH test hosts {PREFIX}1, {PREFIX}2 (group pcie) in network "
-                            f"namespaces behind sglang-router {router_url}", time.monotonic() - t))
+                            f"namespaces; the controller is the inventory's sglang_router host",
+                            time.monotonic() - t, links={"inventory": str(inv / "hosts.yml")}))
         os.environ.update(registry_env())
         t = time.monotonic()
         base_cfg = RolloutConfig(inventory=str(inv), runs_dir=str(run_dir), gate=False)
         rc, _ = promote.deploy(base_cfg, "all", base)
         if rc != 0:
             raise UsageError(f"the baseline deploy of {base} failed (exit {rc})")
-        workers = [f"http://127.0.0.1:{BASE_PORT + i}" for i in (1, 2)]
-        router = RouterProcess(ROUTER_PORT, workers, prometheus_port=ROUTER_PORT + 1,
-                               log=run_dir / "router.log").start()
-        stages.append(Stage("baseline", True, f"{base} on both hosts (not gated); sglang-router started on the "
-                            f"controller in front of {', '.join(workers)}", time.monotonic() - t,
-                            links={"router log": str(run_dir / "router.log")}))
+        stages.append(Stage("baseline", True, f"{base} on both hosts (not gated)", time.monotonic() - t))
+        t = time.monotonic()
+        baseline = run_dir / "baseline.json"
+        rb = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target",
+                             f"http://127.0.0.1:{BASE_PORT + 1}", "--config", str(GATE), "--out", str(baseline)],
+                            cwd=REPO_ROOT, check=False)
+        if rb.returncode != 0:
+            raise UsageError(f"recording the lossless baseline from {PREFIX}1 failed (exit {rb.returncode})")
+        stages.append(Stage("record-baseline", True, f"T=0 answers of {base} on {PREFIX}1: the baseline the "
+                            "gates' lossless_t0 compares against", time.monotonic() - t,
+                            links={"baseline": str(baseline)}))
+        t = time.monotonic()
+        rr = ro.router(base_cfg, load_inventory(inv), run_dir=run_dir)
+        if not rr.ok:
+            raise UsageError(f"the router role failed: {rr.errors}")
+        info = next(iter(rr.routers.values()))
+        stages.append(Stage("router", True, f"sglang-router {info.get('version')} deployed by the router role on "
+                            f"the controller: {info.get('url')} in front of {', '.join(info.get('workers') or [])}",
+                            time.monotonic() - t, links={"router log": str(inv.parent / "inventory-data" / "router"
+                                                                            / "router.log")}, data=info))
         cfg = RolloutConfig(inventory=str(inv), runs_dir=str(run_dir), gate_config=str(GATE), loadtest_max_load=2,
-                            client_load_rate=0.5, drain_timeout_s=60)
+                            client_load_rate=0.5, drain_timeout_s=60, gate_baseline=str(baseline))
         rc, deploy_dir = promote.deploy(cfg, "all", image)
     finally:
-        if router is not None:
-            router.stop()
+        if inv is not None:
+            try:
+                ro.router(RolloutConfig(inventory=str(inv), runs_dir=str(run_dir)), load_inventory(inv),
+                          state="stopped", run_dir=run_dir, quiet=True)
+            except Exception as exc:  # the run's own error (if any) is the one to show
+                _say(f"stopping the router failed: {exc}")
         testhosts_sh("stop", str(hosts_dir), check=False, prefix=PREFIX, net=NET)
         for c in client.containers.list(all=True, filters={"label": "org.sglang-fleet.managed=true"}):
             if c.name in (f"rollout-test-{PREFIX}1", f"rollout-test-{PREFIX}2"):

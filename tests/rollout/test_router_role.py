@@ -6,9 +6,12 @@ play only targets the router host."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -94,6 +97,13 @@ def test_role_deploys_the_router_from_the_inventory_idempotent_then_stops_it(wor
         assert new["changed"] is True and new["pid"] != out["pid"]
         cfg = json.loads((tmp_path / "data" / "router" / "router.json").read_text())
         assert cfg["policy"] == "random" and "random" in cfg["command"]
+
+        # A router that died (killed; nothing reaps it here, it may linger as a zombie) is started again.
+        os.kill(new["pid"], signal.SIGKILL)
+        time.sleep(0.5)
+        back = _cli(inv)
+        assert back.returncode == 0, back.stderr[-3000:]
+        assert json.loads(back.stdout)["routers"]["controller"]["pid"] not in (new["pid"], None)
     finally:
         stop = _cli(inv, "--stop")
     assert stop.returncode == 0, stop.stderr[-3000:]

@@ -39,6 +39,8 @@ def _start_time(pid):
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()
+    if not fields or fields[0] in ("Z", "X"):  # exited, not reaped (no init reaps it here): not running
+        return None
     return int(fields[19]) if len(fields) > 19 else None
 
 
