@@ -80,7 +80,10 @@ class Plan:
         b = self.budget
         out = [f"plan: {self.image} to {len(self.hosts)} host(s), order {' -> '.join(self.order())}"]
         for g in self.groups:
-            out.append(f"  group {g.group}: router {g.router or 'none (no drain, no add-back)'}; canary {g.canary}"
+            router = g.router or "none (no drain, no add-back)"
+            if g.router_metrics:
+                router += f" (router role; metrics {g.router_metrics})"
+            out.append(f"  group {g.group}: router {router}; canary {g.canary}"
                        f" ({'named in the inventory' if g.canary_named else 'first host of the group'})"
                        + (f"; batches {' | '.join(', '.join(x) for x in g.batches)}" if g.batches else
                           "; no later batch"))

@@ -239,7 +239,8 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
                                            "user": reg.creds.username if reg and reg.creds else None},
                               # every retry of a transient failure, filled as the run goes (rollout/retry.py)
                               "retries": retries.entries}
-    log(f"deploy {ref} ({digest or 'tarball'}) to {', '.join(hosts)} (run dir {run_dir})")
+    what = digest or ("tarball" if image_tarball else "digest not verified")
+    log(f"deploy {ref} ({what}) to {', '.join(hosts)} (run dir {run_dir})")
     extra_vars = dict(extra_vars or {})
     if reg is not None and reg.t.ca_bundle:  # the hosts' engines trust the same CA
         extra_vars.setdefault("rollout_registry_ca_bundle", reg.t.ca_bundle)

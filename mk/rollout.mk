@@ -4,8 +4,8 @@
 #   make deploy   HOST=<host|group> IMAGE=<registry>/<name>:<tag> [INVENTORY=dir] [CHECK=1] [GATE_CONFIG=f]
 #                 [BASELINE=baseline.json] [LOADTEST_CONFIG=f (its loadtest: SLOs)] [IMAGE_TARBALL=docker-save.tar]
 #                 [ROLLOUT_CONFIG=deployment.yaml]
-#   make rollback HOST=...   make status HOST=...
-.PHONY: deploy deploy-target-only rollout-need-host rollback status render lint-ansible bench-rollout test-rollout cpu-image
+#   make rollback HOST=...   make status HOST=...   make router [STOP=1]   (sglang-router per fleet group)
+.PHONY: deploy deploy-target-only rollout-need-host rollback status render router lint-ansible bench-rollout test-rollout cpu-image
 
 HOST ?=
 IMAGE ?=
@@ -39,6 +39,9 @@ status: ## [deploy] current/previous image, container and health of HOST
 
 render: ## [deploy] show the server container each host of HOST would run (no connection)
 	$(ROLLOUT_ENV) $(PY) -m rollout render $(ROLLOUT_ARGS) $(if $(IMAGE),--image "$(IMAGE)")
+
+router: ## [deploy] deploy sglang-router on the inventory's sglang_router hosts (ansible/roles/router) [INVENTORY=dir STOP=1]
+	$(ROLLOUT_ENV) $(PY) -m rollout router --inventory "$(INVENTORY)" $(if $(ROLLOUT_CONFIG),--config "$(ROLLOUT_CONFIG)") $(if $(STOP),--stop)
 
 cpu-image: ## [lab] test bed: build + push the CPU serving image of the embedded model (IMAGE=registry/name:tag)
 	$(PY) -m testbed.cpuimage "$(IMAGE)"

@@ -51,3 +51,29 @@ def test_check_prints_the_plan_with_the_registry_down(tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     assert "plan: 127.0.0.1:9/sglang-fleet:rc7 to 2 host(s), order pcie-01 -> pcie-02" in r.stderr
     assert "canary pcie-01" in r.stderr and "NOT VERIFIED: registry 127.0.0.1:9" in r.stderr
+
+
+def test_smoke_gate_config_reduces_suite_and_baseline_under_their_names(tmp_path) -> None:
+    """The smoke gate's suite keeps the suite's file name (a baseline names it) and its baseline only the smoke
+    prompts (lossless_t0 compares every prompt a baseline holds): the gate accepts both, nothing else runs."""
+    import json
+
+    from flow.plan import SMOKE_PROMPTS, smoke_gate_config
+    from validation.config import load_gate_config
+    from validation.gate import Gate
+    from validation.suite import load_suite
+
+    cfg = load_gate_config(REPO_ROOT / "testbed/fixtures/gate-embedded-lean.yaml")
+    ids = [p.id for p in load_suite(cfg.suite).prompts]
+    base = tmp_path / "baseline.json"
+    base.write_text(json.dumps({"model": "m", "suite": Path(str(cfg.suite)).name, "max_tokens": cfg.max_tokens,
+                                "answers": dict.fromkeys(ids, "a"), "logprobs": {i: [] for i in ids},
+                                "samples": [{"prompt": ids[0]}]}))
+    cfg = cfg.model_copy(update={"lossless": cfg.lossless.model_copy(update={"baseline": str(base)})})
+    smoke = smoke_gate_config(cfg, tmp_path / "smoke")
+    assert Path(smoke.suite).name == Path(str(cfg.suite)).name and smoke.temperatures == [0.0]
+    doc = json.loads(Path(smoke.lossless.baseline).read_text())
+    assert sorted(doc["answers"]) == sorted(SMOKE_PROMPTS) == sorted(doc["logprobs"]) and doc["samples"] == []
+    assert not smoke.determinism.enabled and not smoke.variation.enabled
+    g = Gate("http://127.0.0.1:9", smoke)  # its own checks of the config pass (no request is sent)
+    assert sorted(p.id for p in g.suite.prompts) == sorted(SMOKE_PROMPTS)

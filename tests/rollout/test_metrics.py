@@ -105,8 +105,9 @@ RECORD = {"image": "r/x:rc2", "result": "smoke-failed", "exit_code": 1, "wall_s"
 def test_verdicts_exported_as_a_textfile_prometheus_can_read(tmp_path):
     path = tmp_path / "textfile" / "sglang_rollout.prom"
     names = metrics.export(RECORD, path)
-    fams = {f.name: f for f in __import__("prometheus_client.parser", fromlist=["x"])
-            .text_string_to_metric_families(path.read_text())}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families(path.read_text())}
     assert set(names) == set(fams) and all(n.startswith("sglang_fleet_rollout_") for n in names)
 
     def val(name: str, **labels: str) -> float:
