@@ -18,6 +18,14 @@
 #   sweep     .carry/gate-py                           make sweep's sglang kind: it starts the grid's servers
 #                                                      (validation/grids/sglang-smollm2.yaml) and gates each
 #   loadtest  .carry/locust-py .carry/gate-py          Locust capacity (--quick) on target-only and DDTree b16/k4
+#   trainwarm .carry/gguf/p3 .carry/ddtree-srv          issue 41: the drafter trained while the target-only server and
+#                                                      three dummy-drafter candidates compile the JIT kernels
+#                                                      (tests/ddtree/prodseq.py warm); drafter + fijit.tgz -> $OUT
+#   prodseq   .carry/ddtree-srv                        issue 41 items 4/5 in the production sequence (prodseq.py
+#                                                      gates): target-only server and 9 candidates; baseline file;
+#                                                      target-only stopped; every candidate gated with --baseline
+#                                                      FILE only. KEEP=1 leaves the candidates serving for the next
+#                                                      prodseq call on the same warm machine, which goes on
 #   kernel-level tree-verify proof (tests/ddtree/gpu_proof.sh; .carry/proof from tests/ddtree/make_proof_carry.sh),
 #   on a machine of its own or after the steps above:
 #   proof-setup  .carry/sglang/p1 .carry/proof          sglang unpacked as unpatched / patched / mutant + p1's wheels
@@ -29,7 +37,7 @@
 # bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
-step=${1:?step: install1|install2|install3|train|drafter|gguf1|warm|gate30|seeded|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
+step=${1:?step: install1|install2|install3|train|drafter|gguf1|warm|trainwarm|prodseq|gate30|seeded|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # pieces of the SmolLM2 GGUF ride along with the install calls (tests/ddtree/split_gguf.sh): each call copies
 # the ones it carries into /tmp/gguf, and the gate30 step joins them
@@ -117,7 +125,7 @@ case $step in
       cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - && echo "drafter from the carry" > /tmp/train.log || exit 1
     else
       { PYTHONPATH=$PYTHONPATH:. python3 -m models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
-          --device cuda --layers 2 --seqs ${SEQS:-512} --max-new ${MAXNEW:-256} --steps ${STEPS:-1500} > /tmp/train.log 2>&1
+          --device cuda --layers 2 --seqs "${SEQS:-512}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-1500}" > /tmp/train.log 2>&1
         echo "train rc=$?" >> /tmp/train.log; touch /tmp/drafter.done; } &
       wait=(--wait-drafter /tmp/drafter.done)
     fi
@@ -130,6 +138,38 @@ case $step in
       tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-"
     fi
     jit_caches ;;  # FlashInfer's modules the servers built, for a later session's .carry/jit
+  trainwarm)
+    # issue 41 (tests/ddtree/prodseq.py): the drafter trains while the target-only server and three candidates with a
+    # dummy-weight drafter compile the JIT kernels, so that `prodseq` finds them compiled; after install1..3 (which
+    # bring gguf p0..p2 and gate-py), carrying .carry/gguf/p3 and .carry/ddtree-srv
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    ensure_target || exit 1
+    { PYTHONPATH=$PYTHONPATH:. timeout "${TRAIN_LIMIT:-520}" python3 -m models train-drafter --target /tmp/smollm2 \
+        --out /tmp/smollm2-dflash --device cuda --layers 2 --seqs "${SEQS:-512}" --max-new "${MAXNEW:-256}" \
+        --steps "${STEPS:-1500}" > /tmp/train.log 2>&1
+      echo "train rc=$?" >> /tmp/train.log; } &
+    train=$!
+    timeout "${WARM_LIMIT:-480}" python3 tests/ddtree/prodseq.py warm --deadline "${WARM_DEADLINE:-400}" 2>&1 | tail -3
+    wait $train
+    tail -3 /tmp/train.log; cp /tmp/train.log "$OUT/"
+    if [ -f /tmp/smollm2-dflash/model.safetensors ]; then  # for a fresh machine: carry as .carry/drafter, step drafter
+      tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-"
+    fi
+    jit_caches ;;
+  prodseq)
+    # issue 41 items 4/5 (tests/ddtree/prodseq.py gates): on the machine `trainwarm` left warm (or after install1..3
+    # and `drafter` on a fresh one, then carrying .carry/gguf/p3 too), carrying .carry/ddtree-srv. KEEP=1: the
+    # candidates stay up for the next prodseq call, which goes on with the runs that have no verdict yet
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    ensure_target || exit 1
+    if [ ! -f /tmp/smollm2-dflash/model.safetensors ]; then
+      cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - || { echo "no drafter" >&2; exit 2; }
+    fi
+    keep=(); [ -n "${KEEP:-}" ] && keep=(--keep)
+    timeout "${LIMIT:-575}" python3 tests/ddtree/prodseq.py gates --drafter /tmp/smollm2-dflash \
+      --deadline "${DEADLINE:-545}" --workers "${WORKERS:-10}" ${keep[@]+"${keep[@]}"} 2>&1 | tee "$OUT/prodseq.log" | tail -60 ;;
   seeded)
     # tests/ddtree/seeded_identity.py: target-only, the correct DDTree b16/k4 and its step_shared_random fault, all
     # with --enable-deterministic-inference, the same seeded T>0 requests to each (carry .carry/gguf/p3 and

@@ -1,0 +1,222 @@
+"""Render the production-sequence gate runs (tests/ddtree/prodseq.py's prodseq.json, kept gzipped in docs/results/)
+as the tables of docs/production-gate.md, between its markers:
+
+    <!-- prodseq: docs/results/prodseq-h200-2026-12-04.json.gz -->
+    ... generated ...
+    <!-- /prodseq -->
+
+    python tests/ddtree/render_prodseq.py            # rewrite every block of docs/production-gate.md
+    python tests/ddtree/render_prodseq.py --check    # exit 1 when a block is out of date
+    python tests/ddtree/render_prodseq.py --show RAW # print the tables of one raw file
+
+(Its own markers, not bench/render_docs.py's `render:` blocks: the renderer lives with the driver.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "production-gate.md"
+BLOCK = re.compile(r"(<!-- prodseq: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /prodseq -->)", re.S)
+ROLE_ORDER = {"correct": 0, "fault": 1, "unpatched": 2}
+
+
+def load(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+
+
+def _f(x: Any, fmt: str = ".3f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def _p(x: Any) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.2g}" if x < 0.01 else f"{x:.2f}"
+
+
+def _temps(gates: list[dict[str, Any]]) -> list[str]:
+    return sorted({t for g in gates for t in (g.get("likelihood") or {})}, key=lambda t: float(t.lstrip("T")))
+
+
+def _verdicts(gates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [g for g in gates if g.get("rc") is not None]
+
+
+def _by_server(raw: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for g in raw.get("gates", []):
+        out.setdefault(g["server"], []).append(g)
+    roles = {s["name"]: s.get("role") for s in raw.get("servers", [])}
+    return dict(sorted(out.items(), key=lambda kv: (ROLE_ORDER.get(roles.get(kv[0]) or "", 3), kv[0])))
+
+
+def _failed_counts(gates: list[dict[str, Any]]) -> str:
+    c: Counter[str] = Counter(f["name"] for g in gates for f in g.get("failed") or [])
+    return ", ".join(f"{n} ({k})" for n, k in c.most_common(6)) + (f", {len(c) - 6} more" if len(c) > 6 else "") \
+        if c else "none"
+
+
+def verdict_table(raw: dict[str, Any]) -> list[str]:
+    roles = {s["name"]: s for s in raw.get("servers", [])}
+    lines = ["| build | must | gate runs with a verdict | passed | refused | no verdict | exit codes | failing checks "
+             "(runs) | median wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    for server, gates in _by_server(raw).items():
+        v = _verdicts(gates)
+        role = (roles.get(server) or {}).get("role") or gates[0].get("role")
+        must = "pass" if role == "correct" else "be refused"
+        passed = sum(1 for g in v if g.get("passed"))
+        walls = [g["wall_s"] for g in v if g.get("wall_s") is not None]
+        rcs = Counter(str(g.get("rc")) for g in v)
+        lines.append(f"| {server} | {must} | {len(v)} | {passed} | {len(v) - passed} | {len(gates) - len(v)} | "
+                     + ", ".join(f"{rc}: {n}" for rc, n in sorted(rcs.items())) + " | "
+                     f"{_failed_counts(v)} | {_f(statistics.median(walls) if walls else None, '.0f')} |")
+    return lines
+
+
+def token_table(raw: dict[str, Any]) -> list[str]:
+    """Per build and temperature, over the runs: the per-token KS test (its p after the scorer's allowance, the
+    smallest and the median), the tokens outside the request's law, and the per-token power statement."""
+    by = _by_server(raw)
+    temps = _temps([g for gs in by.values() for g in gs])
+    lines = ["| build | T | runs | per-token refused | KS D (median) | KS p min / median | noise allowance (max) "
+             "| outside the law, candidate / baseline (sum) | power: smallest wrong share refused (median) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for server, gates in by.items():
+        for t in temps:
+            toks = [((g.get("likelihood") or {}).get(t) or {}).get("per_token") for g in _verdicts(gates)]
+            toks = [x for x in toks if x]
+            if not toks:
+                cases = [((g.get("likelihood") or {}).get(t) or {}) for g in _verdicts(gates)]
+                why = next((c.get("message") for c in cases if c.get("message")), "no likelihood case")
+                lines.append(f"| {server} | {t} | {len(cases)} | no per-token numbers: {str(why)[:160]} "
+                             "| — | — | — | — | — |")
+                continue
+            ps = [x.get("ks_p") for x in toks if x.get("ks_p") is not None]
+            ds = [x.get("ks_d") for x in toks if x.get("ks_d") is not None]
+            allow = [x.get("noise_allowance") for x in toks if x.get("noise_allowance") is not None]
+            rates = [(x.get("power") or {}).get("min_rate_all_families") for x in toks]
+            rates_ok = [r for r in rates if r is not None]
+            lines.append(
+                f"| {server} | {t} | {len(toks)} | {sum(1 for x in toks if x.get('ok') is False)} | "
+                f"{_f(statistics.median(ds) if ds else None)} | "
+                f"{_p(min(ps) if ps else None)} / {_p(statistics.median(ps) if ps else None)} | "
+                f"{_f(max(allow) if allow else None)} | "
+                f"{sum(int(x.get('outside_candidate') or 0) for x in toks)} / "
+                f"{sum(int(x.get('outside_baseline') or 0) for x in toks)} | "
+                + (f"{statistics.median(rates_ok):.1%}" if rates_ok else "none reached") + " |")
+    return lines
+
+
+def trust_table(raw: dict[str, Any]) -> list[str]:
+    """The candidate as the target's scorer: its log p_1 of the baseline's answers against the target-only server's
+    recorded ones (largest over the runs and temperatures)."""
+    lines = ["| build | runs | trusted in | median abs d log p (max) | p99 abs (max) | max abs (max) | tokens compared "
+             "(median) |", "|---|---|---|---|---|---|---|"]
+    for server, gates in _by_server(raw).items():
+        rows = []
+        for g in _verdicts(gates):
+            trusts = [c.get("scorer_trust") for c in (g.get("likelihood") or {}).values() if c.get("scorer_trust")]
+            if trusts:
+                rows.append(trusts[0])  # one trust check per gate, repeated in each temperature's case
+        if not rows:
+            lines.append(f"| {server} | {len(_verdicts(gates))} | no trust numbers | — | — | — | — |")
+            continue
+
+        def mx(key: str, rows: list[dict[str, Any]] = rows) -> float | None:
+            v = [r.get(key) for r in rows if r.get(key) is not None]
+            return max(v) if v else None
+        toks = [r.get("tokens") for r in rows if r.get("tokens") is not None]
+        lines.append(f"| {server} | {len(rows)} | {sum(1 for r in rows if r.get('ok'))} of {len(rows)} | "
+                     f"{_f(mx('median_abs'), '.4f')} | {_f(mx('p99_abs'), '.3f')} | {_f(mx('max_abs'), '.3f')} | "
+                     f"{_f(statistics.median(toks) if toks else None, '.0f')} |")
+    return lines
+
+
+def lossless_table(raw: dict[str, Any]) -> list[str]:
+    lines = ["| build | runs | lossless_t0 passed | answers identical / compared | near-ties | re-anchored to the end "
+             "| not re-anchored (why, first) |", "|---|---|---|---|---|---|---|"]
+    for server, gates in _by_server(raw).items():
+        ls = [g.get("lossless") for g in _verdicts(gates) if g.get("lossless")]
+        if not ls:
+            lines.append(f"| {server} | {len(_verdicts(gates))} | — | — | — | — | — |")
+            continue
+        off = next(((x.get("reanchor") or {}).get("off") for x in ls if (x.get("reanchor") or {}).get("off")), None)
+        def tot(key: str, ls: list[dict[str, Any]] = ls) -> int:
+            return sum(int(x.get(key) or 0) for x in ls)
+        lines.append(f"| {server} | {len(ls)} | {sum(1 for x in ls if x.get('ok'))} | {tot('identical')} / "
+                     f"{tot('answers')} | {tot('near_ties')} | {tot('reanchored')} | "
+                     f"{str(off)[:120] if off else '—'} |")
+    return lines
+
+
+def notes(raw: dict[str, Any], path: str) -> list[str]:
+    base = raw.get("baseline") or {}
+    f = base.get("file") or {}
+    train = raw.get("drafter_train") or {}
+    offline = (train.get("offline") or {}).get("accept_length")
+    gates = raw.get("gates", [])
+    v = _verdicts(gates)
+    calls = raw.get("calls", [])
+    out = [f"Baseline: `record-baseline` exit {base.get('rc', '—')} in {_f(base.get('wall_s'), '.0f')} s on the "
+           f"target-only server ({f.get('answers_t0', '—')} T=0 answers, "
+           f"{sum((f.get('samples_by_temperature') or {}).values()) or '—'} T>0 samples, target-only scores of "
+           f"{f.get('scores_answers', '—')}); the server stopped at {_f(base.get('stopped_at_s'), '.0f')} s, its port "
+           f"refusing before the first gate: {base.get('port_refuses_after_stop', '—')}."]
+    if offline is not None:
+        out.append(f"Drafter: trained on the device, offline accept length {offline:.2f}.")
+    out.append(f"Gate runs: {len(v)} with a verdict of {len(gates)} started, over {len(calls)} device call(s).")
+    out.append(f"Raw: {path} ({raw.get('date')}, {raw.get('machine')}, commit {raw.get('commit')})")
+    return out
+
+
+def render(raw: dict[str, Any], path: str) -> str:
+    parts = ["Verdicts per build:", "", *verdict_table(raw), "",
+             "The per-token test per build and temperature (its numbers over the runs):", "", *token_table(raw), "",
+             "The candidate as the target's scorer (trust on the baseline's recorded target-only scores):", "",
+             *trust_table(raw), "", "lossless_t0 and its re-anchoring (the candidate forced onto the baseline's path):",
+             "", *lossless_table(raw), "", *notes(raw, path), ""]
+    return "\n".join(parts)
+
+
+def render_text(text: str) -> str:
+    def sub(m: re.Match[str]) -> str:
+        return m.group(1) + render(load(REPO / m.group("path")), m.group("path")) + m.group(4)
+    return BLOCK.sub(sub, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--show", metavar="RAW")
+    ap.add_argument("--page", default=str(PAGE))
+    a = ap.parse_args(argv)
+    if a.show:
+        sys.stdout.write(render(load(Path(a.show)), a.show))
+        return 0
+    page = Path(a.page)
+    text = page.read_text(encoding="utf-8")
+    new = render_text(text)
+    if new == text:
+        print(f"up to date: {page}")
+        return 0
+    if a.check:
+        print(f"out of date (run python tests/ddtree/render_prodseq.py): {page}", file=sys.stderr)
+        return 1
+    page.write_text(new, encoding="utf-8")
+    print(f"rendered: {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""tests/ddtree/prodseq.py and render_prodseq.py on CPU: the gate jobs' order and resumption, what a gate's
+report.json (written by the gate's own writer, so its redaction applies) is reduced to, and the tables."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import prodseq
+import pytest
+import render_prodseq
+
+from pipeline.reports import Case, write_json
+
+
+def _servers() -> list[prodseq.Srv]:
+    def s(name: str, role: str) -> prodseq.Srv:
+        return prodseq.Srv(name, "patched", 16, 4, 1, ["x"], role)
+    return [s("chain", "correct"), s("b16-k4", "correct"), s("fault-row_shift-b16-k4", "fault"),
+            s("unpatched-b7-k4", "unpatched")]
+
+
+def test_jobs_interleave_by_round_and_stop_the_broken_builds_at_fault_runs() -> None:
+    jobs = prodseq.jobs_for(_servers(), runs=5, fault_runs=2, done=set())
+    names = [f"{s.name}-r{r}" for s, r in jobs]
+    assert names[:4] == ["chain-r1", "b16-k4-r1", "fault-row_shift-b16-k4-r1", "unpatched-b7-k4-r1"]
+    assert names[4:8] == ["chain-r2", "b16-k4-r2", "fault-row_shift-b16-k4-r2", "unpatched-b7-k4-r2"]
+    assert names[8:] == ["chain-r3", "b16-k4-r3", "chain-r4", "b16-k4-r4", "chain-r5", "b16-k4-r5"]
+
+
+def test_a_later_call_runs_only_what_has_no_verdict(tmp_path: Path) -> None:
+    ledger = prodseq.Ledger(tmp_path / "gates.jsonl")
+    ledger.add({"server": "chain", "run": 1, "rc": 0})
+    ledger.add({"server": "b16-k4", "run": 1, "rc": None, "timed_out": True})  # no verdict: run again
+    ledger.add({"server": "fault-row_shift-b16-k4", "run": 1, "rc": 1})
+    again = prodseq.Ledger(tmp_path / "gates.jsonl")  # the next call reads the file
+    jobs = prodseq.jobs_for(_servers(), runs=2, fault_runs=1, done=again.done())
+    assert [(s.name, r) for s, r in jobs] == [("b16-k4", 1), ("unpatched-b7-k4", 1), ("chain", 2), ("b16-k4", 2)]
+
+
+def _report(tmp_path: Path) -> dict:
+    """A report.json as the gate writes it: a failing likelihood case with its per-token test and trust, a lossless
+    case with a forced re-anchoring."""
+    per_token = {"ok": False, "n_candidate": 2400, "n_baseline": 4800, "ks_d": 0.08, "ks_p": 1e-9,
+                 "baseline_ks_d": 0.01, "baseline_ks_p": 0.5, "noise_allowance": 0.0, "outside_candidate": 31,
+                 "outside_baseline": 0, "outside_p": 1e-12, "alpha_ks": 0.0011, "alpha_outside": 0.00027,
+                 "mean_u": 0.41, "approximate_share": 0.02, "reason": "KS p 1e-09",
+                 "power": {"reps": 100, "target": 0.9, "n_tokens": 2400, "estimated": True,
+                           "families": {"greedy": {"min_rate": 0.1}, "flat": {"min_rate": 0.05}},
+                           "min_rate_all_families": 0.1}}
+    trust = {"ok": True, "scorer": "sglang", "answers": 48, "tokens": 5000, "median_abs": 0.004, "p99_abs": 0.06,
+             "max_abs": 0.2, "limits": {}, "reason": "reproduced"}
+    lik = Case("likelihood@T0.8", "coherence", False, "per-token: KS p 1e-09",
+               {"temperature": 0.8, "ok": False, "alpha": 0.0033, "p_value": 0.2, "n_candidate": 24, "n_baseline": 48,
+                "statistic": {"mean_nll": {"z": 1.0, "p_value": 0.3}, "pit_lag1": {"z": 0.1, "p_value": 0.9},
+                              "scorer_trust": trust},
+                "support": {"impossible": [], "min_log_p_T": -9.0, "log_eps": -18.0, "n_tokens": 2400},
+                "power": {"min_detectable_rate": 0.5}, "method": "m", "reason": "per-token: KS p 1e-09",
+                "on_ids": {"candidate": 24, "baseline": 48}, "per_token": per_token})
+    loss = Case("lossless_t0", "speculative", True, "7 of 8 identical",
+                {"identical": 7, "near_ties": ["story: near-tie"], "diffs": [], "reanchored": 1, "basis": "b",
+                 "reanchor": {"url": "the candidate, forced", "control": "ok", "off": None, "forced": True},
+                 "per_prompt": {"story": {"verdict": "reanchored", "char": 40, "piece": " the", "gap_nats": 0.01,
+                                          "reanchors": 2}}})
+    path = write_json(tmp_path / "report.json", {"summary": {"verdict": "FAIL", "failed_checks": ["likelihood@T0.8"],
+                                                             "request_errors": 0, "duration_s": 90.0},
+                                                 "cases": [lik, loss], "samples": []})
+    return json.loads(path.read_text())
+
+
+def test_report_numbers_keep_the_per_token_test_trust_and_reanchoring(tmp_path: Path) -> None:
+    rec = prodseq.report_numbers(_report(tmp_path))
+    t = rec["likelihood"]["T0.8"]
+    assert t["per_token_recorded"] is True  # not redacted as a secret ('per_token' ends in 'token')
+    assert t["per_token"]["ks_p"] == pytest.approx(1e-9) and t["per_token"]["outside_candidate"] == 31
+    assert t["per_token"]["power"]["families"] == {"greedy": 0.1, "flat": 0.05}
+    assert t["scorer_trust"]["median_abs"] == 0.004 and t["statistics"]["mean_nll"]["p"] == 0.3
+    assert rec["lossless"]["reanchored"] == 1 and rec["lossless"]["reanchor"]["forced"] == "True"
+    assert rec["verdict"] == "FAIL" and [f["name"] for f in rec["failed"]] == ["likelihood@T0.8"]
+
+
+def test_the_tables_render_from_a_raw_file(tmp_path: Path) -> None:
+    rec = prodseq.report_numbers(_report(tmp_path))
+    raw = {"date": "d", "machine": "m", "commit": "c", "calls": [{}],
+           "servers": [{"name": "fault-row_shift-b16-k4", "role": "fault"}, {"name": "chain", "role": "correct"}],
+           "baseline": {"rc": 0, "wall_s": 40.0, "stopped_at_s": 120.0, "port_refuses_after_stop": True,
+                        "file": {"answers_t0": 8, "samples_by_temperature": {"0.6": 48}, "scores_answers": 144}},
+           "gates": [{"server": "fault-row_shift-b16-k4", "role": "fault", "run": 1, "rc": 1, "wall_s": 95.0, **rec},
+                     {"server": "chain", "role": "correct", "run": 1, "rc": None, "timed_out": True, "wall_s": 400.0}]}
+    f = tmp_path / "raw.json.gz"
+    f.write_bytes(gzip.compress(json.dumps(raw).encode()))
+    out = render_prodseq.render(render_prodseq.load(f), "docs/results/raw.json.gz")
+    assert "| chain | pass | 0 | 0 | 0 | 1 |  | none |" in out  # correct builds first; a timed-out run is no verdict
+    assert "| fault-row_shift-b16-k4 | be refused | 1 | 0 | 1 | 0 | 1: 1 | likelihood@T0.8 (1) | 95 |" in out
+    assert "| fault-row_shift-b16-k4 | T0.8 | 1 | 1 | 0.080 | 1e-09 / 1e-09 | 0.000 | 31 / 0 | 10.0% |" in out
+    assert "1 of 1 | 0.0040 | 0.060 | 0.200 | 5000 |" in out
+    assert "Raw: docs/results/raw.json.gz" in out
+    page = tmp_path / "page.md"
+    page.write_text("x\n<!-- prodseq: RAW -->\nold\n<!-- /prodseq -->\n".replace("RAW", str(f)))
+    assert render_prodseq.main(["--page", str(page), "--check"]) == 1
+    assert render_prodseq.main(["--page", str(page)]) == 0 and "old" not in page.read_text()
+    assert render_prodseq.main(["--page", str(page), "--check"]) == 0
