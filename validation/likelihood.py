@@ -835,11 +835,11 @@ def _alphas(lc: Any, n_temperatures: int, token: bool = True) -> tuple[float, fl
     return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share - share) / len(STATS)
 
 
-def _token_alphas(lc: Any, n_temperatures: int) -> tuple[float, float]:
-    """(the per-token KS test's alpha, the outside-the-law count's): `token_share` of the temperature's alpha,
-    four fifths to the KS test."""
+def _token_alphas(lc: Any, n_temperatures: int) -> tokenlaw.Alphas:
+    """The per-token test's alphas: `token_share` of the temperature's alpha, half to the KS test, three tenths
+    to the mean u, a fifth to the count of tokens outside the law."""
     a_tok = lc.alpha / max(1, n_temperatures) * lc.token_share
-    return 0.8 * a_tok, 0.2 * a_tok
+    return tokenlaw.Alphas(ks=0.5 * a_tok, mean=0.3 * a_tok, outside=0.2 * a_tok)
 
 
 def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int
@@ -848,15 +848,15 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
     size from the baseline's rows; None when an answer was scored without its sampling parameters."""
     if not cand or not base or any(a.tok_pit is None for a in cand + base):
         return None
-    a_ks, a_out = _token_alphas(lc, n_temperatures)
+    alphas = _token_alphas(lc, n_temperatures)
     cp = [x for a in cand for x in a.tok_pit or ()]
     bp = [x for a in base for x in a.tok_pit or ()]
-    tv = tokenlaw.token_test(cp, bp, a_ks, a_out, approximate=sum(a.approx_tokens for a in cand),
+    tv = tokenlaw.token_test(cp, bp, alphas, approximate=sum(a.approx_tokens for a in cand),
                              limit=lc.token_noise_limit)
     draws = np.asarray([w for a in base for w in a.wrong or ()], dtype=np.float64).reshape(-1, len(tokenlaw.FAMILIES))
     if lc.token_power_reps:
-        tv.power = tokenlaw.token_power(draws, len(cp), tv.noise_allowance, len(bp), tv.outside_baseline, a_ks,
-                                        a_out, lc.token_power_target, lc.token_power_reps, lc.rng_seed)
+        tv.power = tokenlaw.token_power(draws, len(cp), tv.noise_allowance, len(bp), tv.outside_baseline, alphas,
+                                        lc.token_power_target, lc.token_power_reps, lc.rng_seed, tv.mean_allowance)
     return tv
 
 

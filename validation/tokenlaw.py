@@ -26,11 +26,13 @@ all three jointly on p_T; llama.cpp cuts top-k, then top-p on the renormalised s
 and applies the temperature last (its /props `samplers`).
 
 The test per temperature (`token_test`): the one-sample Kolmogorov-Smirnov distance of the candidate's u from
-uniform, less the scorer's own deviation measured on the baseline's answers scored the same way (0 when those
-are uniform), against the Kolmogorov critical value; and the candidate's share of tokens outside the law
-against the baseline's (a conditional binomial test). `token_power` states what that refuses: the smallest
-fraction of tokens drawn from a wrong law (greedy, untruncated, the kept set at T=1, flat) refused with the
-target probability at the gate's own token count, by Monte Carlo from the baseline's rows.
+uniform (omnibus) and the mean of its u (location: a sharper law lowers it, a flatter one raises it; most
+faults of this class move it, and the mean sees that with more power than KS), each less the scorer's own
+deviation measured on the baseline's answers scored the same way (0 when those are uniform), against their null
+laws; and the candidate's share of tokens outside the law against the baseline's (a conditional binomial test).
+`token_power` states what that refuses: the smallest fraction of tokens drawn from a wrong law (greedy,
+untruncated, the kept set at T=1, flat) refused with the target probability at the gate's own token count, by
+Monte Carlo from the baseline's rows.
 """
 
 from __future__ import annotations
@@ -370,6 +372,10 @@ class TokenVerdict:
     approximate_share: float
     reason: str = ""
     power: dict[str, Any] = field(default_factory=dict)
+    mean_p: float = 1.0               # the location test's p (after its allowance)
+    mean_allowance: float = 0.0       # the scorer's own shift of the mean, measured on the baseline
+    baseline_mean_u: float | None = None
+    alpha_mean: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -385,19 +391,48 @@ def noise_allowance(base_u: np.ndarray) -> tuple[float, float, float]:
     return d, p, allow
 
 
-def decide(cand_u: np.ndarray, n_out_c: int, n_base: int, n_out_b: int, allow: float, a_ks: float,
-           a_out: float) -> tuple[bool, float, float, float]:
-    """(pass, the candidate's KS distance, its p after the allowance, the outside test's p)."""
+def mean_allowance(base_u: np.ndarray) -> float:
+    """The scorer's own shift of the mean u, from the baseline: its distance from 1/2 beyond the median of that
+    distance under uniformity (0.6745 sd) when the baseline's mean is off at NOISE_P, else 0."""
+    n = base_u.size
+    if not n:
+        return 0.0
+    sd = 1.0 / math.sqrt(12.0 * n)
+    off = abs(float(base_u.mean()) - 0.5)
+    return max(0.0, off - 0.6745 * sd) if math.erfc(off / sd / math.sqrt(2.0)) < NOISE_P else 0.0
+
+
+def mean_p(u: np.ndarray, allow: float) -> float:
+    """Two-sided p of the mean of n uniform draws being this far from 1/2 (less the allowance)."""
+    if not u.size:
+        return 1.0
+    z = max(0.0, abs(float(u.mean()) - 0.5) - allow) * math.sqrt(12.0 * u.size)
+    return math.erfc(z / math.sqrt(2.0))
+
+
+@dataclass(frozen=True)
+class Alphas:
+    """The per-token test's alpha per statistic."""
+
+    ks: float
+    mean: float
+    outside: float
+
+
+def decide(cand_u: np.ndarray, n_out_c: int, n_base: int, n_out_b: int, allow: float, a: Alphas,
+           allow_mean: float = 0.0) -> tuple[bool, float, float, float, float]:
+    """(pass, the candidate's KS distance, its p after the allowance, the outside test's p, the mean's p)."""
     n = cand_u.size
     d = ks_uniform(cand_u)
     p = ks_p(max(0.0, d - allow), n)
+    pm = mean_p(cand_u, allow_mean)
     n_c = n + n_out_c
     k = n_out_c + n_out_b
     p_out = binomial_upper(n_out_c, k, n_c / max(1, n_c + n_base)) if k else 1.0
-    return p >= a_ks and p_out >= a_out, d, p, p_out
+    return p >= a.ks and pm >= a.mean and p_out >= a.outside, d, p, p_out, pm
 
 
-def token_test(cand: Sequence[float | None], base: Sequence[float | None], a_ks: float, a_out: float,
+def token_test(cand: Sequence[float | None], base: Sequence[float | None], alphas: Alphas,
                approximate: int = 0, limit: float = 0.05) -> TokenVerdict:
     """The candidate's per-token PITs (None: outside the law) against uniform, the baseline's scored the same way
     giving the scorer's allowance (module docstring). `limit`: the largest allowance the test accepts: beyond it
@@ -406,9 +441,13 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], a_ks:
     bu = np.asarray([x for x in base if x is not None], dtype=np.float64)
     oc, ob = len(cand) - cu.size, len(base) - bu.size
     bd, bp, allow = noise_allowance(bu) if bu.size else (0.0, 1.0, 0.0)
-    ok, d, p, p_out = decide(cu, oc, bu.size, ob, allow, a_ks, a_out)
-    v = TokenVerdict(ok, cu.size, bu.size, d, p, bd, bp, allow, oc, ob, p_out, a_ks, a_out,
-                     float(cu.mean()) if cu.size else None, approximate / max(1, len(cand)))
+    am = mean_allowance(bu)
+    ok, d, p, p_out, pm = decide(cu, oc, bu.size, ob, allow, alphas, am)
+    v = TokenVerdict(ok, cu.size, bu.size, d, p, bd, bp, allow, oc, ob, p_out, alphas.ks, alphas.outside,
+                     float(cu.mean()) if cu.size else None, approximate / max(1, len(cand)), mean_p=pm,
+                     mean_allowance=am, baseline_mean_u=float(bu.mean()) if bu.size else None,
+                     alpha_mean=alphas.mean)
+    a_ks, a_out = alphas.ks, alphas.outside
     if cu.size == 0:
         v.ok, v.reason = False, "no candidate token inside the law: nothing to test"
     elif allow > limit:
@@ -418,22 +457,23 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], a_ks:
                     "model")
     elif not ok:
         parts = []
-        if p < a_ks:
-            parts.append(f"sampled tokens not distributed as the target's law: KS {d:.4f} over {cu.size} tokens "
-                         f"(allowance {allow:.4f}), p {p:.2g} < {a_ks:.2g}, mean u {v.mean_u:.3f} (0.5 expected; "
-                         "below: too often the most likely tokens)")
+        if p < a_ks or pm < alphas.mean:
+            parts.append(f"sampled tokens not distributed as the target's law over {cu.size} tokens: KS {d:.4f} "
+                         f"(allowance {allow:.4f}) p {p:.2g} (alpha {a_ks:.2g}); mean u {v.mean_u:.4f}, 0.5 expected "
+                         f"(below: too often the most likely tokens; above: too often unlikely ones), p {pm:.2g} "
+                         f"(alpha {alphas.mean:.2g})")
         if p_out < a_out:
             parts.append(f"{oc} of {len(cand)} tokens outside the request's top-k/top-p/min-p support (baseline "
                          f"{ob} of {len(base)}), p {p_out:.2g} < {a_out:.2g}")
         v.reason = "; ".join(parts)
     else:
-        v.reason = (f"{cu.size} tokens: KS {d:.4f} (allowance {allow:.4f}) p {p:.3g}; outside the law {oc} "
-                    f"(baseline {ob}) p {p_out:.3g}")
+        v.reason = (f"{cu.size} tokens: KS {d:.4f} (allowance {allow:.4f}) p {p:.3g}; mean u {v.mean_u:.4f} p "
+                    f"{pm:.3g}; outside the law {oc} (baseline {ob}) p {p_out:.3g}")
     return v
 
 
-def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out_b: int, a_ks: float, a_out: float,
-                target: float, reps: int, seed: int,
+def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out_b: int, alphas: Alphas,
+                target: float, reps: int, seed: int, allow_mean: float = 0.0,
                 rates: Sequence[float] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
                 ) -> dict[str, Any]:
     """Monte Carlo power of `decide` at this gate's size: a candidate whose tokens are each drawn, with
@@ -455,7 +495,7 @@ def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out
                 picked = col[rng.integers(col.size, size=m)]
                 u = np.concatenate([rng.random(n_cand - m), picked[~np.isnan(picked)]])
                 n_out = int(np.isnan(picked).sum())
-                ok, _, _, _ = decide(u, n_out, n_base, n_out_b, allow, a_ks, a_out)
+                ok = decide(u, n_out, n_base, n_out_b, allow, alphas, allow_mean)[0]
                 rejected += not ok
             table[f"{r:g}"] = rejected / reps
         hit = [r for r in rates if table[f"{r:g}"] >= target]
@@ -466,6 +506,6 @@ def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out
     return out
 
 
-__all__ = ["FAMILIES", "ORDERS", "Law", "Row", "SamplingParams", "TokenVerdict", "binomial_upper", "decide",
+__all__ = ["FAMILIES", "ORDERS", "Alphas", "Law", "Row", "SamplingParams", "TokenVerdict", "binomial_upper", "decide",
            "ks_critical", "ks_p", "ks_uniform", "law_of", "noise_allowance", "order_of", "pit", "row_from_logits",
            "row_from_topk", "token_power", "token_test", "uniform_of", "wrong_draws"]

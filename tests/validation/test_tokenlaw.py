@@ -18,6 +18,7 @@ from validation.likelihood import AnswerScore, check_trust, token_verdict
 from validation.tokenlaw import (
     FAMILIES,
     ORDERS,
+    Alphas,
     SamplingParams,
     binomial_upper,
     ks_critical,
@@ -35,6 +36,7 @@ from validation.tokenlaw import (
 )
 
 V = 200
+A = Alphas(ks=5e-4, mean=3e-4, outside=2e-4)  # about the shipped profile's per-temperature shares
 MIX = [SamplingParams(0.6, 0.9, 0, 0.0), SamplingParams(0.8, 1.0, 20, 0.05), SamplingParams(1.0, 0.95, 50, 0.02),
        SamplingParams(0.8), SamplingParams(0.6, 0.8, 20, 0.0)]
 
@@ -100,7 +102,7 @@ def test_the_orders_really_differ() -> None:
     """llama.cpp's top-p on p_1 after top-k and SGLang's joint cut on p_T are different laws: scoring one
     engine's draws under the other's order is refused (so the order must be the engine's)."""
     u = pits("llamacpp", 4000, 2, score_order="sglang")
-    v = token_test(u, pits("sglang", 4000, 3), 1e-3, 1e-3)
+    v = token_test(u, pits("sglang", 4000, 3), A)
     assert not v.ok
 
 
@@ -133,28 +135,28 @@ def greedy_share(share: float) -> object:
 def test_wrong_samplers_are_refused_at_gate_size(fault: object) -> None:
     base = pits("sglang", 3000, 10)
     cand = pits("sglang", 3000, 11, draw_with=fault)
-    v = token_test(cand, base, 1e-3, 3e-4)
+    v = token_test(cand, base, A)
     assert not v.ok, v.reason
-    assert token_test(pits("sglang", 3000, 12), base, 1e-3, 3e-4).ok
+    assert token_test(pits("sglang", 3000, 12), base, A).ok
 
 
 def test_tokens_outside_the_law_are_counted_against_the_baselines() -> None:
     even = list(np.linspace(0.0005, 0.9995, 2000))
     base = [*even, None, None]
-    assert token_test([*even, None, None, None], base, 1e-3, 1e-3).outside_p > 0.1
-    v = token_test(even + [None] * 40, base, 1e-3, 1e-3)
+    assert token_test([*even, None, None, None], base, A).outside_p > 0.1
+    v = token_test(even + [None] * 40, base, A)
     assert not v.ok and "outside the request's top-k/top-p/min-p" in v.reason
 
 
 def test_the_scorers_own_deviation_is_measured_on_the_baseline_and_allowed_up_to_its_limit() -> None:
     rng = np.random.default_rng(5)
     bent = rng.random(6000) ** 1.08  # a scorer whose law is slightly off the engine's
-    v = token_test(list(rng.random(6000) ** 1.08), list(bent), 1e-3, 1e-3)
-    assert v.noise_allowance > 0 and v.ok, v.reason  # the candidate deviates exactly as the baseline does
+    v = token_test(list(rng.random(6000) ** 1.08), list(bent), A)
+    assert v.noise_allowance > 0 and v.mean_allowance > 0 and v.ok, v.reason  # the candidate deviates as it does
     far = list(rng.random(6000) ** 2.0)
-    v = token_test(far, far, 1e-3, 1e-3, limit=0.05)
+    v = token_test(far, far, A, limit=0.05)
     assert not v.ok and "does not reproduce the engine's law" in v.reason
-    v = token_test(list(rng.random(6000)), list(rng.random(6000)), 1e-3, 1e-3)
+    v = token_test(list(rng.random(6000)), list(rng.random(6000)), A)
     assert v.noise_allowance == 0.0 and v.ok
 
 
@@ -192,7 +194,7 @@ def test_the_power_statement_finds_a_small_greedy_share_at_gate_size() -> None:
         row = row_from_logits(logits, p.temperature)
         law = law_of(row, p, ORDERS["sglang"])
         draws.append(wrong_draws(row, law, p, ORDERS["sglang"], rng))
-    pw = token_power(np.asarray(draws), 6000, 0.0, 6000, 0, 1e-3, 3e-4, 0.9, 60, 1)
+    pw = token_power(np.asarray(draws), 6000, 0.0, 6000, 0, A, 0.9, 60, 1)
     fam = pw["families"]
     assert set(fam) == set(FAMILIES) and pw["estimated"]
     assert fam["greedy"]["min_rate"] is not None and fam["greedy"]["min_rate"] <= 0.1
@@ -265,3 +267,18 @@ def test_the_sglang_scorers_rows_place_tokens_as_the_full_row_does() -> None:
     sc.close()
     assert np.allclose([x if x is not None else -1 for x in got["tok_pit"]],
                        [x if x is not None else -1 for x in want])
+
+
+def test_the_mean_refuses_a_small_location_shift() -> None:
+    """A sampler a little too sharp (u ~ U^1.04: 2% lower mean) over 6,000 tokens: the mean refuses it."""
+    rng = np.random.default_rng(21)
+    v = token_test(list(rng.random(6000) ** 1.04 * 0.98), list(rng.random(6000)), A)
+    assert not v.ok and v.mean_p < A.mean and "mean u" in v.reason
+
+
+def test_a_correct_candidate_is_refused_at_about_alpha() -> None:
+    """400 null gates of 1,500 tokens (and a baseline of as many) at alphas summing to 0.03: about 12 refusals."""
+    rng = np.random.default_rng(8)
+    a = Alphas(ks=0.015, mean=0.009, outside=0.006)
+    fails = sum(not token_test(list(rng.random(1500)), list(rng.random(1500)), a).ok for _ in range(400))
+    assert fails <= 24, fails

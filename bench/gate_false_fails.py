@@ -1,0 +1,138 @@
+"""False fails from real gate runs: a correct build gated again and again in the production sequence.
+
+    python bench/gate_false_fails.py --runs 10 [--config validation/profiles/embedded.yaml] [--target URL]
+        [--baseline FILE] [--out docs/results/gate-false-fails-DATE.json]
+
+The candidate is the target itself (the embedded SmolLM2 on llama.cpp, started here unless --target names a
+server), so every refusal is a false fail. One baseline file is recorded (`record-baseline`), then each run is
+`python -m validation run --target URL --config C --baseline FILE`, unchanged, as a whole process, C being the
+profile with fresh candidate seeds (`likelihood.seeds`: disjoint per run and from the baseline's) so no two runs
+share a sampler stream. One JSON file records, per run, the verdict, the exit code, the failing checks and, per
+T>0 temperature, the per-token test's numbers and the answer statistics' p-values, with the command, date,
+machine and commit; it is rewritten after every run, so an interrupted bench keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """A gate report's verdict, failing checks and per-temperature likelihood numbers."""
+    out: dict[str, Any] = {"verdict": report["summary"]["verdict"],
+                           "failed": {c["name"]: c["message"][:300] for c in report["cases"]
+                                      if not c["ok"] and not c.get("skipped")},
+                           "likelihood": {}}
+    for c in report["cases"]:
+        if not c["name"].startswith("likelihood@"):
+            continue
+        d = c.get("details") or {}
+        tok = d.get("per_token") or {}
+        stats = d.get("statistic") or {}
+        out["likelihood"][c["name"]] = {
+            "ok": c["ok"], "tokens": tok.get("n_candidate"), "ks_d": tok.get("ks_d"), "ks_p": tok.get("ks_p"),
+            "noise_allowance": tok.get("noise_allowance"), "outside": tok.get("outside_candidate"),
+            "outside_p": tok.get("outside_p"),
+            "min_rate": {f: v.get("min_rate") for f, v in ((tok.get("power") or {}).get("families") or {}).items()},
+            "p": {n: (stats.get(n) or {}).get("p_value") for n in ("mean_nll", "worst_window_nll", "pit_lag1")}}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--config", default=str(REPO / "validation" / "profiles" / "embedded.yaml"))
+    ap.add_argument("--target", help="a running target (default: the embedded model, started here)")
+    ap.add_argument("--baseline", help="a recorded baseline file (default: recorded here from the target)")
+    ap.add_argument("--out", default=str(REPO / "docs" / "results" /
+                                         f"gate-false-fails-{time.strftime('%Y-%m-%d')}.json"))
+    ap.add_argument("--runs-dir", default=str(REPO / "runs" / "gate-false-fails"))
+    args = ap.parse_args()
+    if args.runs < 1:
+        print("error: --runs must be at least 1", file=sys.stderr)
+        return 2
+    profile = yaml.safe_load(Path(args.config).read_text())
+    runs = Path(args.runs_dir) / time.strftime("%Y%m%dT%H%M%S")
+    runs.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    result: dict[str, Any] = {
+        "command": "python bench/gate_false_fails.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}", "commit": _commit(),
+        "config": os.path.relpath(args.config, REPO), "production_sequence": True, "runs": []}
+    server = None
+    try:
+        url = args.target
+        if url is None:
+            from pipeline.embedded import EmbeddedConfig, EmbeddedServer
+
+            server = EmbeddedServer(EmbeddedConfig(port=18480)).start()
+            url = server.url
+        base = Path(args.baseline) if args.baseline else runs / "baseline.json"
+        if not args.baseline:
+            print(f"[false-fails] recording the baseline from {url}", flush=True)
+            t0 = time.perf_counter()
+            with open(runs / "record-baseline.log", "w") as err:
+                rec = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", url,
+                                      "--config", str(Path(args.config).resolve()), "--out", str(base)], cwd=REPO,
+                                     env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+            if rec.returncode != 0:
+                print(f"error: record-baseline failed (rc {rec.returncode}), see {runs / 'record-baseline.log'}",
+                      file=sys.stderr)
+                return 1
+            result["record_baseline"] = {"wall_s": round(time.perf_counter() - t0, 1)}
+        gate = profile.get("gate") or {}
+        lik = gate.get("likelihood") or {}
+        per_side = len(lik.get("seeds") or [1234, 2345, 3456])
+        for k in range(args.runs):
+            seeds = [900_000 + 1000 * k + j for j in range(per_side)]  # fresh, and disjoint from the baseline's
+            cfg = {**profile, "gate": {**gate, "likelihood": {**lik, "seeds": seeds}}}
+            out = runs / f"run{k:02d}"
+            out.mkdir(parents=True, exist_ok=True)
+            cfg_path = out / "gate-config.yaml"
+            cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+            t0 = time.perf_counter()
+            with open(out / "gate.log", "w") as log:
+                proc = subprocess.run([sys.executable, "-m", "validation", "run", "--target", url, "--config",
+                                       str(cfg_path), "--baseline", str(base), "--out", str(out)], cwd=REPO,
+                                      env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+            row: dict[str, Any] = {"run": k, "seeds": seeds, "rc": proc.returncode,
+                                   "wall_s": round(time.perf_counter() - t0, 1)}
+            rp = out / "report.json"
+            if rp.is_file():
+                row.update(summary(json.loads(rp.read_text())))
+            result["runs"].append(row)
+            refused = sum(1 for r in result["runs"] if r["rc"] != 0)
+            result["false_fails"] = {"runs": len(result["runs"]), "refused": refused}
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+            print(f"[false-fails] run {k}: {row.get('verdict')} rc={row['rc']} failed={sorted(row.get('failed', {}))} "
+                  f"in {row['wall_s']}s ({refused} of {len(result['runs'])} refused)", flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
