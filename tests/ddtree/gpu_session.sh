@@ -18,10 +18,10 @@
 #   sweep     .carry/gate-py                           make sweep's sglang kind: it starts the grid's servers
 #                                                      (validation/grids/sglang-smollm2.yaml) and gates each
 #   loadtest  .carry/locust-py .carry/gate-py          Locust capacity (--quick) on target-only and DDTree b16/k4
-#   trainwarm .carry/gguf/p3 .carry/ddtree-srv          issue 41: the drafter trained while the target-only server and
+#   trainwarm .carry/gguf/p3 .carry/ddtree-srv .carry/src  issue 41: the drafter trained while the target-only server and
 #                                                      three dummy-drafter candidates compile the JIT kernels
 #                                                      (tests/ddtree/prodseq.py warm); drafter + fijit.tgz -> $OUT
-#   prodseq   .carry/ddtree-srv                        issue 41 items 4/5 in the production sequence (prodseq.py
+#   prodseq   .carry/ddtree-srv .carry/src             issue 41 items 4/5 in the production sequence (prodseq.py
 #                                                      gates): target-only server and 9 candidates; baseline file;
 #                                                      target-only stopped; every candidate gated with --baseline
 #                                                      FILE only. KEEP=1 leaves the candidates serving for the next
@@ -50,6 +50,16 @@ for f in .carry/gguf/p*/part*; do [ -f "$f" ] && cp "$f" /tmp/gguf/; done
 # `[ ! -d /tmp/fijit ]`, skipped the unpacking so gate30's servers compiled again: up at 288 s, 2026-12-03)
 if [ -f .carry/jit/fijit.tgz ] && [ ! -f /tmp/fijit/.from-carry ]; then
   tar -C /tmp -xzf .carry/jit/fijit.tgz && touch /tmp/fijit/.from-carry && echo "jit cache in"
+fi
+# validation/ and pipeline/ of one commit for prodseq's gates (tests/ddtree/prodseq.py SRC; built here with
+#   mkdir -p .carry/src && git archive HEAD validation pipeline | gzip > .carry/src/src.tgz &&
+#   git rev-parse --short HEAD > .carry/src/COMMIT ), unpacked once per warm machine
+if [ -f .carry/src/src.tgz ] && [ ! -f /tmp/prodseq-src/.done ]; then
+  mkdir -p /tmp/prodseq-src && tar -C /tmp/prodseq-src -xzf .carry/src/src.tgz && cp .carry/src/COMMIT /tmp/prodseq-src/ &&
+    touch /tmp/prodseq-src/.done && echo "validation src in: $(cat /tmp/prodseq-src/COMMIT)"
+fi
+if [ -f /tmp/prodseq-src/.done ]; then
+  PRODSEQ_SRC=/tmp/prodseq-src PRODSEQ_COMMIT=$(cat /tmp/prodseq-src/COMMIT); export PRODSEQ_SRC PRODSEQ_COMMIT
 fi
 # the target converted from the GGUF pieces the calls brought, once per warm machine
 ensure_target() {

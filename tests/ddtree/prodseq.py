@@ -67,7 +67,11 @@ ROOT = sm.ROOT
 sys.path.insert(0, str(ROOT))
 OUT = sm.OUT
 STATE = Path(os.environ.get("PRODSEQ_STATE", "/tmp/prodseq"))
-PROFILE = ROOT / "validation" / "profiles" / "sglang-smollm2.yaml"
+# validation/ and pipeline/ of one commit (gpu_session.sh unpacks .carry/src/src.tgz there): the gates run that
+# code, not whatever the working tree that travelled holds mid-edit; unset, the working tree's
+SRC = Path(os.environ["PRODSEQ_SRC"]) if os.environ.get("PRODSEQ_SRC") else ROOT
+sys.path.insert(0, str(SRC))  # the driver's own imports of validation too (rollout, models: the working tree's)
+PROFILE = SRC / "validation" / "profiles" / "sglang-smollm2.yaml"
 GRID = ROOT / "validation" / "grids" / "sglang-smollm2.yaml"
 FAULTS = ("verify_temperature_one", "verify_no_top_p", "row_shift", "min_p_on_t1", "step_shared_random")
 BASE_PORT = 31300
@@ -217,7 +221,7 @@ def run_profile(r: int) -> tuple[Path, list[int]]:
 def validation_env() -> dict[str, str]:
     env = dict(os.environ)
     gate_py = Path("/tmp/gate-py") if Path("/tmp/gate-py").is_dir() else ROOT / ".carry" / "gate-py"
-    env["PYTHONPATH"] = ":".join([str(ROOT), str(gate_py), str(sm.SITE)])
+    env["PYTHONPATH"] = ":".join([str(SRC), str(gate_py), str(sm.SITE)])
     # numpy's BLAS threads: ten gates on 16 cores beside nine servers would each start 16
     env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env
@@ -230,7 +234,7 @@ def record_baseline(base: Srv, out: Path, timeout: float) -> dict[str, Any]:
     t = time.time()
     rec: dict[str, Any] = {"cmd": " ".join(cmd)}
     try:
-        r = subprocess.run(cmd, cwd=ROOT, env=validation_env(), capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, cwd=SRC, env=validation_env(), capture_output=True, text=True, timeout=timeout)
         rec.update(rc=r.returncode, tail=(r.stdout + r.stderr)[-4000:])
     except subprocess.TimeoutExpired as exc:
         rec.update(rc=None, timed_out=True, tail=_text(exc.stdout)[-2000:] + _text(exc.stderr)[-2000:])
@@ -383,11 +387,11 @@ def run_gate(s: Srv, r: int, baseline: Path, deadline: float, call: int, t0: flo
     cmd = [sys.executable, "-m", "validation", "run", "--target", s.url, "--config", str(profile),
            "--baseline", str(baseline), "--out", str(out), "--no-judge"]
     rec: dict[str, Any] = {"name": name, "server": s.name, "role": s.role, "run": r, "seeds": seeds, "call": call,
-                           "profile": str(profile.relative_to(ROOT) if profile.is_relative_to(ROOT) else profile),
+                           "profile": str(profile.relative_to(SRC) if profile.is_relative_to(SRC) else profile),
                            "cmd": " ".join(cmd), "started_s": round(time.time() - t0, 1)}
     t = time.time()
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=validation_env(), capture_output=True, text=True,
+        p = subprocess.run(cmd, cwd=SRC, env=validation_env(), capture_output=True, text=True,
                            timeout=max(10.0, deadline - time.time()))
         rec.update(rc=p.returncode, tail=(p.stdout + p.stderr)[-TAIL:])
     except subprocess.TimeoutExpired as exc:  # no verdict, never a pass; run again by a later call
@@ -598,8 +602,8 @@ def phase_gates(a: argparse.Namespace) -> int:
     print(f"[{time.time() - t0:5.0f}s] call {call}: started {started or 'none'}", flush=True)
     doc: dict[str, Any] = json.loads((STATE / "prodseq.json").read_text()) if (STATE / "prodseq.json").is_file() \
         else {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
-              "commit": os.environ.get("PRODSEQ_COMMIT", "unknown"), "profile": str(PROFILE.relative_to(ROOT)),
-              "profile_text": PROFILE.read_text(), "grid": str(GRID.relative_to(ROOT)),
+              "commit": os.environ.get("PRODSEQ_COMMIT", "unknown"), "profile": str(PROFILE.relative_to(SRC)),
+              "validation_src": str(SRC), "profile_text": PROFILE.read_text(), "grid": str(GRID.relative_to(ROOT)),
               "drafter": a.drafter, "faults": list(FAULTS), "runs_target": a.runs, "fault_runs": a.fault_runs,
               "calls": []}
     train = Path(a.drafter) / "train.json"
