@@ -45,7 +45,7 @@ def _report(tmp_path: Path) -> dict:
     per_token = {"ok": False, "n_candidate": 2400, "n_baseline": 4800, "ks_d": 0.08, "ks_p": 1e-9,
                  "baseline_ks_d": 0.01, "baseline_ks_p": 0.5, "noise_allowance": 0.0, "outside_candidate": 31,
                  "outside_baseline": 0, "outside_p": 1e-12, "alpha_ks": 0.0011, "alpha_outside": 0.00027,
-                 "mean_u": 0.41, "approximate_share": 0.02, "reason": "KS p 1e-09",
+                 "mean_u": 0.41, "approximate_share": 0.02, "reason": "KS p 1e-09", "mean_p": 1e-6,
                  "power": {"reps": 100, "target": 0.9, "n_tokens": 2400, "estimated": True,
                            "families": {"greedy": {"min_rate": 0.1}, "flat": {"min_rate": 0.05}},
                            "min_rate_all_families": 0.1}}
@@ -93,7 +93,7 @@ def test_the_tables_render_from_a_raw_file(tmp_path: Path) -> None:
     out = render_prodseq.render(render_prodseq.load(f), "docs/results/raw.json.gz")
     assert "| chain | pass | 0 | 0 | 0 | 1 |  | none |" in out  # correct builds first; a timed-out run is no verdict
     assert "| fault-row_shift-b16-k4 | be refused | 1 | 0 | 1 | 0 | 1: 1 | likelihood@T0.8 (1) | 95 |" in out
-    assert "| fault-row_shift-b16-k4 | T0.8 | 1 | 1 | 0.080 | 1e-09 / 1e-09 | 0.000 | 31 / 0 | 10.0% |" in out
+    assert "| fault-row_shift-b16-k4 | T0.8 | 1 | 1 | 0.080 | 1e-09 / 1e-09 | 0.410 | 1e-06 / 1e-06 | 0.000 | 31 / 0 | 10.0% |" in out
     assert "1 of 1 | 0.0040 | 0.060 | 0.200 | 5000 |" in out
     assert "Raw: docs/results/raw.json.gz" in out
     page = tmp_path / "page.md"
