@@ -7,7 +7,6 @@ three formats into one run directory. Plots are matplotlib figures saved as PNG 
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -104,11 +103,10 @@ def write_junit(path: str | Path, suite: str, cases: Sequence[Case]) -> Path:
     return p
 
 
-_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
-table{border-collapse:collapse;width:100%;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;
-text-align:left;vertical-align:top;font-size:13px}th{background:#f4f4f4}.ok{color:#137333}.fail{color:#b3261e;
-font-weight:bold}.skip{color:#777}pre{white-space:pre-wrap;margin:0;max-height:12em;overflow:auto}
-img{max-width:100%;border:1px solid #ddd;margin:.5em 0}.verdict{font-size:1.6em}"""
+def _row(c: Case) -> dict[str, str]:
+    res, cls = ("skip", "skip") if c.skipped else (
+        ("NOT RUN", "fail") if c.not_run else (("pass", "ok") if c.ok else ("FAIL", "fail")))
+    return {"group": c.group, "name": c.name, "result": res, "cls": cls, "message": c.message}
 
 
 def write_html(
@@ -120,35 +118,23 @@ def write_html(
     images: Iterable[str | Path] = (),
     tables: Sequence[tuple[str, list[str], list[list[Any]]]] = (),
 ) -> Path:
-    """A self-contained page: verdict, key/value summary, extra tables, plots, then every check."""
-    e = html.escape
-    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
-           f"<style>{_CSS}</style></head><body><h1>{e(title)}</h1><p>generated {utc_now()}</p>"]
-    if verdict is not None:
-        cls = "ok" if verdict.upper().startswith("PASS") else "fail"
-        out.append(f"<p class='verdict {cls}'>{e(verdict)}</p>")
-    if summary:
-        out.append("<table>")
-        for k, v in redact(summary).items():
-            out.append(f"<tr><th>{e(str(k))}</th><td>{e(str(v))}</td></tr>")
-        out.append("</table>")
-    for caption, header, rows in tables:
-        out.append(f"<h2>{e(caption)}</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
-        for row in rows:
-            out.append("<tr>" + "".join(f"<td>{e(str(x))}</td>" for x in row) + "</tr>")
-        out.append("</table>")
-    for img in images:
-        out.append(f"<img src='{e(Path(img).name)}' alt='{e(Path(img).stem)}'>")
-    if cases:
-        out.append("<h2>Checks</h2><table><tr><th>group</th><th>check</th><th>result</th><th>message</th></tr>")
-        for c in cases:
-            res, cls = ("skip", "skip") if c.skipped else (
-                ("NOT RUN", "fail") if c.not_run else (("pass", "ok") if c.ok else ("FAIL", "fail")))
-            out.append(f"<tr><td>{e(c.group)}</td><td>{e(c.name)}</td><td class='{cls}'>{res}</td>"
-                       f"<td><pre>{e(c.message)}</pre></td></tr>")
-        out.append("</table>")
-    out.append("</body></html>")
+    """A self-contained page from pipeline/templates/report.html.j2 (Jinja2, autoescaped): the verdict and the
+    failed checks first, then the summary (nested values as lists, secrets redacted), extra tables, plots, and
+    every check."""
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                      autoescape=select_autoescape(default=True, default_for_string=True))
+    rows = [_row(c) for c in cases]
+    tally = [r["result"] for r in rows]
+    counts = {"checks": len(rows), "passed": tally.count("pass"), "failed": tally.count("FAIL"),
+              "not_run": tally.count("NOT RUN"), "skipped": tally.count("skip")} if rows else None
+    page = env.get_template("report.html.j2").render(
+        title=title, verdict=verdict, passed=verdict is not None and verdict.upper().startswith("PASS"),
+        generated=utc_now(), counts=counts, failing=[r for r in rows if r["cls"] == "fail"],
+        summary=redact(summary) if summary else None, tables=tables,
+        images=[{"src": Path(i).name, "alt": Path(i).stem} for i in images], cases=rows)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text("\n".join(out), encoding="utf-8")
+    p.write_text(page, encoding="utf-8")
     return p

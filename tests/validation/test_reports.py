@@ -39,3 +39,16 @@ def test_html_escapes_quotes(tmp_path: Path) -> None:
     p = write_html(tmp_path / "r.html", "t", verdict="FAIL", cases=[Case("x", "g", False, "<script>!!!</script>")])
     body = p.read_text()
     assert "<script>!!!" not in body and "&lt;script&gt;!!!" in body and "FAIL" in body
+
+
+def test_html_puts_the_verdict_and_failed_checks_first_and_nested_values_readable(tmp_path: Path) -> None:
+    cases = [Case("ok_check", "g", True, "fine"), Case("bad_check", "g", False, "it broke"),
+             Case("off", "g", True, "disabled", skipped=True)]
+    p = write_html(tmp_path / "r.html", "gate", verdict="FAIL", cases=cases,
+                   summary={"verdict_mode": {"T0": "oracle"}, "failed_checks": ["bad_check"], "hf_token": "s3cret"})
+    body = p.read_text()
+    failed_at, summary_at, every_at = body.index("Failed checks"), body.index("Summary"), body.index("Every check")
+    assert failed_at < summary_at < every_at and body.index("it broke") < summary_at
+    assert "3 checks: 1 passed, 1 failed, 1 skipped" in body
+    assert "{'T0'" not in body and "<b>T0</b>: oracle" in body  # no raw Python dicts
+    assert "s3cret" not in body
