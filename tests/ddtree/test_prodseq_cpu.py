@@ -93,7 +93,8 @@ def test_the_tables_render_from_a_raw_file(tmp_path: Path) -> None:
     out = render_prodseq.render(render_prodseq.load(f), "docs/results/raw.json.gz")
     assert "| chain | pass | 0 | 0 | 0 | 1 |  | none |" in out  # correct builds first; a timed-out run is no verdict
     assert "| fault-row_shift-b16-k4 | be refused | 1 | 0 | 1 | 0 | 1: 1 | likelihood@T0.8 (1) | 95 |" in out
-    assert "| fault-row_shift-b16-k4 | T0.8 | 1 | 1 | 0.080 | 1e-09 / 1e-09 | 0.410 | 1e-06 / 1e-06 | 0.000 | 31 / 0 | 10.0% |" in out
+    assert ("| fault-row_shift-b16-k4 | T0.8 | 1 | 1 | 0.080 | 1e-09 / 1e-09 | 0.410 | 1e-06 / 1e-06 | 0.000 | 31 / 0 "
+            "| 10.0% |") in out
     assert "1 of 1 | 0.0040 | 0.060 | 0.200 | 5000 |" in out
     assert "Raw: docs/results/raw.json.gz" in out
     page = tmp_path / "page.md"
