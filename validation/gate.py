@@ -717,8 +717,14 @@ def judge_samples(samples: list[Sample], cfg: GateConfig, prompts: dict[str, str
         if not s.error and s.text.strip():
             todo.setdefault((s.prompt_id, s.text), []).append(s)
     t0 = time.perf_counter()
+    console.print(f"[judge] starting the fluency judge for {len(todo)} distinct answers", highlight=False,
+                  markup=False)
+    step = max(1, len(todo) // 10)
     with FluencyJudge(jc) as judge:
-        for (pid, text), group in todo.items():
+        for n, ((pid, text), group) in enumerate(todo.items(), 1):
+            if n > 1 and (n - 1) % step == 0:  # progress: the judge's forward passes take minutes on a CPU
+                console.print(f"[judge] {n - 1}/{len(todo)} answers judged ({time.perf_counter() - t0:.0f}s)",
+                              highlight=False, markup=False)
             sc = judge.score(text, prompts.get(pid))
             limit = threshold_for(jc, group[0].category)
             d = {**sc.as_dict(), "limit": limit}
