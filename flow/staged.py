@@ -43,7 +43,9 @@ def run(cfg: RolloutConfig, inv: Inventory, plan: Plan, ref: registry.ImageRef, 
     extra: list[Case] = []
 
     def deploy(batch: tuple[str, ...]) -> DeployResult:
-        dep = ro.apply(cfg, inv, list(batch), str(ref), run_dir, image_tarball=image_tarball, extra_vars=extra_vars,
+        # play 1 (preflight, pull, weights) ran on every host in the preflight stage: the batch only switches
+        staged_vars = {**(extra_vars or {}), "rollout_staged": True}
+        dep = ro.apply(cfg, inv, list(batch), str(ref), run_dir, image_tarball=image_tarball, extra_vars=staged_vars,
                        credentials=creds, quiet=quiet, label=f"deploy-{_slug('-'.join(batch))}")
         extra.extend(dep.cases())
         fails = [f"{h}: {'; '.join(r.messages)[:300]}" for h, r in dep.hosts.items() if r.failed or r.unreachable]

@@ -112,6 +112,11 @@ def normalise(url: str, samples: dict[str, list[tuple[dict[str, str], float]]]) 
                 w = labels.get("worker") or labels.get("url") or labels.get("worker_url")
                 if w:
                     snap.workers.setdefault(w, {})[key] = v
+        for labels, v in samples.get("smg_worker_cb_outcomes_total", []):  # per-worker request outcomes
+            w = labels.get("worker")
+            if w:
+                key = f"outcomes_{labels.get('outcome') or 'unknown'}"
+                snap.workers.setdefault(w, {})[key] = snap.workers.get(w, {}).get(key, 0.0) + v
         for name, key in (("smg_router_requests_total", "requests"), ("smg_http_requests_total", "http_requests")):
             got = _total(samples, (name,))
             if got is not None:

@@ -60,6 +60,7 @@ def test_sglang_and_llamacpp_names_read_under_one_set_of_names():
     assert normalise("l", parse(with_spec)).values["accept_length"] == 3.5
     rt = normalise("http://r/metrics", parse((FIX / "router-0.3.2.txt").read_text()))
     assert rt.engine == "router" and rt.workers and all("healthy" in w for w in rt.workers.values())
+    assert sum(w.get("outcomes_success", 0) for w in rt.workers.values()) == 16  # the recorded scrape: 8 + 8
     assert "requests" in rt.values and "upstream_5xx" in rt.values
 
 
