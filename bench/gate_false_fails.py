@@ -87,7 +87,7 @@ def main() -> int:
         if url is None:
             from pipeline.embedded import EmbeddedConfig, EmbeddedServer
 
-            server = EmbeddedServer(EmbeddedConfig(port=18480)).start()
+            server = EmbeddedServer(EmbeddedConfig(port=18480), runs).start()
             url = server.url
         base = Path(args.baseline) if args.baseline else runs / "baseline.json"
         if not args.baseline:
