@@ -296,10 +296,11 @@ def _likelihood(ctx: GateContext, t: float | None) -> list[CheckResult]:
     tok = v.per_token or {}
     tpw = tok.get("power") or {}
     if tpw.get("estimated"):
-        rates = {f: d["min_rate"] for f, d in tpw["families"].items()}
-        shown = ", ".join(f"{f} {r:.1%}" if r is not None else f"{f} none tried" for f, r in rates.items())
+        shown = ", ".join(f"{f} {d['min_rate']:.1%} (mean TV {d['min_mean_tv']:.3f})" if d.get("min_mean_tv")
+                          is not None else f"{f} none tried" for f, d in tpw["families"].items())
         power += (f"; per-token power ({tpw['n_tokens']} tokens): the smallest share of tokens drawn from a wrong "
-                  f"law refused with probability >= {tpw['target']:.0%}: {shown}")
+                  f"law refused with probability >= {tpw['target']:.0%}, and the mean total-variation distance "
+                  f"from the target's law it makes: {shown}")
     on_ids = v.on_ids or {}
     drawn = (f" ({on_ids.get('candidate', 0)} + {on_ids.get('baseline', 0)} on the ids the servers sampled, the "
              "rest on their text)" if any(on_ids.values()) else " (on their text)")

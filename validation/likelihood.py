@@ -853,7 +853,8 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
     bp = [x for a in base for x in a.tok_pit or ()]
     tv = tokenlaw.token_test(cp, bp, alphas, approximate=sum(a.approx_tokens for a in cand),
                              limit=lc.token_noise_limit)
-    draws = np.asarray([w for a in base for w in a.wrong or ()], dtype=np.float64).reshape(-1, len(tokenlaw.FAMILIES))
+    draws = np.asarray([w for a in base for w in a.wrong or ()], dtype=np.float64)
+    draws = draws.reshape(-1, draws.shape[1] if draws.ndim == 2 else 2 * len(tokenlaw.FAMILIES))
     if lc.token_power_reps:
         tv.power = tokenlaw.token_power(draws, len(cp), tv.noise_allowance, len(bp), tv.outside_baseline, alphas,
                                         lc.token_power_target, lc.token_power_reps, lc.rng_seed, tv.mean_allowance)

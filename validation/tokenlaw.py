@@ -257,9 +257,36 @@ def uniform_of(key: str) -> float:
 
 def wrong_draws(row: Row, law: Law, p: SamplingParams, order: Sequence[str], rng: np.random.Generator
                 ) -> tuple[float, ...]:
-    """One token's PIT under the correct law when the token comes from each wrong law of FAMILIES instead
-    (NaN: outside the support), for the power statement: greedy (the most likely token), untruncated (p_T with
-    no top-k/top-p/min-p), kept_at_t1 (the kept candidates at T=1), flat (uniform over the kept candidates)."""
+    """For each wrong law of FAMILIES, one token's PIT under the correct law when the token comes from that law
+    instead (NaN: outside the support), then each wrong law's total-variation distance from the correct one at
+    this position (the power statement reports its deviation in those units): greedy (the most likely token),
+    untruncated (p_T with no top-k/top-p/min-p), kept_at_t1 (the kept candidates at T=1), flat (uniform over the
+    kept candidates)."""
+    return (*_wrong_pits(row, law, p, rng), *wrong_tv(row, law, p))
+
+
+def wrong_tv(row: Row, law: Law, p: SamplingParams) -> tuple[float, float, float, float]:
+    """The total-variation distance of each wrong law of FAMILIES from the correct law at one position."""
+    q = law.q / law.total
+    lump = law.lump / law.total
+    greedy = 1.0 - float(q[0]) if law.n else 1.0
+    a = 1.0 / p.temperature
+    w = np.exp(row.lp * a)
+    tail_t = max(0.0, math.exp(row.log_z) - float(w.sum())) if p.temperature != 1.0 else row.tail
+    full = np.append(w, tail_t) / (float(w.sum()) + tail_t)
+    kept = np.append(q, np.zeros(row.lp.size - law.n))
+    kept = np.append(kept, lump)
+    untruncated = 0.5 * float(np.abs(full - kept).sum())
+    if law.n:
+        k1 = np.exp(row.lp[:law.n])
+        t1 = 0.5 * (float(np.abs(k1 / k1.sum() - q).sum()) + lump)
+        flat = 0.5 * (float(np.abs(1.0 / law.n - q).sum()) + lump)
+    else:
+        t1 = flat = 1.0
+    return greedy, untruncated, t1, flat
+
+
+def _wrong_pits(row: Row, law: Law, p: SamplingParams, rng: np.random.Generator) -> list[float]:
     v = float(rng.random())
     out = []
     # greedy
@@ -281,7 +308,7 @@ def wrong_draws(row: Row, law: Law, p: SamplingParams, order: Sequence[str], rng
         out.append(float(pit(law, r, v) or 0.0))
     else:
         out += [math.nan, math.nan]
-    return tuple(out)
+    return out
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -485,6 +512,8 @@ def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out
     out: dict[str, Any] = {"reps": reps, "target": target, "n_tokens": n_cand, "families": {}}
     if draws.size == 0 or n_cand == 0:
         return {**out, "estimated": False}
+    nf = len(FAMILIES)
+    tv = draws[:, nf:2 * nf].mean(axis=0) if draws.shape[1] >= 2 * nf else np.full(nf, np.nan)
     for j, fam in enumerate(FAMILIES):
         col = draws[:, j]
         table = {}
@@ -499,10 +528,16 @@ def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out
                 rejected += not ok
             table[f"{r:g}"] = rejected / reps
         hit = [r for r in rates if table[f"{r:g}"] >= target]
-        out["families"][fam] = {"rejection_rate": table, "min_rate": hit[0] if hit else None}
+        mean_tv = float(tv[j])
+        out["families"][fam] = {"rejection_rate": table, "min_rate": hit[0] if hit else None,
+                                "mean_tv_of_law": mean_tv,
+                                "min_mean_tv": hit[0] * mean_tv if hit and math.isfinite(mean_tv) else None}
     worst = [f["min_rate"] for f in out["families"].values()]
+    tvs = [f["min_mean_tv"] for f in out["families"].values()]
     out["estimated"] = True
     out["min_rate_all_families"] = None if any(w is None for w in worst) else max(worst)
+    # the deviation refused in every family, as the mean total-variation distance of the sampler's law from p_T
+    out["min_mean_tv_all_families"] = None if any(t is None for t in tvs) else max(tvs)
     return out
 
 

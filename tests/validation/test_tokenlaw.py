@@ -199,6 +199,11 @@ def test_the_power_statement_finds_a_small_greedy_share_at_gate_size() -> None:
     assert set(fam) == set(FAMILIES) and pw["estimated"]
     assert fam["greedy"]["min_rate"] is not None and fam["greedy"]["min_rate"] <= 0.1
     assert fam["greedy"]["rejection_rate"]["0.005"] < 0.5  # tiny shares are not claimed
+    # the deviation in total-variation units: each family's distance from the law, and what the share makes of it
+    for f in FAMILIES:
+        assert 0 < fam[f]["mean_tv_of_law"] <= 1
+    assert abs(fam["greedy"]["min_mean_tv"] - fam["greedy"]["min_rate"] * fam["greedy"]["mean_tv_of_law"]) < 1e-12
+    assert pw["min_mean_tv_all_families"] == max(fam[f]["min_mean_tv"] for f in FAMILIES)
 
 
 def test_order_of_reads_a_llamacpp_chain_and_refuses_nonsense() -> None:
@@ -215,7 +220,7 @@ def test_order_of_reads_a_llamacpp_chain_and_refuses_nonsense() -> None:
 
 
 def _scored(pid: str, seed: int, lps: list[float], tok: list[float | None] | None = None) -> AnswerScore:
-    wrong = tuple((0.1, 0.2, 0.3, 0.4) for _ in lps) if tok is not None else None
+    wrong = tuple((0.1, 0.2, 0.3, 0.4, 0.5, 0.3, 0.2, 0.4) for _ in lps) if tok is not None else None
     return AnswerScore(pid, 0.8, seed, tuple(lps), tuple(lps), tuple("x" for _ in lps), 16,
                        tok_pit=tuple(tok) if tok is not None else None, wrong=wrong)
 
@@ -282,3 +287,21 @@ def test_a_correct_candidate_is_refused_at_about_alpha() -> None:
     a = Alphas(ks=0.015, mean=0.009, outside=0.006)
     fails = sum(not token_test(list(rng.random(1500)), list(rng.random(1500)), a).ok for _ in range(400))
     assert fails <= 24, fails
+
+
+def test_the_wrong_laws_distances_are_total_variation() -> None:
+    """Greedy is 1 - q_0; dropping a top-p cut is the cut mass; a law equal to the correct one is 0."""
+    rng = np.random.default_rng(4)
+    logits = rng.normal(0, 2.5, V)
+    row = row_from_logits(logits, 0.8)
+    p = SamplingParams(0.8, 0.9)
+    law = law_of(row, p, ORDERS["sglang"])
+    q = reference_law(logits, p, "sglang")
+    full = reference_law(logits, SamplingParams(0.8), "sglang")
+    tv = wrong_draws(row, law, p, ORDERS["sglang"], rng)[len(FAMILIES):]
+    assert abs(tv[0] - (1 - q.max())) < 1e-9
+    assert abs(tv[1] - 0.5 * np.abs(full - q).sum()) < 1e-9
+    plain = SamplingParams(1.0)
+    row1 = row_from_logits(logits, 1.0)
+    tv1 = wrong_draws(row1, law_of(row1, plain, ORDERS["sglang"]), plain, ORDERS["sglang"], rng)[len(FAMILIES):]
+    assert tv1[1] < 1e-9 and tv1[2] < 1e-9  # untruncated and T=1 are the law itself here
