@@ -73,8 +73,22 @@ def likelihood_summary(doc: dict[str, Any]) -> dict[str, Any]:
             "pit_lag1_p": (st.get("pit_lag1") or {}).get("p_value"), "pit_lag1_z": (st.get("pit_lag1") or {}).get("z"),
             "min_log_p_T": (d.get("support") or {}).get("min_log_p_T"),
             "n_candidate": d.get("n_candidate"), "n_baseline": d.get("n_baseline"), "on_ids": d.get("on_ids"),
-            "message": c["message"][:300]}
+            "message": c["message"][:300], **_per_token(d.get("per_token"))}
     return out
+
+
+def _per_token(tok: Any) -> dict[str, Any]:
+    """The per-token test's numbers (validation/tokenlaw.py) of one likelihood verdict, where it ran."""
+    if not isinstance(tok, dict):
+        return {}
+    pw = tok.get("power") or {}
+    return {"per_token": {
+        "ok": tok.get("ok"), "tokens": tok.get("n_candidate"), "ks_p": tok.get("ks_p"), "mean_u": tok.get("mean_u"),
+        "mean_p": tok.get("mean_p"), "outside": tok.get("outside_candidate"),
+        "outside_baseline": tok.get("outside_baseline"), "outside_p": tok.get("outside_p"),
+        "noise_allowance": tok.get("noise_allowance"),
+        "min_rate": {f: v.get("min_rate") for f, v in (pw.get("families") or {}).items()},
+        "min_mean_tv": pw.get("min_mean_tv_all_families")}}
 
 
 def refresh(raw_path: Path) -> int:

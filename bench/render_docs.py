@@ -257,9 +257,11 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
     lc = (raw.get("profile", {}).get("gate", {}).get("likelihood") or {})
     lag = any((v or {}).get("pit_lag1_p") is not None
               for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
+    tok = any("per_token" in (v or {}) for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
     lines = [f"| engine | w | verdict | failing checks | T>0 likelihood: p (mean NLL, worst window"
              f"{', lag-1 PIT' if lag else ''}), z | "
-             "accept length | gate s |", "|---|---|---|---|---|---|---|"]
+             + ("per-token: tokens, KS p, mean u (p), outside (baseline) | " if tok else "")
+             + "accept length | gate s |", "|---|---|---|---|---|---|---|" + ("---|" if tok else "")]
     for r in raw["runs"]:
         lik = []
         for t, v in (r.get("likelihood") or {}).items():
@@ -276,8 +278,17 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
         acc = re.search(r"mean accept length ([\d.]+)", r.get("spec_accept_length") or "")
         name = "correct" if r["mode"] == "none" else r["mode"].replace("@b", " at budget ")
         failed = ", ".join(f"`{c}`" for c in r.get("failed_checks") or []) or "—"
+        per = ""
+        if tok:
+            cells = []
+            for t, v in (r.get("likelihood") or {}).items():
+                pt = v.get("per_token")
+                if pt:
+                    cells.append(f"{t}: {pt['tokens']}, {pt['ks_p']:.2g}, {pt['mean_u']:.3f} ({pt['mean_p']:.2g}), "
+                                 f"{pt['outside']} ({pt['outside_baseline']}){'' if pt['ok'] else ' **fail**'}")
+            per = f"{'; '.join(cells) or '—'} | "
         lines.append(f"| {name} | {r['verify_width']} | {r.get('verdict', 'no verdict')} | {failed} | "
-                     f"{'; '.join(lik) or '—'} | {acc.group(1) if acc else '—'} | {_num(r.get('wall_s'))} |")
+                     f"{'; '.join(lik) or '—'} | {per}{acc.group(1) if acc else '—'} | {_num(r.get('wall_s'))} |")
     verdicts = [v for r in raw["runs"] for v in (r.get("likelihood") or {}).values()]
     need = next((v["alpha_per_statistic"] for v in verdicts if v.get("alpha_per_statistic")), None)
     counted = [v for v in verdicts if isinstance(v.get("on_ids"), dict) and v.get("n_candidate")]
