@@ -227,14 +227,38 @@ def validation_env() -> dict[str, str]:
     return env
 
 
+JUDGE_GGUF = Path(os.environ.get("PRODSEQ_JUDGE_GGUF", "/tmp/gguf/smollm2.gguf"))
+
+
+def baseline_profile() -> tuple[Path, list[str]]:
+    """record-baseline runs with the fluency judge on, as `make record-baseline` does: it is what excuses the
+    target's own greedy loops at T=0 (judge.own_loop_max_gap; without it the target-only server's own poem loop
+    refused the recording twice on 2026-12-04). The judge's model is the embedded GGUF, which is not installed as a
+    package on the device: the profile plus judge.model_path. No GGUF: --no-judge."""
+    import yaml
+
+    if not JUDGE_GGUF.is_file():
+        return PROFILE, ["--no-judge"]
+    doc = yaml.safe_load(PROFILE.read_text())
+    doc["gate"].setdefault("judge", {})["model_path"] = str(JUDGE_GGUF)
+    path = STATE / "profiles" / "baseline.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc))
+    return path, []
+
+
 def record_baseline(base: Srv, out: Path, timeout: float) -> dict[str, Any]:
-    """`validation record-baseline` on the target-only server, with the profile (--no-judge: see the docstring)."""
+    """`validation record-baseline` on the target-only server, with the profile (and the judge: baseline_profile)."""
+    profile, extra = baseline_profile()
     cmd = [sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out", str(out),
-           "--config", str(PROFILE), "--no-judge"]
+           "--config", str(profile), *extra]
     t = time.time()
     rec: dict[str, Any] = {"cmd": " ".join(cmd)}
+    env = validation_env()
+    for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the judge's numpy: every core
+        env.pop(k, None)
     try:
-        r = subprocess.run(cmd, cwd=SRC, env=validation_env(), capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(cmd, cwd=SRC, env=env, capture_output=True, text=True, timeout=timeout)
         rec.update(rc=r.returncode, tail=(r.stdout + r.stderr)[-4000:])
     except subprocess.TimeoutExpired as exc:
         rec.update(rc=None, timed_out=True, tail=_text(exc.stdout)[-2000:] + _text(exc.stderr)[-2000:])
