@@ -1,12 +1,14 @@
 """`make demo`: the product's real path on an embedded fleet on this machine (root).
 
 patch series checked -> CPU serving image built and pushed to a local TLS + login registry -> two SSH test
-hosts (network namespaces, group pcie) serving a baseline tag -> sglang-router on the controller in front of
-them -> `flow.promote.deploy` as a canary rollout (the canary drained, deployed, gated and load-tested alone,
-then the second host smoke-gated, a fleet load test through the router, promotion) under a constant client
-load through the router -> one
-page (runs/demo-*/index.html) with verdict, capacity, TTFT p95 and accept length on top, linking every
-report. The hosts and their containers are removed at the end; the registry and dockerd keep running.
+hosts (network namespaces, group pcie) serving a baseline tag -> a lossless baseline recorded from the first
+-> sglang-router deployed on the controller by the router role (the inventory's sglang_router group) ->
+`flow.promote.deploy` as a canary rollout (the canary drained, deployed, gated and load-tested alone, then the
+second host smoke-gated, a fleet load test through the router, promotion) under a constant client load of 1
+request/s through the router -> one page (runs/demo-*/index.html) with verdict, capacity, TTFT p95 and accept
+length on top, linking every report, client failures per stage and the time each host was out of the router.
+The router is stopped, the hosts and their containers removed at the end; the registry and dockerd keep
+running.
 
 What differs from a GPU fleet is the test bed's (testbed/testbed.py, docs/rollout.md): the embedded
 engine instead of sglang, recorded nvidia-smi outputs, one shared Docker engine, the lean gate.
@@ -134,7 +136,7 @@ def run(out: str | None = None) -> int:
                             time.monotonic() - t, links={"router log": str(inv.parent / "inventory-data" / "router"
                                                                             / "router.log")}, data=info))
         cfg = RolloutConfig(inventory=str(inv), runs_dir=str(run_dir), gate_config=str(GATE), loadtest_max_load=2,
-                            client_load_rate=0.5, drain_timeout_s=60, gate_baseline=str(baseline))
+                            client_load_rate=1.0, drain_timeout_s=60, gate_baseline=str(baseline))
         rc, deploy_dir = promote.deploy(cfg, "all", image)
     finally:
         if inv is not None:

@@ -436,6 +436,14 @@ def _finish(run_dir: Path, report: dict[str, Any], stages: list[Stage], extra: l
     report["result"] = result
     report["wall_s"] = round(time.monotonic() - t0, 2)
     report["exit_code"] = rc
+    if report.get("retries"):  # transient failures retried on the way (rollout/retry.py): on the page too
+        by: dict[str, int] = {}
+        for r in report["retries"]:
+            by[r["what"]] = by.get(r["what"], 0) + 1
+        last = report["retries"][-1]
+        stages.append(Stage("retries", True, f"{len(report['retries'])} retried transient failure(s) "
+                            f"({', '.join(f'{k} {v}' for k, v in sorted(by.items()))}); last: {last['call']} "
+                            f"attempt {last['attempt']}: {last['reason']}", data={"retries": report["retries"]}))
     write(run_dir, f"Deploy {report['image']}", result.upper(), headline(report, stages), stages, report, extra)
     if not quiet:
         # plain print: a console would wrap the path
