@@ -250,7 +250,11 @@ class Gate:
             comps, reanchor = self._lossless_paths(samples, baseline_answers)
             lossless = LosslessData(baseline_answers, source, comps, reanchor, self.baseline_logprobs)
         if cfg.judge.enabled:
-            judged = [s for s in samples if s.temperature in weak or self.recording_baseline]
+            # recording a baseline, only its T=0 answers can refuse the recording (record-baseline keeps the T>0
+            # detector hits of the target's own samples, and the file keeps no judge score), so only they are
+            # judged: the T>0 samples' judging cost 470 s of numpy on the H200 machine's CPU (2026-12-04)
+            judged = [s for s in samples
+                      if s.temperature in weak and not (self.recording_baseline and s.temperature > 0)]
             self.judge_s = judge_samples(judged, cfg, {p.id: p.prompt for p in self.suite.prompts}, self.console)
         spec_on = cfg.spec.enabled == "on" or any(
             s.spec_accept_length is not None or s.draft_n for s in samples) or bool(

@@ -83,6 +83,7 @@ class AnswerScore:
     # per token, its PIT had it been drawn from each wrong law of tokenlaw.FAMILIES (NaN: outside): the power
     wrong: tuple[tuple[float, ...], ...] | None = None
     approx_tokens: int = 0  # tokens whose law reached into a server row's unlisted tail (placed approximately)
+    tok_excess: tuple[float, ...] = ()  # each outside token's distance past the law's cut (tokenlaw.outside_excess)
 
     @property
     def n_tokens(self) -> int:
@@ -178,21 +179,26 @@ def _scorer_kw(scorer: Any, r: ScoreRequest) -> dict[str, Any]:
 
 
 def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: list[int], params: SamplingParams,
-              order: tuple[str, ...]) -> tuple[tuple[float | None, ...], tuple[tuple[float, ...], ...], int]:
-    """(each token's PIT under the request's law, the wrong laws' PITs, tokens placed approximately)."""
+              order: tuple[str, ...]) -> dict[str, Any]:
+    """AnswerScore's per-token fields: each token's PIT under the request's law, the wrong laws' PITs, how far
+    outside the law each outside token lies, the tokens placed approximately."""
     if params.temperature != temperature:
         raise ValueError(f"sampling parameters at T={params.temperature} for an answer at T={temperature}")
     rng = np.random.default_rng(int.from_bytes(label.encode()[:8].ljust(8, b"\0"), "little") & 0xFFFFFFFF)
     pits: list[float | None] = []
     wrong: list[tuple[float, ...]] = []
+    excess: list[float] = []
     approx = 0
     for k, (row, tok) in enumerate(zip(rows, seq, strict=True)):
         law = tokenlaw.law_of(row, params, order)
         hit = np.flatnonzero(row.ids == tok)
-        pits.append(tokenlaw.pit(law, int(hit[0]) if hit.size else None, tokenlaw.uniform_of(f"{label}/{k}")))
+        rank = int(hit[0]) if hit.size else None
+        pits.append(tokenlaw.pit(law, rank, tokenlaw.uniform_of(f"{label}/{k}")))
+        if pits[-1] is None:
+            excess.append(tokenlaw.outside_excess(row, law, rank, temperature))
         wrong.append(tokenlaw.wrong_draws(row, law, params, order, rng))
         approx += law.approximate
-    return tuple(pits), tuple(wrong), approx
+    return {"tok_pit": tuple(pits), "wrong": tuple(wrong), "tok_excess": tuple(excess), "approx_tokens": approx}
 
 
 def score_all(scorer: Scorer, reqs: list[ScoreRequest], on_score: Any = None) -> list[AnswerScore]:
@@ -372,8 +378,7 @@ class ReferenceScorer:
         if params is not None:
             rows = [tokenlaw.row_from_logits(logits[k], temperature) for k in range(len(seq))]
             label = f"{prompt_id}@T{temperature:g}/seed{seed}"
-            tok["tok_pit"], tok["wrong"], tok["approx_tokens"] = per_token(label, temperature, rows, seq, params,
-                                                                           self.order)
+            tok = per_token(label, temperature, rows, seq, params, self.order)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp1.tolist()), tuple(lpt.tolist()), tuple(pieces),
                            self.window, vocab=int(logits.shape[1]), pit=tuple(pit.tolist()), **tok)
 
@@ -513,9 +518,7 @@ class SGLangScorer:
         if params is None:
             return {}
         rows = [tokenlaw.row_from_topk(x, i, a, temperature) for x, a, i in zip(lp, alts, toks, strict=True)]
-        pits, wrong, approx = per_token(f"{prompt_id}@T{temperature:g}/seed{seed}", temperature, rows, toks, params,
-                                        self.order)
-        return {"tok_pit": pits, "wrong": wrong, "approx_tokens": approx}
+        return per_token(f"{prompt_id}@T{temperature:g}/seed{seed}", temperature, rows, toks, params, self.order)
 
     def score_many(self, reqs: list[ScoreRequest], batch: int = 64) -> list[AnswerScore]:
         """`score` for many answers in a few requests: the answers tokenized in one `/tokenize` (a list of
@@ -852,7 +855,8 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
     cp = [x for a in cand for x in a.tok_pit or ()]
     bp = [x for a in base for x in a.tok_pit or ()]
     tv = tokenlaw.token_test(cp, bp, alphas, approximate=sum(a.approx_tokens for a in cand),
-                             limit=lc.token_noise_limit)
+                             limit=lc.token_noise_limit, cand_excess=[e for a in cand for e in a.tok_excess],
+                             base_excess=[e for a in base for e in a.tok_excess])
     draws = np.asarray([w for a in base for w in a.wrong or ()], dtype=np.float64)
     draws = draws.reshape(-1, draws.shape[1] if draws.ndim == 2 else 2 * len(tokenlaw.FAMILIES))
     if lc.token_power_reps:

@@ -248,6 +248,20 @@ def pit(law: Law, rank: int | None, v: float) -> float | None:
     return (float(law.q[:rank].sum()) + v * float(law.q[rank])) / law.total
 
 
+def outside_excess(row: Row, law: Law, rank: int | None, temperature: float) -> float:
+    """How far outside the law a token lies: the p_T mass of the listed candidates strictly between the law's last
+    kept one and it (0: the first token past the cut, which scorer noise can flip; a token far in the tail has
+    much more). An unlisted token is past every listed one."""
+    a = 1.0 / temperature
+    end = row.lp.size if rank is None else rank
+    if end <= law.n:
+        return 0.0
+    return float(np.exp(row.lp[law.n:end] * a - row.log_z).sum())
+
+
+MIN_MARGIN = 0.01  # p_T mass: the least margin past the cut a token must lie to count as clearly outside
+
+
 def uniform_of(key: str) -> float:
     """The V of one token's randomized PIT: a fixed function of the token's place (answer, position), independent
     of what was sampled there, so a report can be re-scored to the same numbers."""
@@ -403,6 +417,11 @@ class TokenVerdict:
     mean_allowance: float = 0.0       # the scorer's own shift of the mean, measured on the baseline
     baseline_mean_u: float | None = None
     alpha_mean: float = 0.0
+    # tokens clearly outside the law: past its cut by more than `outside_margin` of p_T mass (the larger of
+    # MIN_MARGIN and twice the farthest the baseline's own tokens lie outside): zero tolerance
+    clearly_outside: int = 0
+    outside_margin: float = MIN_MARGIN
+    farthest_outside: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -460,7 +479,8 @@ def decide(cand_u: np.ndarray, n_out_c: int, n_base: int, n_out_b: int, allow: f
 
 
 def token_test(cand: Sequence[float | None], base: Sequence[float | None], alphas: Alphas,
-               approximate: int = 0, limit: float = 0.05) -> TokenVerdict:
+               approximate: int = 0, limit: float = 0.05, cand_excess: Sequence[float] = (),
+               base_excess: Sequence[float] = ()) -> TokenVerdict:
     """The candidate's per-token PITs (None: outside the law) against uniform, the baseline's scored the same way
     giving the scorer's allowance (module docstring). `limit`: the largest allowance the test accepts: beyond it
     the scorer does not reproduce the engine's law and the test cannot judge (a fail, with that reason)."""
@@ -475,6 +495,9 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
                      mean_allowance=am, baseline_mean_u=float(bu.mean()) if bu.size else None,
                      alpha_mean=alphas.mean)
     a_ks, a_out = alphas.ks, alphas.outside
+    v.outside_margin = max(MIN_MARGIN, 2.0 * max(base_excess, default=0.0))
+    v.farthest_outside = max(cand_excess, default=0.0)
+    v.clearly_outside = sum(1 for e in cand_excess if e > v.outside_margin)
     if cu.size == 0:
         v.ok, v.reason = False, "no candidate token inside the law: nothing to test"
     elif allow > limit:
@@ -482,8 +505,13 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         v.reason = (f"the scorer does not reproduce the engine's law on the baseline's own tokens (KS {bd:.3f}, "
                     f"p {bp:.2g}; allowance {allow:.3f} > {limit:g}): wrong sampler order or parameters, or another "
                     "model")
-    elif not ok:
+    elif not ok or v.clearly_outside:
+        v.ok = False
         parts = []
+        if v.clearly_outside:
+            parts.append(f"{v.clearly_outside} token(s) clearly outside the request's top-k/top-p/min-p support (up to "
+                         f"{v.farthest_outside:.3g} of p_T past its cut, margin {v.outside_margin:.3g}: what a correct "
+                         "sampler never draws)")
         if p < a_ks or pm < alphas.mean:
             parts.append(f"sampled tokens not distributed as the target's law over {cu.size} tokens: KS {d:.4f} "
                          f"(allowance {allow:.4f}) p {p:.2g} (alpha {a_ks:.2g}); mean u {v.mean_u:.4f}, 0.5 expected "

@@ -305,3 +305,26 @@ def test_the_wrong_laws_distances_are_total_variation() -> None:
     row1 = row_from_logits(logits, 1.0)
     tv1 = wrong_draws(row1, law_of(row1, plain, ORDERS["sglang"]), plain, ORDERS["sglang"], rng)[len(FAMILIES):]
     assert tv1[1] < 1e-9 and tv1[2] < 1e-9  # untruncated and T=1 are the law itself here
+
+
+def test_a_token_far_past_the_cut_is_refused_and_one_at_the_edge_is_not() -> None:
+    """outside_excess: 0 for the first token past the law's cut (scorer noise can flip it), the cut-off mass
+    between for a token deeper in the tail; one clearly outside token fails the test whatever the statistics."""
+    from validation.tokenlaw import outside_excess
+
+    rng = np.random.default_rng(12)
+    logits = rng.normal(0, 2.5, V)
+    row = row_from_logits(logits, 0.8)
+    law = law_of(row, SamplingParams(0.8, 0.5), ORDERS["sglang"])
+    assert outside_excess(row, law, law.n, 0.8) == 0.0
+    deep = outside_excess(row, law, law.n + 10, 0.8)
+    pt = np.exp(row.lp / 0.8 - row.log_z)
+    assert abs(deep - pt[law.n:law.n + 10].sum()) < 1e-12 and deep > 0.01
+    even = list(np.linspace(0.0005, 0.9995, 2000))
+    v = token_test([*even, None], [*even, None], A, cand_excess=[deep], base_excess=[0.0])
+    assert not v.ok and v.clearly_outside == 1 and "clearly outside" in v.reason
+    v = token_test([*even, None], [*even, None], A, cand_excess=[0.002], base_excess=[0.0])
+    assert v.ok and v.clearly_outside == 0
+    # the margin follows the baseline's own farthest outside token: a noisy scorer widens it
+    v = token_test([*even, None], [*even, None], A, cand_excess=[0.03], base_excess=[0.02])
+    assert v.ok and v.outside_margin == 0.04
