@@ -173,24 +173,59 @@ def notes(raw: dict[str, Any], path: str) -> list[str]:
     gates = raw.get("gates", [])
     v = _verdicts(gates)
     calls = raw.get("calls", [])
-    out = [f"Baseline: `record-baseline` exit {base.get('rc', '—')} in {_f(base.get('wall_s'), '.0f')} s on the "
+    rc = "timed out" if base.get("timed_out") else base.get("rc", "—")
+    out = [f"Baseline (the last recording): `record-baseline` {rc} after {_f(base.get('wall_s'), '.0f')} s on the "
            f"target-only server ({f.get('answers_t0', '—')} T=0 answers, "
            f"{sum((f.get('samples_by_temperature') or {}).values()) or '—'} T>0 samples, target-only scores of "
            f"{f.get('scores_answers', '—')}); the server stopped at {_f(base.get('stopped_at_s'), '.0f')} s, its port "
            f"refusing before the first gate: {base.get('port_refuses_after_stop', '—')}."]
     if offline is not None:
         out.append(f"Drafter: trained on the device, offline accept length {offline:.2f}.")
-    out.append(f"Gate runs: {len(v)} with a verdict of {len(gates)} started, over {len(calls)} device call(s).")
+    out.append(f"Gate runs: {len(v)} with a verdict of {len(gates)} started, over {len(calls)} gate call(s) of the "
+               "last machine.")
     out.append(f"Raw: {path} ({raw.get('date')}, {raw.get('machine')}, commit {raw.get('commit')})")
     return out
 
 
+def _why(tail: str) -> str:
+    """The last line of a command's output that says why it stopped."""
+    lines = [ln.strip() for ln in (tail or "").splitlines() if ln.strip()]
+    err = [ln for ln in lines if ln.startswith("error:")]
+    return (err[-1] if err else lines[-1] if lines else "")[:200].replace("|", "/")
+
+
+def attempts_table(raw: dict[str, Any]) -> list[str]:
+    """Each call's baseline recording on the target-only server (the step every gate waits for)."""
+    lines = ["| call (UTC) | machine | target-only up s | candidates up s (from their start) | record-baseline | exit "
+             "| wall s | last line |", "|---|---|---|---|---|---|---|---|"]
+    for a in raw.get("attempts", []):
+        b = a.get("baseline") or {}
+        ups = [s.get("up_s") for s in a.get("servers", []) if s.get("role") != "target-only" and s.get("up_s")]
+        base = next((s.get("up_s") for s in a.get("servers", []) if s.get("role") == "target-only"), None)
+        judge = "judge off (--no-judge)" if "--no-judge" in str(b.get("cmd")) else "judge on"
+        rc = "timed out" if b.get("timed_out") else b.get("rc")
+        lines.append(f"| {a.get('call')} | {a.get('machine')} | {_f(b.get('server_up_s') or base, '.0f')} | "
+                     f"{_f(min(ups), '.0f') if ups else '—'}-{_f(max(ups), '.0f') if ups else '—'} | {judge} | {rc} | "
+                     f"{_f(b.get('wall_s'), '.0f')} | {_why(b.get('tail', ''))} |")
+    return lines
+
+
 def render(raw: dict[str, Any], path: str) -> str:
-    parts = ["Verdicts per build:", "", *verdict_table(raw), "",
-             "The per-token test per build and temperature (its numbers over the runs):", "", *token_table(raw), "",
-             "The candidate as the target's scorer (trust on the baseline's recorded target-only scores):", "",
-             *trust_table(raw), "", "lossless_t0 and its re-anchoring (the candidate forced onto the baseline's path):",
-             "", *lossless_table(raw), "", *notes(raw, path), ""]
+    parts: list[str] = []
+    src = f"(raw: {path})"  # each table names its raw file in the line above it (tests/test_docs_claims.py)
+    if raw.get("attempts"):
+        parts += [f"Baseline recordings, the target-only server stopped after each {src}:", "", *attempts_table(raw),
+                  ""]
+    if not _verdicts(raw.get("gates", [])):
+        parts += [f"No gate verdict: {raw.get('not_run') or 'no gate ran'}.", "", *notes(raw, path), ""]
+        return "\n".join(parts)
+    parts += [f"Verdicts per build {src}:", "", *verdict_table(raw), "",
+              f"The per-token test per build and temperature, its numbers over the runs {src}:", "",
+              *token_table(raw), "",
+              f"The candidate as the target's scorer, trusted on the baseline's recorded target-only scores {src}:",
+              "", *trust_table(raw), "",
+              f"lossless_t0 and its re-anchoring, the candidate forced onto the baseline's path {src}:", "",
+              *lossless_table(raw), "", *notes(raw, path), ""]
     return "\n".join(parts)
 
 
