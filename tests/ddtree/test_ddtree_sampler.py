@@ -45,6 +45,8 @@ BATCH = [
     (1.0, VOCAB + 5, 1.0, 0.0),  # plain T 1: top_k past the vocabulary, top_p 1, min_p 0
 ]
 GREEDY_ROWS = [b for b, (t, k, _, _) in enumerate(BATCH) if t <= 1e-5 or k == 1]
+# the batch holds min-p requests: sglang's sampler (and so the worker) truncates sequentially for all of it
+SEQ = any(m > 0 for (_, _, _, m) in BATCH)
 SAMPLING_ROWS = [b for b in range(len(BATCH)) if b not in GREEDY_ROWS]
 LAW_FAULTS = [f for f in S.TEST_FAULTS if f != "step_shared_random"]
 
@@ -53,12 +55,13 @@ LAW_FAULTS = [f for f in S.TEST_FAULTS if f != "step_shared_random"]
 
 
 def reference_law(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
-                  min_p_at_t1: bool = False) -> np.ndarray:
+                  min_p_at_t1: bool = False, sequential: bool = False) -> np.ndarray:
     """The distribution one node's token must follow. Greedy (T <= 1e-5 or top_k == 1): a point mass on the first
     maximal logit. Otherwise q = softmax(logits / T); walking the tokens from the most probable down, a token is
     kept when its rank is below top_k, the mass of the tokens before it is below top_p and its probability is at
     least min_p times the largest (the first token always); the kept q renormalised. ``min_p_at_t1`` describes
-    the min_p_on_t1 fault: the min-p test on softmax(logits) instead."""
+    the min_p_on_t1 fault: the min-p test on softmax(logits) instead. ``sequential``: the batch holds a min-p
+    request, and sglang's sampler then measures top-p on the renormalised mass of the top-k survivors."""
     x = np.asarray(logits, dtype=np.float64)
     if temperature <= 1e-5 or top_k == 1:
         out = np.zeros(len(x))
@@ -71,16 +74,18 @@ def reference_law(logits: np.ndarray, temperature: float, top_k: int, top_p: flo
     ranked = sorted(range(len(x)), key=lambda i: (-q[i], i))
     kept = np.zeros(len(x))
     before = 0.0
+    mass_k = sum(q[i] for i in ranked[:max(1, top_k)]) if sequential else 1.0
     for rank, i in enumerate(ranked):
         lead = q1[ranked[0]] if min_p_at_t1 else q[ranked[0]]
         mine = q1[i] if min_p_at_t1 else q[i]
-        if rank == 0 or (rank < top_k and before < top_p and mine >= min_p * lead):
+        if rank == 0 or (rank < top_k and before < top_p * mass_k and mine >= min_p * lead):
             kept[i] = q[i]
         before += q[i]
     return kept / kept.sum()
 
 
-def boundary_margin(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> float:
+def boundary_margin(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
+                    sequential: bool = False) -> float:
     """How far the row's top-p and min-p decisions are from their thresholds (float32 against float64 must not
     decide a token differently): the smallest |mass before - top_p| and |q / q_max - min_p| over the tokens."""
     x = np.asarray(logits, dtype=np.float64)
@@ -91,7 +96,8 @@ def boundary_margin(logits: np.ndarray, temperature: float, top_k: int, top_p: f
     before = np.concatenate([[0.0], np.cumsum(q)[:-1]])
     margin = math.inf
     if top_p < 1.0:
-        margin = min(margin, float(np.abs(before - top_p).min()))
+        limits = [top_p, top_p * float(q[:max(1, top_k)].sum())] if sequential else [top_p]
+        margin = min(margin, *(float(np.abs(before - lim).min()) for lim in limits))
     if min_p > 0.0:
         margin = min(margin, float(np.abs(q / q[0] - min_p).min()))
     return margin
@@ -213,7 +219,8 @@ def fits(counts: np.ndarray, logits: np.ndarray, rows, min_p_at_t1: bool = False
     per, total, dof = {}, 0.0, 0
     for b in only:
         for j in range(logits.shape[1]):
-            stat, d = chi2_fit(counts[b, j], reference_law(logits[b, j], *rows[b], min_p_at_t1=min_p_at_t1))
+            stat, d = chi2_fit(counts[b, j], reference_law(logits[b, j], *rows[b], min_p_at_t1=min_p_at_t1,
+                                                           sequential=SEQ))
             per[(b, j)] = chi2_sf(stat, d) if math.isfinite(stat) else 0.0
             total, dof = total + stat, dof + d
     return per, (chi2_sf(total, dof) if math.isfinite(total) else 0.0)
@@ -229,7 +236,8 @@ def logits() -> np.ndarray:
             if at_t1:  # min-p on T = 1 is min-p ** (1 / T) on the scaled distribution
                 m = m ** (1.0 / t)
             for j in range(WIDTH):
-                assert boundary_margin(x[b, j], t, k, p, m) > 1e-4, "pick another logits seed: a boundary is too close"
+                assert boundary_margin(x[b, j], t, k, p, m, SEQ) > 1e-4, \
+                    "pick another logits seed: a boundary is too close"
     return x
 
 
@@ -395,8 +403,8 @@ def test_fault_draws_the_law_its_comment_describes(fault, logits, fault_draws) -
     per, total = fits(counts, logits, rows, min_p_at_t1=at_t1)
     assert min(per.values()) > ALPHA_PASS and total > ALPHA_PASS, (fault, min(per.values()), total)
     unchanged = [b for b in SAMPLING_ROWS  # rows whose described law is the correct one
-                 if all(np.allclose(reference_law(logits[b, j], *rows[b], min_p_at_t1=at_t1),
-                                    reference_law(logits[b, j], *BATCH[b])) for j in range(WIDTH))]
+                 if all(np.allclose(reference_law(logits[b, j], *rows[b], min_p_at_t1=at_t1, sequential=SEQ),
+                                    reference_law(logits[b, j], *BATCH[b], sequential=SEQ)) for j in range(WIDTH))]
     if unchanged:  # the rows the fault leaves alone still fit the correct law
         _, p_unchanged = fits(counts, logits, BATCH, only=unchanged)
         assert p_unchanged > ALPHA_PASS, (fault, unchanged, p_unchanged)
@@ -408,7 +416,7 @@ def test_fit_refuses_a_changed_law_on_the_same_support(fault, row, logits, fault
     top-p 0.9 draws inside its own support; the chi-square refuses both on the shape of the law alone."""
     counts, _ = fault_draws[fault]
     for j in range(WIDTH):
-        assert counts[row, j][reference_law(logits[row, j], *BATCH[row]) <= 0].sum() == 0
+        assert counts[row, j][reference_law(logits[row, j], *BATCH[row], sequential=SEQ) <= 0].sum() == 0
     _, p = fits(counts, logits, BATCH, only=[row])
     assert p < ALPHA_FAIL, (fault, row, p)
 
@@ -430,7 +438,8 @@ def collision_z(raw: np.ndarray, logits: np.ndarray, rows) -> float:
     hits, mean, var = 0.0, 0.0, 0.0
     for b in SAMPLING_ROWS:
         for a in range(0, raw.shape[2] - 1, 2):
-            q = float(reference_law(logits[b, a], *rows[b]) @ reference_law(logits[b, a + 1], *rows[b]))
+            q = float(reference_law(logits[b, a], *rows[b], sequential=SEQ)
+                      @ reference_law(logits[b, a + 1], *rows[b], sequential=SEQ))
             n = raw.shape[0]
             hits += float((raw[:, b, a] == raw[:, b, a + 1]).sum())
             mean += n * q
@@ -511,3 +520,21 @@ def test_cuda_draws_fit_the_law_and_faults_fail(logits) -> None:
             rows, at_t1 = described_batch(fault)
             per, total = fits(counts, logits, rows, min_p_at_t1=at_t1)
             assert min(per.values()) > ALPHA_PASS and total > ALPHA_PASS, (fault, seeded, min(per.values()), total)
+
+
+def test_a_min_p_request_in_the_batch_makes_top_p_sequential_as_sglang_does() -> None:
+    """sglang 0.5.23's flashinfer sampler: when any request of a batch has min-p it renormalises after top-k and
+    measures top-p on the survivors (top_k_renorm_prob, top_p_renorm_prob, min_p_sampling_from_probs); otherwise
+    it cuts top-k and top-p jointly. A request with top-k 3 and top-p 0.75 over q = (0.4, 0.3, 0.2, 0.1): jointly
+    the third token's mass before it, 0.7, is under 0.75 and it is kept (3 tokens); sequentially that mass is 0.7 of
+    the survivors' 0.9 (0.78), past 0.75, and it is dropped (2 tokens)."""
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    for with_min_p, want in ((False, 3), (True, 2)):
+        ms = torch.tensor([0.0, 0.01 if with_min_p else 0.0])
+        lg = logits.expand(2, 4).contiguous()
+        probs = torch.softmax(lg, dim=-1)
+        out = S.renorm(probs, torch.tensor([3, TOP_K_ALL]), torch.tensor([0.75, 1.0]), ms,
+                       sequential=(ms > 0).any())
+        assert int((out[0] > 0).sum()) == want, (with_min_p, out[0])
+        law = reference_law(lg[0].numpy().astype(np.float64), 1.0, 3, 0.75, 0.0, sequential=with_min_p)
+        assert np.allclose(out[0].numpy(), law, atol=1e-6)

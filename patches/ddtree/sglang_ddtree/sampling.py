@@ -61,18 +61,28 @@ def read_test_fault() -> str | None:
 
 
 def renorm(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor,
-           min_p_probs: torch.Tensor | None = None) -> torch.Tensor:
+           min_p_probs: torch.Tensor | None = None, sequential: torch.Tensor | None = None) -> torch.Tensor:
     """Keep the top-k, top-p and min-p support of each row and renormalise (sglang's order).
 
     All three masks are computed on the same descending sort of ``probs`` (joint, not one after the other):
     rank < top_k; the mass before the token < top_p; p >= min_p * p_max. The most probable token is always
     kept. ``min_p_probs`` (only the ``min_p_on_t1`` test fault) computes the min-p mask on other probabilities
-    of the same order instead."""
+    of the same order instead.
+
+    ``sequential`` (a 0-dim bool tensor, no host sync): sglang's own sampler (flashinfer backend) switches the
+    whole batch to top-k renorm, then top-p renorm, then min-p when any request of the batch has min-p; top-p
+    is then measured on the top-k survivors' renormalised mass. Where it is true the same happens here, so a
+    request with both top-k and top-p draws exactly the law the target-only server would give it in that batch
+    (the other requests' laws are the same either way)."""
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
     ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
     keep = ranks < top_ks.clamp_min(1).unsqueeze(1)
     cum = torch.cumsum(sorted_p, dim=-1)
-    keep &= (cum - sorted_p) < top_ps.unsqueeze(1)
+    limit = top_ps.unsqueeze(1)
+    if sequential is not None:
+        mass_k = torch.where(keep, sorted_p, torch.zeros_like(sorted_p)).sum(dim=-1, keepdim=True)
+        limit = torch.where(sequential, limit * mass_k, limit)
+    keep &= (cum - sorted_p) < limit
     ref = sorted_p if min_p_probs is None else torch.gather(min_p_probs, 1, order)
     keep &= ref >= (ref[:, :1] * min_ps.unsqueeze(1))
     keep[:, 0] = True
@@ -117,6 +127,8 @@ def node_draws(
     req_k = top_ks.view(-1)
     req_p = top_ps.view(-1)
     req_m = min_ps.view(-1)
+    # sglang's batch rule (renorm): min-p anywhere in the batch makes the truncation sequential for all of it
+    sequential = (req_m > 0).any()
     # greedy by the request's own parameters, whatever the fault
     is_greedy = torch.repeat_interleave((req_t <= GREEDY_T) | (req_k == 1), w)
     if fault == "row_shift":
@@ -132,7 +144,7 @@ def node_draws(
     ps = torch.repeat_interleave(req_p, w)
     ms = torch.repeat_interleave(req_m, w)
     min_p_probs = torch.softmax(logits.float(), dim=-1) if fault == "min_p_on_t1" else None
-    probs = renorm(probs, ks, ps, ms, min_p_probs=min_p_probs)
+    probs = renorm(probs, ks, ps, ms, min_p_probs=min_p_probs, sequential=sequential)
     if seeds is not None:
         if seeded_draw is None:
             from sglang.srt.layers.sampler import multinomial_with_seed as seeded_draw
