@@ -23,7 +23,9 @@ only the tail's resolution).
 
 Engines apply the truncations in different orders (`ORDERS`): SGLang scales by the temperature first and cuts
 all three jointly on p_T; llama.cpp cuts top-k, then top-p on the renormalised survivors of p_1, then min-p,
-and applies the temperature last (its /props `samplers`).
+and applies the temperature last (its /props `samplers`). SGLang 0.5.23's flashinfer sampler switches a whole
+batch to top-k first and top-p on the survivors' mass when any of its requests has min-p: only a request with
+both top-k and top-p feels it, so the SGLang profiles' mixes never combine the two.
 
 The test per temperature (`token_test`): the one-sample Kolmogorov-Smirnov distance of the candidate's u from
 uniform (omnibus) and the mean of its u (location: a sharper law lowers it, a flatter one raises it; most
