@@ -94,14 +94,13 @@ def gate_stage(url: str, out: Path, gate_cfg: Any, *, quiet: bool = False, name:
     except Exception as exc:  # anything else still ends in a rollback, never in a half-changed fleet
         return Stage(name, False, f"gate crashed against {url}: {type(exc).__name__}: {exc}"[:600],
                      time.monotonic() - t0)
-    s = res.summary
-    failed = ", ".join(s.get("failed_checks") or []) or "none"
-    spec = s.get("spec") or {}
-    return Stage(name, res.passed, f"{s['verdict']} on {url}: {s['checks']} checks, failed: {failed}",
+    s = res.summary  # validation.gate.GateSummary
+    failed = ", ".join(s.failed_checks) or "none"
+    return Stage(name, res.passed, f"{s.verdict} on {url}: {s.checks} checks, failed: {failed}",
                  time.monotonic() - t0, links={"gate report": str(out / "report.html")},
-                 data={"endpoint": url, "verdict": s["verdict"], "failed_checks": s.get("failed_checks") or [],
-                       "median_ttft_s": s.get("median_ttft_s"), "median_tokens_per_s": s.get("median_tokens_per_s"),
-                       "accept_length": spec.get("accept_length"), "report_dir": str(out)})
+                 data={"endpoint": url, "verdict": s.verdict, "failed_checks": list(s.failed_checks),
+                       "median_ttft_s": s.median_ttft_s, "median_tokens_per_s": s.median_tokens_per_s,
+                       "accept_length": s.accept_length, "report_dir": str(out)})
 
 
 def loadtest_config(cfg: RolloutConfig, url: str) -> Any:

@@ -71,8 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     result = run_gate(args.target, cfg, out_dir=out, console=console)
     print(f"reports: {out}/report.json  {out}/junit.xml  {out}/report.html", file=sys.stderr)
-    print(json.dumps({"verdict": result.summary["verdict"], "out": str(out),
-                      "failed_checks": result.summary["failed_checks"]}))
+    print(json.dumps({"verdict": result.summary.verdict, "out": str(out),
+                      "failed_checks": result.summary.failed_checks}))
     return EXIT_OK if result.passed else EXIT_FAIL
 
 

@@ -65,6 +65,43 @@ class _LikelihoodPlan:
     trust: dict[str, list[float]] | None = None
 
 
+@dataclass(frozen=True)
+class GateSummary:
+    """The gate's verdict and what decided it: report.json's `summary`, the console table's title, what the
+    deploy flow reads (flow/promote.py gate_stage). One type, read by attribute; `as_dict()` for the reports."""
+
+    verdict: str  # PASS | FAIL
+    target: str
+    model: str
+    server_kind: str
+    suite: str
+    temperatures: list[float]
+    verdict_mode: dict[str, str]  # T<t> -> who decided at that temperature (oracle or the weaker detectors mode)
+    requests: int
+    request_errors: int
+    checks: int
+    failed_checks: list[str]
+    not_run_checks: list[dict[str, str]]
+    duration_s: float
+    median_ttft_s: float | None
+    median_tokens_per_s: float | None
+    spec: dict[str, Any] | None  # the server's speculative metrics after the gate (validation/spec.py)
+    judge_s: float | None
+    skipped_checks: list[dict[str, str]]
+    waivers: list[dict[str, Any]]
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "PASS"
+
+    @property
+    def accept_length(self) -> float | None:
+        return (self.spec or {}).get("accept_length")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class GateResult:
     target: str
@@ -73,7 +110,7 @@ class GateResult:
     passed: bool
     cases: list[Case]
     samples: list[Sample]
-    summary: dict[str, Any]
+    summary: GateSummary
     out_dir: Path | None = None
 
     @property
@@ -298,35 +335,36 @@ class Gate:
         return samples
 
     def _summary(self, ctx: GateContext, cases: list[Case], passed: bool, model: str, duration_s: float
-                 ) -> dict[str, Any]:
+                 ) -> GateSummary:
         """The report's summary block (report.json `summary`, the console table's header)."""
         cfg, samples, spec_after = self.cfg, ctx.samples, ctx.spec_after
         ok_samples = [s for s in samples if not s.error]
-        modes = {f"T{t:g}": ("oracle: lossless_t0 against the target-only server" if t == 0 else
-                             "oracle: likelihood under the target model against the target-only server")
+        modes = {f"T{t:g}": ("oracle: lossless_t0 against the target-only baseline" if t == 0 else
+                             "oracle: the target's likelihood of every sampled token, against the target-only "
+                             "baseline")
                  if ctx.mode(t) == "oracle" else "detectors + judge (weaker: no target-only baseline)"
                  for t in cfg.temperatures}
-        return {
-            "verdict": "PASS" if passed else "FAIL",
-            "target": self.client.base_url,
-            "model": model,
-            "server_kind": self.kind,
-            "suite": f"{Path(cfg.suite).name} (v{self.suite.version})",
-            "temperatures": cfg.temperatures,
-            "verdict_mode": modes,
-            "requests": len(samples),
-            "request_errors": sum(1 for s in samples if s.error),
-            "checks": len(cases),
-            "failed_checks": [c.name for c in cases if not c.ok and not c.skipped],
-            "not_run_checks": [{"name": c.name, "reason": c.message} for c in cases if c.not_run],
-            "duration_s": round(duration_s, 2),
-            "median_ttft_s": _median(s.ttft_s for s in ok_samples),
-            "median_tokens_per_s": _median(s.tokens_per_s for s in ok_samples),
-            "spec": spec_after.as_dict() if spec_after else None,
-            "judge_s": round(self.judge_s, 2) if self.judge_s is not None else None,
-            "skipped_checks": [{"name": c.name, "reason": c.message} for c in cases if c.skipped],
-            "waivers": [c.details["waiver"] for c in cases if c.details.get("waiver")],
-        }
+        return GateSummary(
+            verdict="PASS" if passed else "FAIL",
+            target=self.client.base_url,
+            model=model,
+            server_kind=self.kind,
+            suite=f"{Path(cfg.suite).name} (v{self.suite.version})",
+            temperatures=list(cfg.temperatures),
+            verdict_mode=modes,
+            requests=len(samples),
+            request_errors=sum(1 for s in samples if s.error),
+            checks=len(cases),
+            failed_checks=[c.name for c in cases if not c.ok and not c.skipped],
+            not_run_checks=[{"name": c.name, "reason": c.message} for c in cases if c.not_run],
+            duration_s=round(duration_s, 2),
+            median_ttft_s=_median(s.ttft_s for s in ok_samples),
+            median_tokens_per_s=_median(s.tokens_per_s for s in ok_samples),
+            spec=spec_after.as_dict() if spec_after else None,
+            judge_s=round(self.judge_s, 2) if self.judge_s is not None else None,
+            skipped_checks=[{"name": c.name, "reason": c.message} for c in cases if c.skipped],
+            waivers=[c.details["waiver"] for c in cases if c.details.get("waiver")],
+        )
 
     # ------------------------------------------------------------------ the target's likelihood at T>0
     likelihood_off: str | None = None  # why T>0 is not judged by the target's likelihood (detectors mode)
@@ -762,11 +800,13 @@ def write_reports(result: GateResult, out_dir: str | Path, cfg: GateConfig) -> d
     result.out_dir = out
     samples = [{**asdict(s), "findings": [asdict(f) for f in s.findings]} for s in result.samples]
     paths = {
-        "json": write_json(out / "report.json", {"summary": result.summary, "config": cfg.model_dump(mode="json"),
+        "json": write_json(out / "report.json", {"summary": result.summary.as_dict(),
+                                                  "config": cfg.model_dump(mode="json"),
                                                   "cases": result.cases, "samples": samples}),
         "junit": write_junit(out / "junit.xml", "validation", result.cases),
-        "html": write_html(out / "report.html", f"Validation gate — {result.model}", verdict=result.summary["verdict"],
-                           summary={k: v for k, v in result.summary.items() if k != "spec"}, cases=result.cases,
+        "html": write_html(out / "report.html", f"Validation gate — {result.model}", verdict=result.summary.verdict,
+                           summary={k: v for k, v in result.summary.as_dict().items() if k != "spec"},
+                           cases=result.cases,
                            tables=[("Answers at each temperature", ["prompt", "T", "tokens", "tok/s", "findings",
                                                                     "text"],
                                     [[s.prompt_id, s.temperature, s.completion_tokens, _fmt(s.tokens_per_s),
@@ -782,7 +822,7 @@ def write_reports(result: GateResult, out_dir: str | Path, cfg: GateConfig) -> d
 def print_summary(result: GateResult, console: Console) -> None:
     from rich.table import Table
 
-    table = Table(title=f"gate {result.summary['verdict']} — {result.model} @ {result.target}", show_lines=False)
+    table = Table(title=f"gate {result.summary.verdict} — {result.model} @ {result.target}", show_lines=False)
     table.add_column("check")
     table.add_column("result")
     table.add_column("detail", overflow="fold")

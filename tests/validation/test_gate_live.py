@@ -93,5 +93,5 @@ def test_a_target_that_dies_mid_gate_fails_with_named_checks_not_an_exception(tm
     assert not result.passed
     errors = next(c for c in result.cases if c.name == "request_errors")
     assert not errors.ok and ("cannot reach" in errors.message or "Connect" in errors.message), errors.message
-    assert "request_errors" in result.summary["failed_checks"]
+    assert "request_errors" in result.summary.failed_checks
     assert (tmp_path / "gate" / "report.json").is_file() and (tmp_path / "gate" / "junit.xml").is_file()

@@ -51,7 +51,7 @@ def test_the_correct_engine_passes_with_the_target_deciding_every_temperature(
         embedded_target: EmbeddedServer, recorded: Path, tmp_path: Path) -> None:
     result = run_gate(embedded_target.url, _cfg(recorded), out_dir=tmp_path)
     assert result.passed, [(c.name, c.message) for c in result.failed_cases]
-    modes = result.summary["verdict_mode"]
+    modes = result.summary.verdict_mode
     assert modes["T0"].startswith("oracle") and modes["T0.8"].startswith("oracle"), modes
     cases = {c.name: c for c in result.cases}
     assert cases["lossless_t0"].ok and not cases["lossless_t0"].skipped
