@@ -55,8 +55,24 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "noise_allowance": tok.get("noise_allowance"), "outside": tok.get("outside_candidate"),
             "outside_p": tok.get("outside_p"),
             "min_rate": {f: v.get("min_rate") for f, v in ((tok.get("power") or {}).get("families") or {}).items()},
+            "min_mean_tv": (tok.get("power") or {}).get("min_mean_tv_all_families"),
+            "mean_u": tok.get("mean_u"), "mean_p": tok.get("mean_p"), "clearly_outside": tok.get("clearly_outside"),
             "p": {n: (stats.get(n) or {}).get("p_value") for n in ("mean_nll", "worst_window_nll", "pit_lag1")}}
     return out
+
+
+def refresh(raw_path: Path) -> int:
+    """Re-read every run's report.json (runs/<dir>/runNN) into an existing raw file's summaries."""
+    raw = json.loads(raw_path.read_text())
+    for row in raw["runs"]:
+        rep = Path(row["out"]) / "report.json" if row.get("out") else None
+        if rep is None or not rep.is_file():
+            print(f"error: the report of run {row['run']} is gone: cannot refresh {raw_path}", file=sys.stderr)
+            return 2
+        row.update(summary(json.loads(rep.read_text())))
+    raw["refreshed"] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "what": "summaries from each report.json"}
+    raw_path.write_text(json.dumps(raw, indent=2) + "\n")
+    return 0
 
 
 def main() -> int:
@@ -68,7 +84,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "results" /
                                          f"gate-false-fails-{time.strftime('%Y-%m-%d')}.json"))
     ap.add_argument("--runs-dir", default=str(REPO / "runs" / "gate-false-fails"))
+    ap.add_argument("--refresh", metavar="RAW", help="only re-read each run's report.json into this raw file")
     args = ap.parse_args()
+    if args.refresh:
+        return refresh(Path(args.refresh))
     if args.runs < 1:
         print("error: --runs must be at least 1", file=sys.stderr)
         return 2
@@ -118,7 +137,7 @@ def main() -> int:
                                        str(cfg_path), "--baseline", str(base), "--out", str(out)], cwd=REPO,
                                       env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
             row: dict[str, Any] = {"run": k, "seeds": seeds, "rc": proc.returncode,
-                                   "wall_s": round(time.perf_counter() - t0, 1)}
+                                   "wall_s": round(time.perf_counter() - t0, 1), "out": str(out)}
             rp = out / "report.json"
             if rp.is_file():
                 row.update(summary(json.loads(rp.read_text())))
