@@ -126,6 +126,27 @@ def render_incident(raw: dict[str, Any], path: str) -> str:
         "message, the recorded SGLang response shapes)\n"
 
 
+def render_gate_false_fails(raw: dict[str, Any], path: str) -> str:
+    """A correct build gated again and again in the production sequence (bench/gate_false_fails.py): one row per
+    run, the per-token test's numbers per T>0 temperature."""
+    lines = ["| run | verdict | failing checks | per T>0: tokens, KS p, mean u (p), clearly outside, smallest mean TV "
+             "refused at 90% |", "|---|---|---|---|"]
+    for r in raw["runs"]:
+        cells = []
+        for name, v in sorted((r.get("likelihood") or {}).items()):
+            tv = v.get("min_mean_tv")
+            mean = f"{v['mean_u']:.3f} ({v['mean_p']:.2g})" if v.get("mean_u") is not None else "—"
+            cells.append(f"{name.split('@', 1)[1]}: {_num(v.get('tokens'))}, {v['ks_p']:.2g}, {mean}, "
+                         f"{v.get('clearly_outside', '—')}, {f'{tv:.3f}' if tv is not None else '—'}")
+        failed = ", ".join(f"`{c}`" for c in sorted(r.get("failed") or {})) or "—"
+        lines.append(f"| {r['run']} | {r.get('verdict', 'no verdict')} | {failed} | {'; '.join(cells) or '—'} |")
+    ff = raw.get("false_fails") or {}
+    lines += ["", f"{ff.get('refused', '?')} of {ff.get('runs', '?')} runs refused.", "",
+              f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', '?')}, commit {raw.get('commit', '?')}; "
+              f"command: `{raw.get('command', '?')}`", ""]
+    return "\n".join(lines)
+
+
 def render_gate_repeat(raw: dict[str, Any], path: str) -> str:
     """Repeated gate runs per server from one incident call (tests/ddtree/incident.py --repeat N)."""
     from bench.gate_repeat_table import render
@@ -313,6 +334,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "ci-run": render_ci_run,
     "incident": render_incident,
     "gate-repeat": render_gate_repeat,
+    "gate-false-fails": render_gate_false_fails,
     "ddtree-serve": render_ddtree_serve,
     "ddtree-serve-verdict": render_ddtree_verdict,
     "loadtest-ceiling": render_ceiling,
