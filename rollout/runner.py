@@ -73,6 +73,26 @@ _SLOW = ("Pull the image", "Load the tarball", "Pre-stage the weights", "Contain
          "Container: restore", "Wait until")
 
 
+def sweep_credentials(tmp: str | None = None) -> list[str]:
+    """Remove the credentials dirs of controllers that are gone (killed before their `finally` ran): the dir's
+    name carries the pid that made it (rollout-cred-<pid>-*); a live pid's dir is left alone."""
+    gone = []
+    for d in Path(tmp or tempfile.gettempdir()).glob("rollout-cred-*-*"):
+        pid = d.name.split("-")[2]
+        if not pid.isdigit() or not d.is_dir() or d.stat().st_uid != os.getuid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(str(d))
+    return gone
+
+
 def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, extravars: dict[str, Any],
                  *, check: bool = False, forks: int = 16, envvars: dict[str, str] | None = None,
                  quiet: bool = False, label: str | None = None, tags: str | None = None) -> PlaybookResult:
@@ -134,7 +154,8 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
     saved_env = {k: os.environ.pop(k) for k in (USER_ENV, PASSWORD_ENV, CREDENTIALS_FILE_ENV) if k in os.environ}
     cred_dir = None
     if creds[USER_ENV] and creds[PASSWORD_ENV]:
-        cred_dir = tempfile.mkdtemp(prefix="rollout-cred-")  # mode 0700
+        sweep_credentials()
+        cred_dir = tempfile.mkdtemp(prefix=f"rollout-cred-{os.getpid()}-")  # mode 0700
         cred_file = os.path.join(cred_dir, "registry.json")
         with os.fdopen(os.open(cred_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump({"username": creds[USER_ENV], "password": creds[PASSWORD_ENV]}, f)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -186,3 +187,21 @@ def test_retry_call_reraises_the_last_exception_and_never_retries_what_is_not_tr
         retry.call(boom, what="t", name="boom", policy=FAST, log=log, retry_exc=lambda e: False,
                    sleep=lambda s: None)
     assert len(calls) == 1
+
+
+def test_credentials_of_a_killed_controller_are_swept(tmp_path: Path):
+    """A controller killed during a playbook never runs its `finally`: its 0600 registry credentials stay in
+    /tmp. The next run removes the dirs whose pid is gone, never a live one's nor a name without a pid."""
+    import subprocess
+    import sys
+
+    from rollout.runner import sweep_credentials
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    for name in (f"rollout-cred-{dead}-abc", f"rollout-cred-{os.getpid()}-def", "rollout-cred-_legacy"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "registry.json").write_text("{}")
+    assert sweep_credentials(str(tmp_path)) == [str(tmp_path / f"rollout-cred-{dead}-abc")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"rollout-cred-{os.getpid()}-def",
+                                                                 "rollout-cred-_legacy"])
