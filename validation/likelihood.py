@@ -201,6 +201,15 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
     return {"tok_pit": tuple(pits), "wrong": tuple(wrong), "tok_excess": tuple(excess), "approx_tokens": approx}
 
 
+def drawn_count(ids: tuple[int, ...] | None, seq: list[int]) -> int:
+    """How many leading tokens of a scored sequence the server said it drew: its sampled ids (an end-of-turn token
+    the scorer appended after an answer that stopped is not one: the server may have ended on another), none
+    when the answer was scored on its text re-tokenized (a segmentation the sampler need not have drawn). The
+    per-token test places only drawn tokens in the law; whether an answer has its ids depends on its content
+    alone, alike on both sides."""
+    return min(len(ids), len(seq)) if ids is not None else 0
+
+
 def score_all(scorer: Scorer, reqs: list[ScoreRequest], on_score: Any = None) -> list[AnswerScore]:
     """Every request's score, in order: through the scorer's own batched `score_many` where it has one (the
     SGLang scorer: a few HTTP requests for the lot instead of four per answer), else one `score` each.
@@ -376,9 +385,10 @@ class ReferenceScorer:
         lp1, lpt, pit = _scores_from_logits(logits, seq, temperature)
         tok: dict[str, Any] = {}
         if params is not None:
-            rows = [tokenlaw.row_from_logits(logits[k], temperature) for k in range(len(seq))]
+            drawn = drawn_count(ids, seq)
+            rows = [tokenlaw.row_from_logits(logits[k], temperature) for k in range(drawn)]
             label = f"{prompt_id}@T{temperature:g}/seed{seed}"
-            tok = per_token(label, temperature, rows, seq, params, self.order)
+            tok = per_token(label, temperature, rows, seq[:drawn], params, self.order)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp1.tolist()), tuple(lpt.tolist()), tuple(pieces),
                            self.window, vocab=int(logits.shape[1]), pit=tuple(pit.tolist()), **tok)
 
@@ -509,16 +519,19 @@ class SGLangScorer:
         pieces = self._pieces(toks)
         return AnswerScore(prompt_id, temperature, seed, tuple(lp), tuple(lpt), pieces, self.window,
                            exact_support=temperature == 1.0, pit=pit,
-                           **self._per_token(prompt_id, temperature, seed, lp, alts, toks, params))
+                           **self._per_token(prompt_id, temperature, seed, lp, alts, toks, params, ids))
 
     def _per_token(self, prompt_id: str, temperature: float, seed: int | None, lp: list[float],
-                   alts: list[list[tuple[float, int]]], toks: list[int], params: SamplingParams | None
-                   ) -> dict[str, Any]:
-        """The per-token test's fields from the server's top-k rows (tokenlaw.row_from_topk)."""
+                   alts: list[list[tuple[float, int]]], toks: list[int], params: SamplingParams | None,
+                   ids: tuple[int, ...] | None = None) -> dict[str, Any]:
+        """The per-token test's fields from the server's top-k rows (tokenlaw.row_from_topk), over the tokens the
+        server said it drew (`drawn_count`)."""
         if params is None:
             return {}
-        rows = [tokenlaw.row_from_topk(x, i, a, temperature) for x, a, i in zip(lp, alts, toks, strict=True)]
-        return per_token(f"{prompt_id}@T{temperature:g}/seed{seed}", temperature, rows, toks, params, self.order)
+        n = drawn_count(ids, toks)
+        rows = [tokenlaw.row_from_topk(x, i, a, temperature)
+                for x, a, i in zip(lp[:n], alts[:n], toks[:n], strict=True)]
+        return per_token(f"{prompt_id}@T{temperature:g}/seed{seed}", temperature, rows, toks[:n], params, self.order)
 
     def score_many(self, reqs: list[ScoreRequest], batch: int = 64) -> list[AnswerScore]:
         """`score` for many answers in a few requests: the answers tokenized in one `/tokenize` (a list of
@@ -588,7 +601,7 @@ class SGLangScorer:
             out.append(AnswerScore(r.prompt_id, r.temperature, r.seed, tuple(lp), tuple(lpt),
                                    tuple(pieces[at:at + len(ids)]), self.window, exact_support=r.temperature == 1.0,
                                    pit=pit, **self._per_token(r.prompt_id, r.temperature, r.seed, lp, alts, ids,
-                                                              r.params)))
+                                                              r.params, r.ids)))
             at += len(ids)
         return out
 
@@ -845,8 +858,8 @@ def _token_alphas(lc: Any, n_temperatures: int) -> tokenlaw.Alphas:
     return tokenlaw.Alphas(ks=0.5 * a_tok, mean=0.3 * a_tok, outside=0.2 * a_tok)
 
 
-def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int
-                  ) -> tokenlaw.TokenVerdict | None:
+def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int,
+                  exact_cut: bool = False) -> tokenlaw.TokenVerdict | None:
     """The per-token test of one temperature's answers (validation/tokenlaw.py), with its power at this gate's
     size from the baseline's rows; None when an answer was scored without its sampling parameters."""
     if not cand or not base or any(a.tok_pit is None for a in cand + base):
@@ -856,7 +869,7 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
     bp = [x for a in base for x in a.tok_pit or ()]
     tv = tokenlaw.token_test(cp, bp, alphas, approximate=sum(a.approx_tokens for a in cand),
                              limit=lc.token_noise_limit, cand_excess=[e for a in cand for e in a.tok_excess],
-                             base_excess=[e for a in base for e in a.tok_excess])
+                             exact_cut=exact_cut)
     draws = np.asarray([w for a in base for w in a.wrong or ()], dtype=np.float64)
     draws = draws.reshape(-1, draws.shape[1] if draws.ndim == 2 else 2 * len(tokenlaw.FAMILIES))
     if lc.token_power_reps:
@@ -918,7 +931,8 @@ def _decide(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, log_eps: 
 
 
 def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], cfg: Any, n_temperatures: int,
-                    variants: list[AnswerScore] | None = None, top_p: float | None = None) -> LikelihoodVerdict:
+                    variants: list[AnswerScore] | None = None, top_p: float | None = None,
+                    exact_cut: bool = False) -> LikelihoodVerdict:
     """One temperature's verdict (every answer given must be at one T). cfg: a GateConfig (its likelihood and
     sampling.top_p) or a LikelihoodConfig with top_p given. variants: scored corruptions of the baseline's
     answers (make_variants) for the power estimate."""
@@ -978,7 +992,7 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
                                                - set(common))
     v.p_value = min(s["p_value"] for s in stats.values())
     v.statistic["not_computed"] = [n for n in STATS if n not in stats]  # their alpha share stays unspent
-    tv = token_verdict(cand, base, lc, n_temperatures)
+    tv = token_verdict(cand, base, lc, n_temperatures, exact_cut)
     if tv is not None:
         v.per_token = tv.as_dict()
         ok = ok and tv.ok
@@ -1130,12 +1144,18 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
                                   for a in rows], on_score)
 
     out = []
-    for t in temps:
+    sides = []
+    for t in temps:  # every temperature scored first: the per-token test reads the baseline's tokens of all of them
         base_rows = [a for a in baseline if a.temperature == t]
         base = scored(base_rows)
         if on_baseline is not None:
             on_baseline(base)
-        cand = scored([a for a in candidate if a.temperature == t])
+        sides.append((t, base_rows, base, scored([a for a in candidate if a.temperature == t])))
+    # the scorer is exact at the law's cut for this engine when none of the baseline's own drawn tokens, at any
+    # temperature, lies outside its request's law (tokenlaw.token_test: then a candidate token clearly outside is
+    # refused with zero tolerance)
+    exact_cut = all(x is not None for _, _, base, _ in sides for a in base for x in (a.tok_pit or ()))
+    for t, base_rows, base, cand in sides:
         lc = getattr(cfg, "likelihood", cfg)
         variants = None
         if lc.power_reps:
@@ -1146,7 +1166,7 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
                     kept[r.prompt_id] += 1
                     chosen.append((sc, messages_of(r.prompt_id), r.text))
             variants = make_variants(chosen, scorer, lc)
-        v = likelihood_test(cand, base, cfg, n_temperatures=len(temps), variants=variants)
+        v = likelihood_test(cand, base, cfg, n_temperatures=len(temps), variants=variants, exact_cut=exact_cut)
         v.on_ids = {side: sum(1 for a in rows if with_ids and a.ids and a.temperature == t)
                     for side, rows in (("candidate", candidate), ("baseline", baseline))}
         out.append(v)
