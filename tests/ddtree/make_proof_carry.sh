@@ -3,7 +3,7 @@
 # the shared recipe's sglang 0.5.23 (.carry/sglang/p1/sglang-slim.tgz, bash ../shared/gpu/make-carry.sh):
 #   patched-files.tgz  every file the patch series changes, after `python -m patches apply`
 #   mutant-files.tgz   triton_backend.py with tests/ddtree/mutants/seeds-block-size-indexing.patch on top
-# It is what the 2026-12-01 proof ran with (docs/results/gpu-proof-2026-12-01.json); the steps `proof`
+# It is what the 2026-12-01 proof ran with (docs/results/gpu-proof-2026-12-01.json.gz); the steps `proof`
 # and `proof-fi` of tests/ddtree/gpu_session.sh use it. Run from the repo root.
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
