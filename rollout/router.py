@@ -173,11 +173,17 @@ class RouterClient:
 
 
 def drain(router: RouterClient, host: str, url: str, *, timeout_s: float = 60.0, grace_s: float = 5.0,
-          poll_s: float = 0.25) -> DrainResult:
+          poll_s: float = 0.25, settle_s: float = 0.5) -> DrainResult:
     """Remove the worker from the router, then wait (at most timeout_s) until it holds no request."""
     removed = router.remove(url)
     t0 = time.monotonic()
+    # a request the router dispatched just before it unlisted the worker may still be on its way there and not yet
+    # counted by the worker: let it arrive before a zero count is trusted, and trust a zero only twice in a row
+    time.sleep(min(settle_s, timeout_s))
     n = worker_inflight(url)
+    if n == 0:
+        time.sleep(poll_s)
+        n = worker_inflight(url)
     if n is None:  # no in-flight metric (or not answering): a fixed grace, bounded by timeout_s
         time.sleep(min(grace_s, timeout_s))
         return DrainResult(host, url, removed, time.monotonic() - t0, None,
