@@ -867,6 +867,8 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
     alphas = _token_alphas(lc, n_temperatures)
     cp = [x for a in cand for x in a.tok_pit or ()]
     bp = [x for a in base for x in a.tok_pit or ()]
+    if not cp or not bp:  # no drawn token known on a side (every answer scored on its text): nothing to place
+        return None
     tv = tokenlaw.token_test(cp, bp, alphas, approximate=sum(a.approx_tokens for a in cand),
                              limit=lc.token_noise_limit, cand_excess=[e for a in cand for e in a.tok_excess],
                              exact_cut=exact_cut)

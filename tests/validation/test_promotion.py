@@ -68,8 +68,7 @@ def test_skipped_checks_in_every_report(tmp_path: Path) -> None:
              Case("fluency@T0", "coherence", True, "disabled by config (judge.enabled: false)", skipped=True),
              lossless_missing_case(c, speculative=True)]
     skipped = [{"name": x.name, "reason": x.message} for x in cases if x.skipped]
-    summary = {"verdict": "PASS", "failed_checks": [], "skipped_checks": skipped,
-               "waivers": [x.details["waiver"] for x in cases if x.details.get("waiver")]}
+    summary = _summary(skipped_checks=skipped, waivers=[x.details["waiver"] for x in cases if x.details.get("waiver")])
     res = GateResult("http://t", "m", "llama.cpp", True, cases, [], summary)
     write_reports(res, tmp_path, c)
     report = json.loads((tmp_path / "report.json").read_text())
@@ -93,6 +92,16 @@ def test_skipped_checks_in_the_console_table() -> None:
     cases = [Case("fluency@T0", "coherence", True, "disabled by config (judge.enabled: false)", skipped=True),
              lossless_missing_case(c, speculative=True)]
     con = Console(record=True, width=200)
-    print_summary(GateResult("http://t", "m", "llama.cpp", True, cases, [], {"verdict": "PASS"}), con)
+    print_summary(GateResult("http://t", "m", "llama.cpp", True, cases, [], _summary()), con)
     out = con.export_text()
     assert out.count("skip") >= 2 and "judge.enabled: false" in out and WAIVER in out
+
+
+def _summary(**kw):
+    from validation.gate import GateSummary
+
+    base = dict(verdict="PASS", target="http://t", model="m", server_kind="llama.cpp", suite="s", temperatures=[0.0],
+                verdict_mode={}, requests=0, request_errors=0, checks=0, failed_checks=[], not_run_checks=[],
+                duration_s=0.0, median_ttft_s=None, median_tokens_per_s=None, spec=None, judge_s=None,
+                skipped_checks=[], waivers=[])
+    return GateSummary(**{**base, **kw})
