@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.history import raw_header  # noqa: E402
 from testbed.corruptible.engine import FAULTS  # noqa: E402
 from testbed.corruptible.server import CorruptibleServer  # noqa: E402
 
@@ -48,14 +48,6 @@ def parse_mode(mode: str, budget: int) -> tuple[str | None, int]:
     if b and not b.isdigit():
         raise ValueError(f"mode {mode!r}: the budget after @b must be a number")
     return (None if name == "none" else name), int(b) if b else budget
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def likelihood_summary(doc: dict[str, Any]) -> dict[str, Any]:
@@ -169,9 +161,7 @@ def main() -> int:
     runs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")  # the gate's judge too (shared cores)
     result: dict[str, Any] = {
-        "command": "python bench/corruptible_gate.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}", "commit": _commit(),
+        **raw_header("bench/corruptible_gate.py"),
         "config": os.path.relpath(args.config, REPO), "profile": profile, "baseline_url": args.baseline_url,
         "engine": {"budget": budget, "topk": args.topk or EngineConfig.model_fields["topk"].default}, "runs": []}
     baseline = None

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")  # loaded with 2 so the 1-vs-
 
 import numpy as np  # noqa: E402
 
+from bench.history import raw_header  # noqa: E402
 from testbed.corruptible.engine import FAULTS, Engine, EngineConfig, Request, set_blas_threads  # noqa: E402
 
 PROMPTS = {
@@ -122,10 +121,7 @@ def main() -> int:
             plain_tokens = [x["tokens"] for x in rs]
         elif plain_tokens is not None and cfgs[m].fault is None:
             summary[m]["same_token_counts_as_plain"] = [x["tokens"] for x in rs] == plain_tokens
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    doc = {"command": "python bench/corruptible_speed.py " + " ".join(sys.argv[1:]),
-           "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit.strip(),
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores, shared with other work",
+    doc = {**raw_header("bench/corruptible_speed.py", note="shared with other work"),
            "load_average_1m": {"min": round(min(loads), 2), "median": round(statistics.median(loads), 2),
                                "max": round(max(loads), 2)},
            "max_tokens": args.max_tokens, "prompts": list(prompts), "rounds": args.rounds, "summary": summary,

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import validation.detectors as current  # noqa: E402
-from bench.history import read_json  # noqa: E402
+from bench.history import commit, read_json  # noqa: E402
 
 
 def _load_at(rev: str) -> object:
@@ -62,13 +62,12 @@ def main() -> int:
             if bool(before) != bool(after):
                 flips.append({"file": f, "id": it["id"], "label": it["label"], "class": it["class"],
                               "before": before[:2], "after": after[:2]})
-    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "validation/detectors.py"],
                            capture_output=True, text=True).stdout.strip()
     result = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "python bench/detector_diff.py " + " ".join(sys.argv[1:]),
-        "base": args.base, "head": head.stdout.strip() + (" (detectors modified)" if dirty else ""),
+        "base": args.base, "head": commit() + (" (detectors modified)" if dirty else ""),
         "items": n,
         "coherent_now_flagged": sum(1 for x in flips if x["label"] == "ok" and x["after"]),
         "coherent_now_passed": sum(1 for x in flips if x["label"] == "ok" and not x["after"]),

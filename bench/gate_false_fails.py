@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -29,13 +28,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+from bench.history import raw_header  # noqa: E402
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -96,9 +89,7 @@ def main() -> int:
     runs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     result: dict[str, Any] = {
-        "command": "python bench/gate_false_fails.py " + " ".join(sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.node()}", "commit": _commit(),
+        **raw_header("bench/gate_false_fails.py"),
         "config": os.path.relpath(args.config, REPO), "production_sequence": True, "runs": []}
     server = None
     try:

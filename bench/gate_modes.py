@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.history import raw_header  # noqa: E402
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
 
 
@@ -78,8 +78,7 @@ def main() -> int:
             pairs.append(pair)
             walls = {m: [float(p[m]["wall_s"]) for p in pairs] for m in ("detectors", "oracle")}  # type: ignore[index]
             result = {
-                "date": time.strftime("%Y-%m-%d"), "command": "python bench/gate_modes.py " + " ".join(sys.argv[1:]),
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores", "config": args.config,
+                **raw_header("bench/gate_modes.py"), "config": args.config,
                 "record_baseline_s": record_s, "pairs": pairs,
                 "median_s": {m: round(statistics.median(w), 1) for m, w in walls.items()},
                 "median_ratio_oracle_over_detectors": round(statistics.median(

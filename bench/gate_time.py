@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.history import raw_header  # noqa: E402
 from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
 
 
@@ -31,8 +31,7 @@ def _write(args: argparse.Namespace, walls: list[float], verdicts: list[str],
            pairs: list[dict[str, object]]) -> dict[str, object]:
     """The result so far, written to --out (after every pair, so an interrupted run leaves its data)."""
     result: dict[str, object] = {
-        "date": time.strftime("%Y-%m-%d"), "command": "python bench/gate_time.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        **raw_header("bench/gate_time.py"),
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "runs": args.runs,
         "median_s": round(statistics.median(walls), 1), "min_s": round(min(walls), 1),
         "max_s": round(max(walls), 1), "walls_s": [round(w, 1) for w in walls], "verdicts": verdicts}

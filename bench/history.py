@@ -3,12 +3,20 @@
 Pages cite a removed raw file as `COMMIT:PATH`; the lab scripts that re-score old results (own loops,
 sampled typicality, detector diffs) read such a file by its path alone: from the tree when it is there,
 else from the last commit that still had it.
+
+A lab script writes a raw file headed by `raw_header()`: the command, date, machine and commit it was
+measured with (the renderers read those four fields by these names).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
+import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +29,26 @@ def _git(*args: str, repo: Path = REPO) -> str:
     if r.returncode != 0:
         raise FileNotFoundError(f"git {' '.join(args)}: {r.stderr.strip()}")
     return r.stdout
+
+
+def commit(repo: Path = REPO) -> str:
+    """The checkout's short commit hash, or "unknown" outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def raw_header(script: str, argv: Sequence[str] | None = None, *, note: str | None = None) -> dict[str, str]:
+    """The head of a raw result file: `command` (script is its path from the repo root, e.g.
+    "bench/gate_time.py"; argv defaults to this process's arguments), `date`, `machine` (architecture, cores,
+    then note, by default the host name) and `commit`."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    return {"command": " ".join(["python", script, *args]),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {note or platform.node()}",
+            "commit": commit()}
 
 
 def raw_text(f: Path) -> str:

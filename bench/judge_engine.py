@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.history import read_json  # noqa: E402
+from bench.history import raw_header, read_json  # noqa: E402
 from validation.config import JudgeConfig  # noqa: E402
 from validation.judge import FluencyJudge, JudgeScore, threshold_for  # noqa: E402
 
@@ -93,9 +93,7 @@ def main() -> int:
                           a_name: round(a.worst_window_nll, 3), b_name: round(b.worst_window_nll, 3)})
     med = {e: round(statistics.median(r), 1) for e, r in rates.items()}
     result = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": "python bench/judge_engine.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'cpu'}",
+        **raw_header("bench/judge_engine.py", note=platform.processor() or "cpu"),
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "items": {"file": args.items, "n": len(items)},
         "tokens_per_s": {e: [round(x, 1) for x in r] for e, r in rates.items()},

@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.history import read_json, seed_files  # noqa: E402
+from bench.history import raw_header, read_json, seed_files  # noqa: E402
 from validation.config import GateConfig  # noqa: E402
 from validation.judge import CHAT_PREFIX, LOOP_CHECKS, FluencyJudge  # noqa: E402
 
@@ -73,9 +70,7 @@ def main() -> int:
                         "tokens": len(ids)})
     own = [o["whole_max_gap"] for o in out if o["label"] == "ok" and o["class"].endswith("_T0")]
     bad = [o["whole_max_gap"] for o in out if o["label"] == "bad"]
-    result = {"command": "python bench/own_loop_gaps.py " + " ".join(sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+    result = {**raw_header("bench/own_loop_gaps.py"),
               "judge_config": cfg.model_dump(mode="json"),
               "summary": {"real_T0_loops": len(own), "real_T0_max_whole_gap": max(own, default=None),
                           "garbled_loops": len(bad), "garbled_min_whole_gap": min(bad, default=None),

@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.history import read_json, seed_files  # noqa: E402
+from bench.history import raw_header, read_json, seed_files  # noqa: E402
 from validation.config import GateConfig  # noqa: E402
 from validation.judge import CHAT_PREFIX, LOOP_CHECKS, FluencyJudge  # noqa: E402
 
@@ -119,9 +117,7 @@ def main() -> int:
     bad = [o for o in out if o["label"] == "bad"]
     summary = {"tail": separation([o["tail"] for o in ok], [o["tail"] for o in bad], True),
                "typical_z": separation([o["typical_z"] for o in ok], [o["typical_z"] for o in bad], False)}
-    result = {"command": "python bench/sampled_typicality.py " + " ".join(sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores", "seconds": round(time.perf_counter() - t0, 1),
+    result = {**raw_header("bench/sampled_typicality.py"), "seconds": round(time.perf_counter() - t0, 1),
               "judge_config": cfg.model_dump(mode="json"), "summary": summary, "items": out}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
