@@ -8,21 +8,8 @@ engine follows the target's table, a broken one writes something else after some
 
 from __future__ import annotations
 
-from pipeline.errors import TargetError
+from tests.validation._lossless_helpers import Recorder, rows, sure, tie
 from validation.lossless import Continuation, compare_forced
-
-
-def rows(*toks: tuple[str, float, list[tuple[str, float]]]) -> list:
-    return [(t.encode(), lp, [(a.encode(), alp) for a, alp in top]) for t, lp, top in toks]
-
-
-def tie(tok: str, other: str, gap: float = 0.1) -> tuple[str, float, list[tuple[str, float]]]:
-    return (tok, -0.6, [(tok, -0.6), (other, -0.6 - gap)])
-
-
-def sure(tok: str) -> tuple[str, float, list[tuple[str, float]]]:
-    return (tok, -0.01, [(tok, -0.01), (" zzz", -6.0)])
-
 
 # the baseline's recorded greedy answer: two near-ties (sea/ocean, deep/wide), then its end of turn
 BASE = rows(sure("The"), tie(" sea", " ocean"), sure(" is"), tie(" deep", " wide"), sure("."),
@@ -30,14 +17,12 @@ BASE = rows(sure("The"), tie(" sea", " ocean"), sure(" is"), tie(" deep", " wide
 REF = "The sea is deep."
 
 
-class Candidate:
-    def __init__(self, table: dict[str, str], fail: bool = False) -> None:
-        self.table, self.fail, self.asked = table, fail, []
+class Candidate(Recorder):
+    """The candidate's greedy text from a prefix (no log-probs); " ???" where it leaves the table."""
 
-    def __call__(self, pid: str, prefix: str) -> Continuation:
-        self.asked.append(prefix)
-        if self.fail:
-            raise TargetError("http://candidate: request timed out")
+    url = "http://candidate"
+
+    def answer(self, prefix: str) -> Continuation:
         return Continuation(self.table.get(prefix, " ???"), None, "stop")
 
 

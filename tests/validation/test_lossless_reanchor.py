@@ -11,21 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import TargetError
+from tests.validation._lossless_helpers import Recorder, rows, sure, tie
 from validation.lossless import Continuation, compare_path, control_reanchor
-
-
-def rows(*toks: tuple[str, float, list[tuple[str, float]]]) -> list:
-    return [(t.encode(), lp, [(a.encode(), alp) for a, alp in top]) for t, lp, top in toks]
-
-
-def tie(tok: str, other: str, gap: float = 0.1) -> tuple[str, float, list[tuple[str, float]]]:
-    return (tok, -0.6, [(tok, -0.6), (other, -0.6 - gap)])
-
-
-def sure(tok: str) -> tuple[str, float, list[tuple[str, float]]]:
-    return (tok, -0.01, [(tok, -0.01), (" zzz", -6.0)])
-
 
 END = "<|im_end|>"
 
@@ -40,16 +27,12 @@ TARGET = {
 }
 
 
-class Target:
+class Target(Recorder):
     """The continuation the gate asks the target-only server for, with a request log."""
 
-    def __init__(self, table: dict[str, list], fail: bool = False) -> None:
-        self.table, self.fail, self.asked = table, fail, []
+    url = "http://base"
 
-    def __call__(self, pid: str, prefix: str) -> Continuation:
-        self.asked.append(prefix)
-        if self.fail:
-            raise TargetError("http://base: request timed out")
+    def answer(self, prefix: str) -> Continuation:
         lps = self.table.get(prefix)
         if lps is None:  # a server that ignores the prefix answers afresh
             return Continuation(REF, BASE, "stop")
