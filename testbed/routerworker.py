@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import threading
 import time
@@ -20,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+
+from testbed.childserver import ChildServer
 
 
 class _State:
@@ -123,47 +124,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class RouterWorker:
+class RouterWorker(ChildServer):
     """`with RouterWorker(port, delay_s=...) as w:` a worker process on 127.0.0.1:port."""
 
+    label = "router test worker"
+
     def __init__(self, port: int, *, delay_s: float = 0.3, name: str | None = None) -> None:
-        self.port, self.delay_s, self.name = port, delay_s, name or f"w{port}"
-        self.proc: subprocess.Popen | None = None
+        super().__init__(port)
+        self.delay_s, self.name = delay_s, name or f"w{port}"
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> RouterWorker:
-        self.proc = subprocess.Popen([sys.executable, "-m", "testbed.routerworker", "--port", str(self.port),
-                                      "--delay-s", str(self.delay_s), "--name", self.name])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"router test worker on {self.port} did not start")
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "testbed.routerworker", "--port", str(self.port), "--delay-s",
+                str(self.delay_s), "--name", self.name]
 
     def stats(self) -> dict[str, Any]:
         return httpx.get(self.url + "/_stats", timeout=5).json()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.proc = None
-
-    def __enter__(self) -> RouterWorker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 if __name__ == "__main__":

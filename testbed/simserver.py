@@ -27,11 +27,11 @@ import itertools
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
+
+from testbed.childserver import ChildServer
 
 MIXED = ("ok", "http_503", "cut", "malformed", "empty", "stall")
 
@@ -263,58 +263,39 @@ def _raise_priority() -> None:
         os.nice(-10)
 
 
-class SimServer:
-    """Run the simulator as a child process: `with SimServer(18500, "--ttft-ms", "20") as url: ...`."""
+class SimServer(ChildServer):
+    """Run the simulator as a child process: `with SimServer(18500, "--ttft-ms", "20") as srv: srv.url ...`;
+    cpu=N pins it to one core (taskset)."""
+
+    label = "simserver"
+    ready_timeout_s = 15.0
+    poll_s = 0.05
+    stop_timeout_s = 5.0
+    quiet = True
 
     def __init__(self, port: int, *args: str, cpu: int | None = None) -> None:
-        self.port = port
+        super().__init__(port)
         self.args = args
         self.cpu = cpu
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> SimServer:
+    def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "testbed.simserver", "--port", str(self.port), *self.args]
-        if self.cpu is not None:
-            cmd = ["taskset", "-c", str(self.cpu), *cmd]
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))  # the repository root
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_raise_priority)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"simserver exited with {self.proc.returncode}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("simserver did not start")
+        return cmd if self.cpu is None else ["taskset", "-c", str(self.cpu), *cmd]
+
+    def popen_kwargs(self) -> dict[str, object]:
+        return {"preexec_fn": _raise_priority}
+
+    def ready(self) -> bool:  # it serves no /health: ready once it accepts a connection
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
 
     def timings(self) -> list[dict[str, Any]]:
         from loadtests.stream import get_json
 
         return get_json(self.url, "/_timings")[1]
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
-        self.proc = None
-
-    def __enter__(self) -> SimServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 if __name__ == "__main__":

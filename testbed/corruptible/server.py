@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from pipeline.procs import free_port, stop_child
+from pipeline.procs import free_port
+from testbed.childserver import ChildServer
 from testbed.corruptible.engine import Engine, EngineConfig, Generation, Request, TokenOut
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,12 +277,14 @@ def serve(cfg: EngineConfig, host: str, port: int) -> None:
     httpd.server_close()
 
 
-class CorruptibleServer:
-    """The engine in a child process on a free port, ready once /health answers:
+class CorruptibleServer(ChildServer):
+    """The engine in a child process on a free port (testbed/childserver.py), ready once /health answers:
 
         with CorruptibleServer(fault="stale_kv") as url: ...        # speculative, one fault
         with CorruptibleServer(speculative=False) as url: ...      # the target-only baseline
     """
+
+    label = "corruptible engine"
 
     def __init__(self, *, fault: str | None = None, budget: int | None = None, topk: int | None = None,
                  speculative: bool = True, port: int | None = None, threads: int = 1,
@@ -294,45 +295,17 @@ class CorruptibleServer:
         for flag, v in (("--fault", fault), ("--budget", budget), ("--topk", topk)):
             if v is not None:
                 self.args += [flag, str(v)]
-        self.port = port or free_port()
+        super().__init__(port or free_port(), Path(log_path) if log_path else
+                         Path(tempfile.mkstemp(prefix="corruptible-", suffix=".log")[1]))
         self.ready_timeout_s = ready_timeout_s
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="corruptible-",
-                                                                              suffix=".log")[1])
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.poll_s = 0.2
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "testbed.corruptible", "serve", "--port", str(self.port), *self.args]
 
-    def start(self) -> CorruptibleServer:
-        import httpx
+    def exit_message(self, rc: int) -> str:
+        tail = self.log_path.read_text(errors="replace")[-800:] if self.log_path else ""
+        return f"corruptible engine exited at start; log {self.log_path}: {tail}"
 
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "testbed.corruptible", "serve", "--port",
-                                          str(self.port), *self.args], cwd=REPO, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-800:]
-                self.proc = None
-                raise RuntimeError(f"corruptible engine exited at start; log {self.log_path}: {tail}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"corruptible engine not ready after {self.ready_timeout_s:.0f}s; log {self.log_path}")
-
-    def stop(self) -> None:
-        stop_child(self.proc)
-        self.proc = None
-
-    def __enter__(self) -> str:
+    def __enter__(self) -> str:  # type: ignore[override]  # the URL, as the bench and tests use it
         return self.start().url
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
