@@ -54,12 +54,16 @@ def _sampling(raw: Any) -> dict[str, Any] | None:
     """A recorded answer's sampling parameters, checked; None where none were recorded (older baselines)."""
     if raw is None:
         return None
-    if not isinstance(raw, dict) or set(raw) != {"top_p", "top_k", "min_p"}:
-        raise TypeError("sampling is not {top_p, top_k, min_p}")
+    if not isinstance(raw, dict) or not {"top_p", "top_k", "min_p"} <= set(raw) <= {"top_p", "top_k", "min_p", "stop"}:
+        raise TypeError("sampling is not {top_p, top_k, min_p[, stop]}")
+    stop = raw.get("stop", [])
+    if not isinstance(stop, list) or (not stop and "stop" in raw):
+        raise TypeError("sampling.stop is not a non-empty list of strings")
     from validation.tokenlaw import SamplingParams
 
-    SamplingParams(1.0, float(raw["top_p"]), int(raw["top_k"]), float(raw["min_p"]))  # ValueError when out of range
-    return {"top_p": float(raw["top_p"]), "top_k": int(raw["top_k"]), "min_p": float(raw["min_p"])}
+    # ValueError when out of range or a stop string is empty
+    p = SamplingParams(1.0, float(raw["top_p"]), int(raw["top_k"]), float(raw["min_p"]), tuple(stop))
+    return {"top_p": p.top_p, "top_k": p.top_k, "min_p": p.min_p, **({"stop": list(p.stop)} if p.stop else {})}
 
 
 def hot_temperatures(cfg: GateConfig) -> list[float]:

@@ -235,6 +235,29 @@ def _finish_usage(ctx: GateContext, t: float | None) -> list[CheckResult]:
                         "; ".join(bad[:8]) or "finish_reason and usage sane", evidence={"problems": bad})]
 
 
+@register("stop_strings", "sanity")
+def _stop_strings(ctx: GateContext, t: float | None) -> list[CheckResult]:
+    """The requests of the mix that carry stop strings: no answer's text may hold one. A speculative step commits
+    several tokens at once; an engine that checks the stop strings only at a step's last token, or trims at the
+    wrong occurrence, runs past the stop (zero tolerance: a correct engine never returns the stop string)."""
+    asked = [s for s in ctx.good if s.sampling and s.sampling.get("stop")]
+    if not asked:
+        return [CheckResult("stop_strings", "sanity", Status.SKIP,
+                            "no request carried stop strings (sampling.mix has no entry with stop)")]
+    bad = []
+    for s in asked:
+        hit = [x for x in s.sampling["stop"] if x in s.text] if s.sampling else []
+        if hit:
+            at = s.text.index(hit[0])
+            bad.append(f"{s.label}: the text holds the stop string {hit[0]!r} at character {at} of {len(s.text)} "
+                       f"({quote(s.text[max(0, at - 30):at + 30], 60)})")
+    stopped = sum(s.finish_reason == "stop" for s in asked)
+    msg = "; ".join(bad[:6]) or (f"{len(asked)} answers asked with stop strings ({stopped} ended with "
+                                 "finish_reason stop), none holds one")
+    return [CheckResult("stop_strings", "sanity", Status.FAIL if bad else Status.PASS, msg,
+                        evidence={"asked": len(asked), "finish_stop": stopped, "problems": bad})]
+
+
 # ------------------------------------------------------------------------------------------- backstop
 @register("backstop", "backstop", all_temperatures)
 def _backstop(ctx: GateContext, t: float | None) -> list[CheckResult]:

@@ -115,16 +115,27 @@ class DetectorThresholds(StrictModel):
 
 
 class SamplingMix(StrictModel):
-    """One set of truncation parameters of the production-like mix (top_k 0, top_p 1, min_p 0: off)."""
+    """One set of sampling parameters of the production-like mix (top_k 0, top_p 1, min_p 0: off; stop: the
+    request's stop strings, none by default)."""
 
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0, lt=1)
+    stop: list[str] = Field(default_factory=list, max_length=4)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, v: list[str]) -> list[str]:
+        if not all(v):
+            raise ValueError("a stop string is never empty")
+        return v
 
 
 def _default_mix() -> list[SamplingMix]:
+    # a blank line ends many answers' first paragraph: the stop entry exercises the engine's stop-string handling
+    # (a speculative step commits several tokens at once; each must be checked against the stop strings)
     return [SamplingMix(top_p=0.95), SamplingMix(), SamplingMix(top_k=40), SamplingMix(top_p=0.9, min_p=0.05),
-            SamplingMix(top_k=20, top_p=0.8)]
+            SamplingMix(top_k=20, top_p=0.8), SamplingMix(top_p=0.95, stop=["\n\n"])]
 
 
 class SamplingConfig(StrictModel):
@@ -152,7 +163,7 @@ class SamplingConfig(StrictModel):
         if self.mix:
             h = hashlib.sha256(f"mix/{prompt_id}/{temperature:g}".encode()).digest()
             m = self.mix[int.from_bytes(h[:4], "big") % len(self.mix)]
-            return SamplingParams(temperature, m.top_p, m.top_k, m.min_p)
+            return SamplingParams(temperature, m.top_p, m.top_k, m.min_p, tuple(m.stop))
         return SamplingParams(temperature, self.top_p or 1.0, self.top_k or 0, self.min_p or 0.0)
 
     @property

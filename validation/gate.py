@@ -456,9 +456,9 @@ class Gate:
         if base is None:
             base = self._baseline_hot_answers(progress)
         mine = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
-        cand = [Answer(s.prompt_id, s.temperature, s.seed, s.text, _stopped(s.finish_reason),
+        cand = [Answer(s.prompt_id, s.temperature, s.seed, s.text, _stopped(s.finish_reason, s.sampling),
                        tuple(s.output_ids) if s.output_ids else None, s.params()) for s in mine]
-        ref = [Answer(b.prompt_id, b.temperature, b.seed, b.text, _stopped(b.finish_reason), b.output_ids,
+        ref = [Answer(b.prompt_id, b.temperature, b.seed, b.text, _stopped(b.finish_reason, b.sampling), b.output_ids,
                       b.params()) for b in base]
         lc = cfg.likelihood
         n_var = len({(b.prompt_id, b.temperature) for b in base}) * lc.power_answers_per_prompt * len(
@@ -705,8 +705,13 @@ def lossless_missing_case(cfg: GateConfig, speculative: bool) -> Case:
                 "the deployment is not speculative: nothing to compare T=0 answers against", skipped=True)
 
 
-def _stopped(finish_reason: str | None) -> bool | None:
-    return None if finish_reason is None else finish_reason == "stop"
+def _stopped(finish_reason: str | None, sampling: dict[str, Any] | None = None) -> bool | None:
+    """Whether the answer ended on the model's end-of-turn token (scored after it). An answer requested with stop
+    strings may have stopped on one of them instead, which no server reports alike: scored without an end on both
+    sides."""
+    if finish_reason is None:
+        return None
+    return finish_reason == "stop" and not (sampling or {}).get("stop")
 
 
 def _t0_suite(samples: list[Sample]) -> dict[str, Sample]:

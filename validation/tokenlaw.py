@@ -60,28 +60,39 @@ FAMILIES = ("greedy", "untruncated", "kept_at_t1", "flat")
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """One request's sampling parameters (temperature > 0). top_k 0: off; top_p 1: off; min_p 0: off."""
+    """One request's sampling parameters (temperature > 0). top_k 0: off; top_p 1: off; min_p 0: off.
+
+    stop: the request's stop strings. They end an answer and never change a token's law: every token up to the
+    one that completes a stop string is a draw from the law above; the text the server returns ends before the
+    stop string (the gate's `stop_strings` check)."""
 
     temperature: float
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
             raise ValueError(f"sampling parameters need a temperature > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1 or self.top_k < 0 or not 0 <= self.min_p < 1:
             raise ValueError(f"bad sampling parameters {self}")
+        stop = tuple(self.stop)  # a list from a JSON record is kept as a tuple (the params stay hashable)
+        if not all(isinstance(x, str) and x for x in stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", stop)
 
     def request_fields(self, kind: str) -> dict[str, Any]:
         """What a request must send so the engine applies exactly this law: every field explicit (servers have
         defaults of their own: llama.cpp top_k 40 and min_p 0.05, SGLang the model's generation config); top-k
         off is -1 for SGLang (it refuses 0), 0 for llama.cpp."""
         off = -1 if kind == "sglang" else 0
-        return {"top_p": self.top_p, "top_k": self.top_k or off, "min_p": self.min_p}
+        return {"top_p": self.top_p, "top_k": self.top_k or off, "min_p": self.min_p, "stop": list(self.stop)}
 
     def as_dict(self) -> dict[str, Any]:
-        return {"top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
+        """The record a sample and a baseline file keep (stop only where the request had stop strings)."""
+        return {"top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                **({"stop": list(self.stop)} if self.stop else {})}
 
     @property
     def label(self) -> str:
@@ -92,6 +103,8 @@ class SamplingParams:
             parts.append(f"top_k {self.top_k}")
         if self.min_p:
             parts.append(f"min_p {self.min_p:g}")
+        if self.stop:
+            parts.append("stop " + " ".join(repr(x) for x in self.stop))
         return ", ".join(parts)
 
 

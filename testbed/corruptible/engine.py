@@ -32,6 +32,11 @@ the target's (the greedy walk does not sample), so only a T>0 verdict can see th
 - heldout_a: the verify pass drops the request's top-p and top-k (temperature kept); heldout_b: after every
   child of a node is rejected, the replacement token reuses the uniform that decided the last rejection.
   Both were held out from the gate's author until run once (docs/corruptible-engine.md).
+
+Stop-string fault (STOP_FAULTS): a verify step commits several tokens at once, and
+- stop_step_end: the engine checks the request's stop strings once per step, only whether the text ends with
+  one after the step's last token, so a stop string completed inside a step is missed and decoding goes on.
+  Without stop strings in a request it is the correct engine.
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ from testbed.corruptible.sampling import accept_tree, node_probs
 VERIFY_FAULTS = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride")  # index math: T=0 breaks
 # the T>0 acceptance walk: T=0 stays the target's
 SAMPLER_FAULTS = ("no_residual", "verify_temperature", "heldout_a", "heldout_b")
-FAULTS = VERIFY_FAULTS + SAMPLER_FAULTS
+STOP_FAULTS = ("stop_step_end",)  # a step's committed tokens checked against the stop strings
+FAULTS = VERIFY_FAULTS + SAMPLER_FAULTS + STOP_FAULTS
 DFLASH_BLOCK = 8      # the DFlash block size: the drafter's depth bound is block - 1
 PAGE = 16             # KV positions per page
 MAX_BUDGET, MAX_TOPK = 255, 64   # the DDTree server-argument bounds (patches/ddtree/sglang_ddtree/config.py)
@@ -99,7 +105,7 @@ class EngineConfig(StrictModel):
 
     speculative: bool = Field(default=True, description="false: target-only decoding (the baseline)")
     fault: Literal["mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride", "no_residual",
-                   "verify_temperature", "heldout_a", "heldout_b"] | None = None
+                   "verify_temperature", "heldout_a", "heldout_b", "stop_step_end"] | None = None
     budget: int = Field(default=5, ge=1, le=MAX_BUDGET, description="drafted nodes per verify (w = budget + 1)")
     topk: int = Field(default=4, ge=1, le=MAX_TOPK, description="children per tree node at most")
     n_slots: int = Field(default=4, ge=2, le=64)
@@ -134,6 +140,7 @@ class Request:
     seed: int | None = None
     logprobs: int | None = None   # alternatives per token (0: the token's own log-prob only); None: none
     min_p: float | None = None
+    stop: tuple[str, ...] = ()    # stop strings: the answer ends before the first one its text holds
 
 
 @dataclass
@@ -155,6 +162,7 @@ class Generation:
     draft_n: int = 0             # drafted nodes verified
     draft_accepted: int = 0      # drafted tokens emitted (accepted nodes, within max_tokens / EOS)
     seconds: float = 0.0
+    stop_at: int | None = None   # where the text is cut: the character a stop string begins at, when one ended it
 
     def timings(self, speculative: bool) -> dict[str, Any]:
         """llama.cpp-style per-response timings (the gate reads draft_n / draft_n_accepted)."""
@@ -448,11 +456,23 @@ class Engine:
             gen.seconds = time.perf_counter() - t0
             return gen
 
+    def _stop_hit(self, gen: Generation, stop: tuple[str, ...], anywhere: bool) -> bool:
+        """Whether the text so far holds a stop string (the first one it holds; `anywhere` False: only one it
+        ends with, the fault's check); if so the generation ends there, the text cut where it begins."""
+        text = self.decode([t.token for t in gen.tokens])
+        hits = [text.find(s) for s in stop] if anywhere else [len(text) - len(s) for s in stop if text.endswith(s)]
+        hits = [h for h in hits if h >= 0]
+        if not hits:
+            return False
+        gen.stop_at, gen.finish_reason = min(hits), "stop"
+        return True
+
     def _emit(self, gen: Generation, emitted: list[tuple[int, np.ndarray, bool]], req: Request,
               out: list[TokenOut], on_tokens: Callable[[list[TokenOut]], None] | None) -> bool:
         """Append emitted tokens up to EOS / max_tokens; True when the request is finished."""
         batch: list[TokenOut] = []
         done = False
+        per_token = self.cfg.fault != "stop_step_end"
         for tok, row, drafted in emitted:
             if tok in self.eos:
                 gen.finish_reason, done = "stop", True
@@ -461,9 +481,14 @@ class Engine:
             batch.append(t)
             gen.tokens.append(t)
             gen.draft_accepted += int(drafted)
+            if req.stop and per_token and self._stop_hit(gen, req.stop, anywhere=True):
+                done = True
+                break
             if len(gen.tokens) >= req.max_tokens:
                 gen.finish_reason, done = "length", True
                 break
+        if req.stop and not per_token and not done and self._stop_hit(gen, req.stop, anywhere=False):
+            done = True
         if batch and on_tokens is not None:
             on_tokens(batch)
         return done

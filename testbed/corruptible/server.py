@@ -91,29 +91,45 @@ def parse_chat(body: Any, engine: Engine) -> tuple[Request, dict[str, Any]]:
     want = None
     if body.get("logprobs"):
         want = _number(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS, integer=True)
+    stop = body.get("stop")
+    stop = [stop] if isinstance(stop, str) else (stop or [])
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(x, str) and x for x in stop):
+        raise BadRequest("stop must be a non-empty string or a list of at most 4 non-empty strings")
     so = body.get("stream_options") or {}
     if not isinstance(so, dict):
         raise BadRequest("stream_options must be an object")
     req = Request(ids, int(max_tokens), float(temperature), float(top_p) if top_p is not None else None,
                   int(top_k) if top_k and top_k > 0 else None, int(seed) % (1 << 64) if seed is not None else None,
-                  want, float(min_p) if min_p else None)
+                  want, float(min_p) if min_p else None, tuple(stop))
     return req, {"stream": bool(body.get("stream")), "include_usage": bool(so.get("include_usage")),
                  "model": engine.cfg.alias}
 
 
 class TextStream:
-    """Token ids -> text deltas; a partial UTF-8 character is held back until it completes."""
+    """Token ids -> text deltas; a partial UTF-8 character is held back until it completes, and so is a tail that
+    may be the start of a stop string (a stop string is never sent: the engine's `stop_at` cuts the text)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, stop: tuple[str, ...] = ()) -> None:
         self.engine = engine
+        self.stop = stop
         self.ids: list[int] = []
         self.sent = ""
 
-    def push(self, toks: list[int], final: bool = False) -> str:
+    def _held(self, text: str) -> int:
+        """The length of the longest tail of `text` that begins a stop string."""
+        return max((k for s in self.stop for k in range(min(len(s) - 1, len(text)), 0, -1)
+                    if text.endswith(s[:k])), default=0)
+
+    def push(self, toks: list[int], final: bool = False, cut: int | None = None) -> str:
         self.ids.extend(toks)
         text = self.engine.decode(self.ids)
-        if not final and text.endswith("\ufffd"):
+        if cut is not None:
+            text = text[:cut]
+        elif not final and text.endswith("\ufffd"):
             text = text.rstrip("\ufffd")
+        if not final and cut is None and self.stop:  # up to a complete stop string, less a tail that may begin one
+            hits = [h for h in (text.find(x) for x in self.stop) if h >= 0]
+            text = text[:min(hits)] if hits else text[:len(text) - self._held(text)]
         if not text.startswith(self.sent):  # a held-back character resolved differently: send the rest
             text = self.sent + text[len(self.sent):]
         delta, self.sent = text[len(self.sent):], text
@@ -204,8 +220,8 @@ def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             except ValueError as exc:
                 self._error(400, str(exc))
                 return
-            ts = TextStream(engine)
-            text = ts.push([t.token for t in gen.tokens], final=True)
+            ts = TextStream(engine, req.stop)
+            text = ts.push([t.token for t in gen.tokens], final=True, cut=gen.stop_at)
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
                                       "finish_reason": gen.finish_reason,
                                       "logprobs": _logprobs(engine, gen.tokens) if req.logprobs is not None else None}
@@ -228,7 +244,7 @@ def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
-            ts = TextStream(engine)
+            ts = TextStream(engine, req.stop)
             send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                        "finish_reason": None}]})
 
@@ -241,7 +257,7 @@ def make_handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
 
             try:
                 gen = engine.generate(req, on_tokens)
-                tail = ts.push([], final=True)
+                tail = ts.push([], final=True, cut=gen.stop_at)
                 timings = gen.timings(spec)
                 if tail:
                     send({**base, "choices": [{"index": 0, "delta": {"content": tail}, "finish_reason": None}]})

@@ -529,3 +529,38 @@ def test_text_stream_holds_back_a_partial_character(plain: Engine) -> None:
     assert "".join(deltas) == "Waves 🌊 and ñ, 海"
     assert not any("\ufffd" in d for d in deltas)
     assert b"".join(plain.token_bytes(i) for i in ids).decode() == "Waves 🌊 and ñ, 海"
+
+
+def test_text_stream_never_sends_a_stop_string_and_cuts_where_it_begins(plain: Engine) -> None:
+    from testbed.corruptible.server import TextStream
+
+    text = "One line.\n\nTwo lines."
+    ids = plain.encode(text)
+    ts = TextStream(plain, ("\n\n",))
+    deltas = [ts.push([i]) for i in ids]   # the engine goes on past the stop string (a fault): nothing past it
+    sent = "".join(deltas)                 # is sent before the end
+    assert sent == "One line."
+    assert sent + ts.push([], final=True, cut=text.index("\n\n")) == "One line."   # the engine stopped there
+    missed = TextStream(plain, ("\n\n",))
+    assert "".join(missed.push([i]) for i in ids) + missed.push([], final=True) == text   # it did not: all of it
+
+
+def test_stop_strings_end_the_answer_and_the_step_end_fault_runs_past_them(plain: Engine) -> None:
+    """The correct engine stops at the token that completes a stop string (checked token by token), its text cut
+    where the stop string begins; `stop_step_end` checks once per verify step, so a stop string completed inside
+    a step of several committed tokens is missed and the answer goes on holding it."""
+    ids = _ids(plain, PROSE)
+    greedy = plain.decode(_greedy(plain, ids, 40))
+    words = [w for w in dict.fromkeys(greedy.split()) if len(w) > 3][:6]
+    assert len(words) >= 4
+    ok, bad = Engine(EngineConfig()), Engine(EngineConfig(fault="stop_step_end"))
+    missed = 0
+    for w in words:
+        g = ok.generate(Request(ids, 40, stop=(w,)))
+        text = plain.decode([t.token for t in g.tokens])
+        assert g.finish_reason == "stop" and g.stop_at == text.find(w) == greedy.find(w)
+        assert text[:g.stop_at] == greedy[:greedy.find(w)]
+        f = bad.generate(Request(ids, 40, stop=(w,)))
+        cut = plain.decode([t.token for t in f.tokens])[:f.stop_at]
+        missed += w in cut
+    assert missed > 0   # the fault is reachable: at least one stop string completes inside a step

@@ -156,3 +156,33 @@ def test_invalid_utf8_fails_at_t0_and_is_listed_not_failed_at_t_above_0() -> Non
     assert res["backstop@T0"].status is Status.FAIL
     assert res["backstop@T0.8"].status is Status.PASS and "invalid UTF-8" in res["backstop@T0.8"].message
     assert res["backstop@T0.8"].evidence["sampled_invalid_utf8"]
+
+
+def test_stop_strings_fail_an_answer_that_holds_its_stop_string_and_skip_without_any() -> None:
+    cfg = _cfg(temperatures=[0.8], determinism={"enabled": False}, variation={"enabled": False})
+    ok = _sample("poem", 0.8, "The sea is calm tonight.")
+    ok.sampling = {"top_p": 0.95, "top_k": 0, "min_p": 0.0, "stop": ["\n\n"]}
+    ran_on = _sample("code", 0.8, "First paragraph ends here.\n\nAnd the engine went on past its stop.")
+    ran_on.sampling = dict(ok.sampling)
+    plain = _sample("story", 0.8, "A paragraph.\n\nAnother one, no stop string asked.")
+    plain.sampling = {"top_p": 0.95, "top_k": 0, "min_p": 0.0}
+
+    def stop_check(samples: list[Sample]) -> object:
+        return next(r for r in run_checks(GateContext(cfg, "llama.cpp", samples)) if r.name == "stop_strings")
+
+    failed = stop_check([ok, ran_on, plain])
+    assert failed.status is Status.FAIL and "code@T0.8" in failed.message and "'\\n\\n'" in failed.message
+    assert failed.evidence["asked"] == 2 and len(failed.evidence["problems"]) == 1
+    assert stop_check([ok, plain]).status is Status.PASS
+    skipped = stop_check([plain])
+    assert skipped.status is Status.SKIP and "no request carried stop strings" in skipped.message
+
+
+def test_an_answer_asked_with_stop_strings_is_scored_without_an_end_of_turn_token() -> None:
+    """finish_reason stop after a stop string is no end-of-turn token the model drew: both sides are scored
+    without one (an appended end would be a token no sampler drew)."""
+    from validation.gate import _stopped
+
+    assert _stopped("stop") is True and _stopped("length") is False and _stopped(None) is None
+    assert _stopped("stop", {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "stop": ["\n\n"]}) is False
+    assert _stopped("stop", {"top_p": 1.0, "top_k": 0, "min_p": 0.0}) is True
