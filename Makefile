@@ -2,6 +2,8 @@
 # Stage-specific targets live in mk/<stage>.mk and are included below.
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
+# prerequisites are expanded again once every makefile is read: `$$(call KEEP_RC_PREREQ,...)` (mk/exit-code.inc)
+.SECONDEXPANSION:
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -57,11 +59,15 @@ setup: $(STAMP) $(COLLECTIONS_STAMP) ## [start] create .venv, install the pipeli
 demo-need-root:
 	@if [ "$$(id -u)" != 0 ]; then echo "error: make demo needs root (Docker engine, TLS registry, SSH test hosts in network namespaces); without root run: make demo-light" >&2; exit 2; fi
 
-demo: demo-need-root setup ## [start] the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
-	$(PY) -m flow demo $(if $(OUT),--out $(OUT))
+# Exit codes of every target that runs a tool: 0 pass, 1 a check failed, 2 bad input (mk/exit-code.inc).
+KEEP_RC_CMD_demo = $(PY) -m flow demo $(if $(OUT),--out $(OUT))
+KEEP_RC_NEED_demo = $(filter 0,$(shell id -u))
+demo: $$(call KEEP_RC_PREREQ,demo,demo-need-root setup) ## [start] the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
+	$(KEEP_RC_RUN)
 
-demo-light: setup ## [start] main job on the embedded target, no root/Docker: serve + gate + load test -> runs/main-*/
-	$(PY) -m flow main $(if $(OUT),--out $(OUT))
+KEEP_RC_CMD_demo-light = $(PY) -m flow main $(if $(OUT),--out $(OUT))
+demo-light: $$(call KEEP_RC_PREREQ,demo-light,setup) ## [start] main job on the embedded target, no root/Docker: serve + gate + load test -> runs/main-*/
+	$(KEEP_RC_RUN)
 
 test-prepare: setup ## [ci] what the tests need, idempotent (as root: apt packages, services, base + CI images)
 	scripts/test-prepare.sh
@@ -86,26 +92,27 @@ lint-types: setup ## [ci] mypy over the gate's packages and the shared pieces (p
 
 # ----------------------------------------------------------------------------- validation gate
 # Exit codes as the tool's: 0 PASS, 1 gate FAIL, 2 bad input / unreachable target (mk/exit-code.inc).
-VALIDATE_CMD = $(PY) -m validation run --target $(TARGET) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
+KEEP_RC_CMD_validate = $(PY) -m validation run --target $(TARGET) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
   $(if $(OUT),--out $(OUT)) $(if $(BASELINE),--baseline $(BASELINE)) \
   $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
-KEEP_RC_GOAL := validate
-KEEP_RC_CMD = $(VALIDATE_CMD)
-KEEP_RC_NEED = $(TARGET)
-include mk/exit-code.inc
-
-validate: $(KEEP_RC_PREREQ) ## [validation] gate a live target (exit 0 PASS, 1 FAIL, 2 bad input): TARGET=http://host:port [GATE_CONFIG=f BASELINE=f OUT=dir API_KEY_FILE=f|API_KEY_ENV=NAME]
+KEEP_RC_NEED_validate = $(TARGET)
+validate: $$(call KEEP_RC_PREREQ,validate,setup) ## [validation] gate a live target (exit 0 PASS, 1 FAIL, 2 bad input): TARGET=http://host:port [GATE_CONFIG=f BASELINE=f OUT=dir API_KEY_FILE=f|API_KEY_ENV=NAME]
 	@test -n "$(TARGET)" || { echo "error: TARGET=http://host:port is required" >&2; exit 2; }
-	$(call KEEP_RC_RUN,$(VALIDATE_CMD))
+	$(KEEP_RC_RUN)
 
-check-text: setup ## [validation] score a JSONL file offline: FILE=texts.jsonl [GATE_CONFIG=f]
+KEEP_RC_CMD_check-text = $(PY) -m validation check-text $(FILE) $(if $(GATE_CONFIG),--config $(GATE_CONFIG))
+KEEP_RC_NEED_check-text = $(FILE)
+check-text: $$(call KEEP_RC_PREREQ,check-text,setup) ## [validation] score a JSONL file offline: FILE=texts.jsonl [GATE_CONFIG=f]
 	@test -n "$(FILE)" || { echo "error: FILE=texts.jsonl is required" >&2; exit 2; }
-	$(PY) -m validation check-text $(FILE) $(if $(GATE_CONFIG),--config $(GATE_CONFIG))
+	$(KEEP_RC_RUN)
 
-record-baseline: setup ## [validation] record a target-only deployment's answers: TARGET=url OUT=baseline.json [GATE_CONFIG=f]
+KEEP_RC_CMD_record-baseline = $(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) \
+  $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
+  $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
+KEEP_RC_NEED_record-baseline = $(and $(TARGET),$(OUT))
+record-baseline: $$(call KEEP_RC_PREREQ,record-baseline,setup) ## [validation] record a target-only deployment's answers: TARGET=url OUT=baseline.json [GATE_CONFIG=f]
 	@test -n "$(TARGET)" -a -n "$(OUT)" || { echo "error: TARGET=... and OUT=baseline.json are required" >&2; exit 2; }
-	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
-	  $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
+	$(KEEP_RC_RUN)
 
 sweep: setup ## [validation] speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=validation/grids/embedded-draft.yaml
 	$(PY) -m validation sweep --grid $(or $(GRID),validation/grids/embedded-draft.yaml) $(if $(HOST),--host $(HOST)) \
@@ -120,7 +127,10 @@ embedded-stop: setup ## [lab] stop the embedded model
 docs: setup ## [lab] regenerate the rendered tables and claims of README.md and docs/ from their raw files
 	$(PY) bench/render_docs.py
 
-docs-check: setup ## [ci] exit 1 when a rendered table or a claimed number no longer matches its raw file
-	$(PY) bench/render_docs.py --check
+KEEP_RC_CMD_docs-check = $(PY) bench/render_docs.py --check
+docs-check: $$(call KEEP_RC_PREREQ,docs-check,setup) ## [ci] exit 1 when a rendered table or a claimed number no longer matches its raw file
+	$(KEEP_RC_RUN)
 
 include $(sort $(wildcard mk/*.mk))
+# last: it reads every KEEP_RC_CMD_<target> above and in mk/*.mk
+include mk/exit-code.inc

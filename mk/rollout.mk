@@ -23,19 +23,28 @@ rollout-need-host:
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }
 	@test -n "$(IMAGE)" || { echo "error: set IMAGE=<registry>/<name>:<tag>" >&2; exit 2; }
 
-deploy: rollout-need-host ## [deploy] deploy IMAGE to HOST, gate, load test, then promote or roll back [GATE_CONFIG= BASELINE= CHECK=1]
-	$(ROLLOUT_ENV) $(PY) -m flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)"$(if $(CHECK), --check)$(if $(GATE_CONFIG), --gate-config "$(GATE_CONFIG)")$(if $(BASELINE), --baseline "$(BASELINE)")$(if $(LOADTEST_CONFIG), --loadtest-config "$(LOADTEST_CONFIG)")$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
+# Exit codes 0 / 1 (a stage failed, changed hosts rolled back) / 2 (bad input) reach the shell (mk/exit-code.inc).
+KEEP_RC_CMD_deploy = $(ROLLOUT_ENV) $(PY) -m flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)"$(if $(CHECK), --check)$(if $(GATE_CONFIG), --gate-config "$(GATE_CONFIG)")$(if $(BASELINE), --baseline "$(BASELINE)")$(if $(LOADTEST_CONFIG), --loadtest-config "$(LOADTEST_CONFIG)")$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
+KEEP_RC_NEED_deploy = $(and $(HOST),$(IMAGE))
+deploy: $$(call KEEP_RC_PREREQ,deploy,rollout-need-host) ## [deploy] deploy IMAGE to HOST, gate, load test, then promote or roll back [GATE_CONFIG= BASELINE= CHECK=1]
+	$(KEEP_RC_RUN)
 
-deploy-target-only: rollout-need-host ## [deploy] deploy IMAGE to HOST without speculative decoding, no gate, no promotion (for record-baseline)
-	$(ROLLOUT_ENV) $(PY) -m flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)" --target-only$(if $(CHECK), --check)$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
+KEEP_RC_CMD_deploy-target-only = $(ROLLOUT_ENV) $(PY) -m flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)" --target-only$(if $(CHECK), --check)$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
+KEEP_RC_NEED_deploy-target-only = $(and $(HOST),$(IMAGE))
+deploy-target-only: $$(call KEEP_RC_PREREQ,deploy-target-only,rollout-need-host) ## [deploy] deploy IMAGE to HOST without speculative decoding, no gate, no promotion (for record-baseline)
+	$(KEEP_RC_RUN)
 
-rollback: ## [deploy] put HOST back on its recorded previous image [CHECK=1]
+KEEP_RC_CMD_rollback = $(ROLLOUT_ENV) $(PY) -m rollout rollback $(ROLLOUT_ARGS) $(if $(CHECK),--check)
+KEEP_RC_NEED_rollback = $(HOST)
+rollback: $$(call KEEP_RC_PREREQ,rollback,) ## [deploy] put HOST back on its recorded previous image [CHECK=1]
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }
-	$(ROLLOUT_ENV) $(PY) -m rollout rollback $(ROLLOUT_ARGS) $(if $(CHECK),--check)
+	$(KEEP_RC_RUN)
 
-status: ## [deploy] current/previous image, container and health of HOST
+KEEP_RC_CMD_status = $(ROLLOUT_ENV) $(PY) -m rollout status $(ROLLOUT_ARGS)
+KEEP_RC_NEED_status = $(HOST)
+status: $$(call KEEP_RC_PREREQ,status,) ## [deploy] current/previous image, container and health of HOST
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }
-	$(ROLLOUT_ENV) $(PY) -m rollout status $(ROLLOUT_ARGS)
+	$(KEEP_RC_RUN)
 
 render: ## [deploy] show the server container each host of HOST would run (no connection)
 	$(ROLLOUT_ENV) $(PY) -m rollout render $(ROLLOUT_ARGS) $(if $(IMAGE),--image "$(IMAGE)")

@@ -1,5 +1,6 @@
-"""Exit codes through make: `make validate` keeps the gate's 0 / 1 / 2 apart (mk/exit-code.inc), and `make
-render` refuses DDTree settings outside the rules with exit 2 and one line, as deploy does."""
+"""Exit codes through make: 0 pass, 1 a check failed, 2 bad input (mk/exit-code.inc). `make validate` and
+`make loadtest` keep their tool's 0 / 1 / 2 apart, `make deploy` and the other targets say bad input with 2 and
+one line, and `make render` refuses DDTree settings outside the rules with exit 2 and one line, as deploy does."""
 
 from __future__ import annotations
 
@@ -80,3 +81,55 @@ def test_make_render_refuses_a_budget_outside_the_ddtree_rules(tmp_path: Path) -
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "DDTree settings cannot start" in errors[0] and "1..255" in errors[0], bad.stderr
     assert "Traceback" not in bad.stderr and "{" not in bad.stdout  # nothing rendered is printed
+
+
+# ----------------------------------------------------------------------------- every target that runs a tool
+KEPT = {"validate", "check-text", "record-baseline", "docs-check", "demo", "demo-light", "deploy",
+        "deploy-target-only", "rollback", "status", "loadtest", "capacity"}
+
+
+def test_every_target_that_runs_a_check_keeps_its_exit_code() -> None:
+    db = make("-p", "-n", "help").stdout
+    goals = next(ln for ln in db.splitlines() if ln.startswith("KEEP_RC_GOALS := ")).split(" := ")[1].split()
+    assert set(goals) >= KEPT, KEPT - set(goals)
+
+
+def test_make_loadtest_keeps_a_missed_slo_apart_from_bad_input(tmp_path: Path) -> None:
+    with SimServer(free_port(), "--ttft-ms", "50", "--tokens", "4") as slow:
+        missed = make("loadtest", f"HOST={slow.url}", "USERS=1", "DURATION=3", "SLO_TTFT_MS=1",
+                      f"OUT={tmp_path / 'slo'}")
+    assert missed.returncode == 1, missed.stderr[-2000:]
+    assert "SLO NOT met" in missed.stdout and "make loadtest: FAILED (exit 1)" in missed.stderr
+    unreachable = make("loadtest", "HOST=http://127.0.0.1:9", "USERS=1", "DURATION=2", f"OUT={tmp_path / 'u'}")
+    assert unreachable.returncode == 2 and "error: cannot reach http://127.0.0.1:9" in unreachable.stderr
+    missing = make("loadtest")
+    assert missing.returncode == 2 and "error: HOST is required" in missing.stderr
+
+
+def _errors(p: subprocess.CompletedProcess[str]) -> list[str]:
+    return [ln for ln in p.stderr.splitlines() if ln.startswith("error: ")]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("deploy", "HOST=no-such-host", "IMAGE=reg.example/x:1"), "unknown HOST 'no-such-host'"),
+    (("deploy", "HOST=all"), "set IMAGE="),
+    (("deploy-target-only", "IMAGE=reg.example/x:1"), "set HOST="),
+    (("rollback",), "set HOST="),
+    (("status",), "set HOST="),
+    (("capacity",), "HOST is required"),
+    (("check-text",), "FILE=texts.jsonl is required"),
+    (("record-baseline", "TARGET=http://127.0.0.1:9"), "TARGET=... and OUT=baseline.json are required"),
+])
+def test_bad_input_is_2_with_one_error_line(args: tuple[str, ...], says: str) -> None:
+    p = make(*args)
+    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
+    errors = _errors(p)
+    assert len(errors) == 1 and says in errors[0], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+
+
+def test_a_dry_run_only_prints_and_check_mode_still_refuses_bad_input() -> None:
+    dry = make("-n", "deploy", "HOST=all", "IMAGE=reg.example/x:1")
+    assert dry.returncode == 0 and "-m flow deploy --hosts \"all\"" in dry.stdout
+    p = make("deploy", "HOST=no-such-host", "IMAGE=reg.example/x:1", "CHECK=1")
+    assert p.returncode == 2 and "make deploy: FAILED" not in p.stderr
