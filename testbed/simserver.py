@@ -296,7 +296,7 @@ class SimServer:
         raise RuntimeError("simserver did not start")
 
     def timings(self) -> list[dict[str, Any]]:
-        from loadtests.stream import get_json
+        from sglfleet.loadtests.stream import get_json
 
         return get_json(self.url, "/_timings")[1]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.procs import free_port
+from sglfleet.pipeline.procs import free_port
 from testbed.simserver import SimServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -59,12 +59,12 @@ def test_make_validate_keeps_pass_fail_and_bad_input_apart(sim: SimServer, tmp_p
 
 def test_make_dry_run_does_not_run_the_gate() -> None:
     p = make("-n", "validate", "TARGET=http://127.0.0.1:9")
-    assert p.returncode == 0 and "-m validation run --target http://127.0.0.1:9" in p.stdout
+    assert p.returncode == 0 and "-m sglfleet.validation run --target http://127.0.0.1:9" in p.stdout
 
 
 def _inventory(tmp_path: Path, budget: str) -> Path:
     inv = tmp_path / f"inv-{budget}"
-    shutil.copytree(REPO / "ansible" / "inventories" / "example", inv)
+    shutil.copytree(REPO / "src" / "sglfleet" / "ansible" / "inventories" / "example", inv)
     gv = inv / "group_vars" / "all.yml"
     text = gv.read_text()
     assert "serve_spec_ddtree_budget: 16" in text

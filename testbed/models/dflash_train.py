@@ -24,7 +24,7 @@ prompt) is never drafted at serving time. Training and the offline acceptance us
 ``a >= prompt length`` when the prompt lengths are known (``self_distill_corpus`` records them);
 ``offline.accept_length_all_anchors`` keeps the old every-position figure for comparison.
 
-    python -m models train-drafter --target DIR --out DIR [--steps 600] [--seed 0]
+    python -m testbed.models train-drafter --target DIR --out DIR [--steps 600] [--seed 0]
 
 Export: ``model.safetensors`` (bf16, names as in DFlash checkpoints: ``layers.N.self_attn.q_proj``,
 ``fc``, ``hidden_norm``, ``norm``, ...) and ``config.json`` built by ``models.drafter`` (checked
@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from models import drafter as drafter_cfg
+from testbed.models import drafter as drafter_cfg
 
 PROMPTS = (
     "Write a short poem about the ocean.", "Explain how a refrigerator works.", "Give me three tips for sleeping well.",

@@ -6,7 +6,7 @@ sglang 0.5.23 loads a DFlashDraftModel checkpoint whose config.json carries
 A drafter trained for another target or block loads without complaint and then drafts garbage
 (accept length 1) or fails deep in the first decode; this check names the mismatch instead.
 
-    python -m models check-drafter --target DIR --drafter DIR [--block-size 8]
+    python -m testbed.models check-drafter --target DIR --drafter DIR [--block-size 8]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UsageError
+from sglfleet.pipeline.errors import UsageError
 
 
 @dataclass(frozen=True)

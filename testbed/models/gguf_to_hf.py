@@ -7,7 +7,7 @@ layout and writes bf16 safetensors plus the tokenizer (transformers' GGUF tokeni
 Only the `llama` architecture is accepted; anything else is a clear error before any file is
 written.
 
-    python -m models convert --gguf FILE.gguf --out DIR
+    python -m testbed.models convert --gguf FILE.gguf --out DIR
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.errors import UsageError
+from sglfleet.pipeline.errors import UsageError
 
 SUPPORTED = ("llama",)
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from validation.backstop import backstop_findings
-from validation.checks import REGISTRY, GateContext, Status, run_checks
-from validation.config import GateConfig
-from validation.detectors import score_text
-from validation.samples import Sample
+from sglfleet.validation.backstop import backstop_findings
+from sglfleet.validation.checks import REGISTRY, GateContext, Status, run_checks
+from sglfleet.validation.config import GateConfig
+from sglfleet.validation.detectors import score_text
+from sglfleet.validation.samples import Sample
 
 HERE = Path(__file__).parent
 

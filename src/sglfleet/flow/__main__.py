@@ -1,11 +1,11 @@
-"""CLI: python -m flow deploy|main|demo (rollback / status / render: python -m rollout).
+"""CLI: python -m sglfleet.flow deploy|main|demo (rollback / status / render: python -m sglfleet.rollout).
 
-    python -m flow deploy --hosts HOST_OR_GROUP --image REGISTRY/NAME:TAG [--inventory DIR] [--check]
+    python -m sglfleet.flow deploy --hosts HOST_OR_GROUP --image REGISTRY/NAME:TAG [--inventory DIR] [--check]
                           [--image-tarball FILE] [--no-gate] [--no-loadtest] [--gate-config F] [--baseline F]
                           [--loadtest-config F] [--config deployment.yaml] [-e KEY=VALUE] [--target-only]
                           [--api-key-file F | --api-key-env NAME]   the endpoints' key, gate + load test
-    python -m flow main   [--out DIR]       the main job on the embedded target (no root, no Docker)
-    python -m flow demo   [--out DIR]       the real path on an embedded fleet on this machine (root)
+    python -m sglfleet.flow main   [--out DIR]       the main job on the embedded target (no root, no Docker)
+    python -m sglfleet.flow demo   [--out DIR]       the real path on an embedded fleet on this machine (root)
 
 Exit codes: 0 promoted / deployed / unchanged, 1 a stage failed (changed hosts rolled back), 2 bad input
 (nothing changed).
@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from pipeline.errors import EXIT_OK, UsageError, cli_main
+from sglfleet.pipeline.errors import EXIT_OK, UsageError, cli_main
 
 
 def _kv(items: list[str]) -> dict[str, object]:
@@ -35,7 +35,7 @@ def _kv(items: list[str]) -> dict[str, object]:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flow", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sglfleet.flow", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="action", required=True)
     p = sub.add_parser("deploy", help="deploy -> gate -> load test -> promote or roll back")
     p.add_argument("--hosts", required=True, help="host, group (pcie, nvlink, all) or a,b list")
@@ -68,16 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.action == "main":
-        from flow import mainjob
+        from sglfleet.flow import mainjob
 
         return mainjob.run(args.out, args.port, skip_loadtest=args.skip_loadtest)
     if args.action == "demo":
-        from flow import demo
+        from sglfleet.flow import demo
 
         return demo.run(args.out)
 
-    from flow import promote
-    from rollout.config import load
+    from sglfleet.flow import promote
+    from sglfleet.rollout.config import load
 
     overrides: dict[str, object] = {}
     extra_vars = _kv(args.extra_var)

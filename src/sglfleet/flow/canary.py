@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from flow.plan import GroupPlan, Plan
-from flow.traffic import ClientLoad
-from rollout.router import RouterClient, RouterError, add_back, drain
+from sglfleet.flow.plan import GroupPlan, Plan
+from sglfleet.flow.traffic import ClientLoad
+from sglfleet.rollout.router import RouterClient, RouterError, add_back, drain
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,8 @@ class Executor:
                         "loadtest-failed")
         else:
             for h in batch:
-                self._check("smoke-gate", gp, (h,), lambda h=h: self.h.smoke(h, gp.workers[h]), "smoke-failed")
+                self._check("smoke-gate", gp, (h,), lambda h=h: self.h.smoke(h, gp.workers[h]),  # type: ignore[misc]
+                            "smoke-failed")
         self._add_back(gp, batch)
 
     def _fleet(self) -> None:
@@ -241,7 +242,8 @@ class Executor:
             if not gp.router:
                 continue
             self._check("fleet-loadtest", gp, tuple(gp.workers),
-                        lambda gp=gp: self.h.loadtest(f"fleet {gp.group}", gp.router), "loadtest-failed")
+                        lambda gp=gp: self.h.loadtest(f"fleet {gp.group}", gp.router),  # type: ignore[misc]
+                        "loadtest-failed")
 
     def _roll_back(self) -> tuple[str, ...]:
         """Newest batch first: drain it (if the router answers), put its previous version back, add it back."""

@@ -23,13 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-from flow import promote
-from flow.report import Stage, write
-from patches import DEFAULT_VERSION, load_series, series_dir_for
-from pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError
-from pipeline.reports import new_run_dir
-from rollout import REPO_ROOT
-from rollout.config import RolloutConfig
+from sglfleet import paths
+from sglfleet.flow import promote
+from sglfleet.flow.report import Stage, write
+from sglfleet.patches import DEFAULT_VERSION, load_series, series_dir_for
+from sglfleet.pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError
+from sglfleet.pipeline.reports import new_run_dir
+from sglfleet.rollout.config import RolloutConfig
 
 # Namespace prefix, /16, first server port and router port of the demo's fleet. DEMO_PREFIX, DEMO_NET,
 # DEMO_BASE_PORT and DEMO_ROUTER_PORT move it beside another fleet (one a killed run left behind, say).
@@ -37,7 +37,7 @@ PREFIX = os.environ.get("DEMO_PREFIX", "dm")
 NET = os.environ.get("DEMO_NET", "10.234")
 BASE_PORT = int(os.environ.get("DEMO_BASE_PORT", "18300"))
 ROUTER_PORT = int(os.environ.get("DEMO_ROUTER_PORT", "18390"))
-GATE = REPO_ROOT / "testbed" / "fixtures" / "gate-embedded-lean.yaml"
+GATE_IN_CHECKOUT = Path("testbed", "fixtures", "gate-embedded-lean.yaml")
 
 
 def _say(msg: str) -> None:
@@ -63,8 +63,10 @@ def run(out: str | None = None) -> int:
     except ImportError as exc:
         raise UsageError(f"make demo runs from a checkout of this repository (testbed/ is not installed): {exc}") \
             from None
+    root = paths.require_checkout("make demo")
+    gate = root / GATE_IN_CHECKOUT
 
-    run_dir = Path(out) if out else new_run_dir(REPO_ROOT / "runs", "demo")
+    run_dir = Path(out) if out else new_run_dir(root / "runs", "demo")
     run_dir.mkdir(parents=True, exist_ok=True)
     stages: list[Stage] = []
     t0 = time.monotonic()
@@ -98,8 +100,8 @@ def run(out: str | None = None) -> int:
     t = time.monotonic()
     hosts_dir = run_dir / "testhosts"
     inv = None
-    from rollout import deploy as ro
-    from rollout.inventory import load_inventory
+    from sglfleet.rollout import deploy as ro
+    from sglfleet.rollout.inventory import load_inventory
 
     try:  # a start that fails half-way (one host up) is stopped too
         testhosts_sh("start", "2", str(hosts_dir), prefix=PREFIX, net=NET)
@@ -118,9 +120,9 @@ def run(out: str | None = None) -> int:
         stages.append(Stage("baseline", True, f"{base} on both hosts (not gated)", time.monotonic() - t))
         t = time.monotonic()
         baseline = run_dir / "baseline.json"
-        rb = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target",
-                             f"http://127.0.0.1:{BASE_PORT + 1}", "--config", str(GATE), "--out", str(baseline)],
-                            cwd=REPO_ROOT, check=False)
+        rb = subprocess.run([sys.executable, "-m", "sglfleet.validation", "record-baseline", "--target",
+                             f"http://127.0.0.1:{BASE_PORT + 1}", "--config", str(gate), "--out", str(baseline)],
+                            cwd=root, check=False)
         if rb.returncode != 0:
             raise UsageError(f"recording the lossless baseline from {PREFIX}1 failed (exit {rb.returncode})")
         stages.append(Stage("record-baseline", True, f"T=0 answers of {base} on {PREFIX}1: the baseline the "
@@ -135,7 +137,7 @@ def run(out: str | None = None) -> int:
                             f"the controller: {info.get('url')} in front of {', '.join(info.get('workers') or [])}",
                             time.monotonic() - t, links={"router log": str(inv.parent / "inventory-data" / "router"
                                                                             / "router.log")}, data=info))
-        cfg = RolloutConfig(inventory=str(inv), runs_dir=str(run_dir), gate_config=str(GATE), loadtest_max_load=2,
+        cfg = RolloutConfig(inventory=str(inv), runs_dir=str(run_dir), gate_config=str(gate), loadtest_max_load=2,
                             client_load_rate=1.0, drain_timeout_s=60, gate_baseline=str(baseline))
         rc, deploy_dir = promote.deploy(cfg, "all", image)
     finally:

@@ -9,10 +9,10 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from images.config import TARGETS
-from patches import load_series, series_dir_for
-from pipeline.errors import UsageError
-from rollout.inventory import Inventory
+from sglfleet.images.config import TARGETS
+from sglfleet.patches import load_series, series_dir_for
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.rollout.inventory import Inventory
 
 LABEL_TARGET = "org.fleet.target"
 LABEL_ARCH = "org.fleet.cuda.arch"

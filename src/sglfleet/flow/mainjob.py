@@ -1,6 +1,6 @@
 """The main job on the embedded default target (no root, no Docker): serve -> gate -> load test, one report.
 
-    python -m flow main [--out DIR] [--port 18080] [--skip-loadtest]      (make demo-light)
+    python -m sglfleet.flow main [--out DIR] [--port 18080] [--skip-loadtest]      (make demo-light)
 
 "Deploy" here starts the embedded engine (SmolLM2-135M on llama.cpp) in a child process; the gate and the
 load test are the same in-process stages flow/promote.py runs on a fleet (flow.promote.gate_stage,
@@ -15,23 +15,23 @@ import sys
 import time
 from pathlib import Path
 
-from flow.promote import gate_stage, headline, loadtest_config, loadtest_stage
-from flow.report import Stage, write
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer
-from pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError
-from pipeline.reports import new_run_dir
-from rollout.config import RolloutConfig
+from sglfleet import paths
+from sglfleet.flow.promote import gate_stage, headline, loadtest_config, loadtest_stage
+from sglfleet.flow.report import Stage, write
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
+from sglfleet.pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError
+from sglfleet.pipeline.reports import new_run_dir
+from sglfleet.rollout.config import RolloutConfig
 
-REPO = Path(__file__).resolve().parent.parent
-GATE_CONFIG = REPO / "validation" / "profiles" / "embedded.yaml"
+GATE_CONFIG = paths.PACKAGE_DIR / "validation" / "profiles" / "embedded.yaml"
 
 
 def run(out: str | None = None, port: int = 18080, *, skip_loadtest: bool = False,
         gate_config: Path = GATE_CONFIG) -> int:
     """Run the main job; prints the report page path last (stderr) and a JSON line (stdout)."""
-    from validation.config import load_gate_config
+    from sglfleet.validation.config import load_gate_config
 
-    run_dir = Path(out) if out else new_run_dir(REPO / "runs", "main")
+    run_dir = Path(out) if out else new_run_dir(paths.WORK_ROOT / "runs", "main")
     run_dir.mkdir(parents=True, exist_ok=True)
     if not gate_config.is_file():
         raise UsageError(f"gate config not found: {gate_config}")

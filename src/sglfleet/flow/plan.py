@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipeline.errors import UsageError
-from rollout.inventory import Inventory
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.rollout.inventory import Inventory
 
 SMOKE_PROMPTS = ("factual", "code", "arithmetic")  # the smoke gate's T=0 prompts (of the gate's suite)
 
@@ -182,7 +182,7 @@ def smoke_gate_config(gate_cfg: Any, suite_dir: Any) -> Any:
 
     import yaml
 
-    from validation.suite import load_suite
+    from sglfleet.validation.suite import load_suite
 
     suite = load_suite(gate_cfg.suite)
     suite_out = Path(suite_dir) / Path(str(gate_cfg.suite)).name

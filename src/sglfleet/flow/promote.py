@@ -26,15 +26,15 @@ from typing import Any
 
 from rich.console import Console
 
-from flow import fit, plan
-from flow.report import Stage, write
-from pipeline.errors import EXIT_FAIL, EXIT_OK, PipelineError, UsageError
-from pipeline.reports import Case, new_run_dir
-from rollout import deploy as ro
-from rollout import registry, retry
-from rollout.config import RolloutConfig
-from rollout.inventory import Inventory
-from rollout.serve_args import check_serve_command
+from sglfleet.flow import fit, plan
+from sglfleet.flow.report import Stage, write
+from sglfleet.pipeline.errors import EXIT_FAIL, EXIT_OK, PipelineError, UsageError
+from sglfleet.pipeline.reports import Case, new_run_dir
+from sglfleet.rollout import deploy as ro
+from sglfleet.rollout import registry, retry
+from sglfleet.rollout.config import RolloutConfig
+from sglfleet.rollout.inventory import Inventory
+from sglfleet.rollout.serve_args import check_serve_command
 
 
 def _log(quiet: bool) -> Callable[[str], None]:
@@ -84,7 +84,7 @@ def serve_args_stage(cfg: RolloutConfig, hosts_pattern: str, image: str) -> Stag
 
 def gate_stage(url: str, out: Path, gate_cfg: Any, *, quiet: bool = False, name: str = "gate") -> Stage:
     """The validation gate, in process, against `url`; reports under `out`."""
-    from validation.gate import run_gate
+    from sglfleet.validation.gate import run_gate
 
     t0 = time.monotonic()
     try:
@@ -105,8 +105,8 @@ def gate_stage(url: str, out: Path, gate_cfg: Any, *, quiet: bool = False, name:
 
 def loadtest_config(cfg: RolloutConfig, url: str) -> Any:
     """The deployment's load-test config (its SLOs) for `url`; bad input raises before anything changes."""
-    from loadtests.capacity import QUICK
-    from loadtests.config import load_loadtest_config
+    from sglfleet.loadtests.capacity import QUICK
+    from sglfleet.loadtests.config import load_loadtest_config
 
     over: dict[str, Any] = {"host": url}
     if cfg.api_key_env or cfg.api_key_file:  # the flow's key wins over the load-test file's
@@ -119,7 +119,7 @@ def loadtest_config(cfg: RolloutConfig, url: str) -> Any:
     path = str(ro._abs(cfg.loadtest_config)) if cfg.loadtest_config else None
     if path and not Path(path).is_file():
         raise UsageError(f"load-test config not found: {cfg.loadtest_config}")
-    from loadtests.config import with_api_key
+    from sglfleet.loadtests.config import with_api_key
 
     return with_api_key(load_loadtest_config(path, over))
 
@@ -133,7 +133,7 @@ def with_flow_api_key(cfg: RolloutConfig, gate_cfg: Any) -> Any:
 
 def loadtest_stage(lt_cfg: Any, out: Path, min_capacity: float, *, quiet: bool = False) -> Stage:
     """Capacity search against the deployment's SLOs; passes when >= min_capacity users meet them."""
-    from loadtests.capacity import run_capacity
+    from sglfleet.loadtests.capacity import run_capacity
 
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
@@ -172,7 +172,7 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
         raise UsageError(f"image tarball not found: {image_tarball}")
     gate_cfg = None
     if cfg.gate and not check:
-        from validation.config import load_gate_config
+        from sglfleet.validation.config import load_gate_config
 
         gpath = ro._abs(cfg.gate_config) if cfg.gate_config else None
         if gpath and not gpath.is_file():
@@ -184,7 +184,7 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
                 raise UsageError(f"baseline not found: {cfg.gate_baseline} (record it: make record-baseline)")
             overrides = {"lossless": {"baseline": str(bpath)}}
         gate_cfg = with_flow_api_key(cfg, load_gate_config(gpath, overrides))
-        from validation.config import gate_api_key, lossless_requirement
+        from sglfleet.validation.config import gate_api_key, lossless_requirement
 
         gate_api_key(gate_cfg)  # a missing key file / variable is bad input before anything changes
 
@@ -253,7 +253,7 @@ def deploy(cfg: RolloutConfig, hosts_pattern: str, image: str, *, check: bool = 
             return _finish(run_dir, report, stages, [], "check", EXIT_OK, quiet, t0)
     try:
         if not check and use_canary(cfg, the_plan):
-            from flow import staged
+            from sglfleet.flow import staged
 
             return staged.run(cfg, inv, the_plan, ref, digest, reg, run_dir, report, stages, gate_cfg,
                               image_tarball, extra_vars, quiet, t0)
@@ -271,7 +271,7 @@ def make_plan(cfg: RolloutConfig, inv: Inventory, hosts: list[str], image: str, 
     gc = gate_cfg
     if gc is None and cfg.gate:
         try:
-            from validation.config import load_gate_config
+            from sglfleet.validation.config import load_gate_config
 
             gc = load_gate_config(ro._abs(cfg.gate_config) if cfg.gate_config else None)
         except Exception:  # the plan is printed anyway; the deploy itself loads and checks the config

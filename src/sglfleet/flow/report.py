@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.reports import Case, redact, utc_now, write_json, write_junit
+from sglfleet.pipeline.reports import Case, redact, utc_now, write_json, write_junit
 
 
 @dataclass

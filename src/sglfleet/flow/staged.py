@@ -11,19 +11,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flow import promote as pr
-from flow.canary import CheckResult, DeployResult, Executor, Hooks, RestoreResult
-from flow.plan import Plan, smoke_gate_config
-from flow.report import Stage
-from flow.traffic import ClientLoad
-from pipeline.errors import EXIT_FAIL, EXIT_OK, PipelineError
-from pipeline.reports import Case
-from rollout import deploy as ro
-from rollout import metrics, registry
-from rollout.config import RolloutConfig
-from rollout.inventory import Inventory
-from rollout.retry import RetryLog
-from rollout.router import RouterClient
+from sglfleet.flow import promote as pr
+from sglfleet.flow.canary import CheckResult, DeployResult, Executor, Hooks, RestoreResult
+from sglfleet.flow.plan import Plan, smoke_gate_config
+from sglfleet.flow.report import Stage
+from sglfleet.flow.traffic import ClientLoad
+from sglfleet.pipeline.errors import EXIT_FAIL, EXIT_OK, PipelineError
+from sglfleet.pipeline.reports import Case
+from sglfleet.rollout import deploy as ro
+from sglfleet.rollout import metrics, registry
+from sglfleet.rollout.config import RolloutConfig
+from sglfleet.rollout.inventory import Inventory
+from sglfleet.rollout.retry import RetryLog
+from sglfleet.rollout.router import RouterClient
 
 
 def _slug(s: str) -> str:

@@ -1,9 +1,9 @@
 """CLI: build / inspect SGLang images.
 
-    python -m images build --target pcie|nvlink [--profile ci|production | --config FILE]
+    python -m sglfleet.images build --target pcie|nvlink [--profile ci|production | --config FILE]
                            [--push REGISTRY/REPO] [--rc N] [--arch-list "10.3a"] [--no-cache] [--json FILE]
-    python -m images inspect IMAGE       labels + /opt/provenance of a built image
-    python -m images targets             the targets and their FlashInfer arch lists
+    python -m sglfleet.images inspect IMAGE       labels + /opt/provenance of a built image
+    python -m sglfleet.images targets             the targets and their FlashInfer arch lists
 
 Exit codes: 0 ok, 1 build/push failed, 2 bad input (unknown target, bad config, no engine).
 """
@@ -16,9 +16,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from images.build import build, connect
-from images.config import TARGETS, load_image_config
-from pipeline.errors import UsageError, cli_main
+from sglfleet.images.build import build, connect
+from sglfleet.images.config import TARGETS, load_image_config
+from sglfleet.pipeline.errors import UsageError, cli_main
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -64,7 +64,7 @@ def cmd_targets(_: argparse.Namespace) -> int:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m images", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sglfleet.images", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build (and push) an image with the Docker SDK")
     b.add_argument("--target", required=True, help=f"one of: {', '.join(TARGETS)}")

@@ -26,9 +26,10 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from images.config import REPO_ROOT, ImageConfig
-from patches import PatchError, load_series
-from pipeline.errors import PipelineError, UsageError
+from sglfleet import paths
+from sglfleet.images.config import ImageConfig
+from sglfleet.patches import PatchError, load_series
+from sglfleet.pipeline.errors import PipelineError, UsageError
 
 
 class BuildError(PipelineError):
@@ -102,10 +103,14 @@ def next_rc(client: docker.DockerClient, cfg: ImageConfig, repo: str, pushing: b
 # ------------------------------------------------------------------ context
 
 def git_commit() -> str:
+    root = paths.CHECKOUT_ROOT
+    if root is None:  # an installed wheel: no history to name
+        return "unknown"
     try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "images", "patches"],
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src/sglfleet/images",
+                                "src/sglfleet/patches"],
                                capture_output=True, text=True, check=True).stdout.strip()
         return out + ("-dirty" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
@@ -151,14 +156,17 @@ def build_context(cfg: ImageConfig, wheels: list[Path]) -> tuple[io.BufferedIOBa
     """Tar of exactly what the Dockerfile COPYs. Returns (file object, size)."""
     series = cfg.series_path
     files: list[tuple[Path, str]] = [
-        (REPO_ROOT / cfg.dockerfile, "Dockerfile"),
-        (REPO_ROOT / "images" / "cuda-toolkit.sh", "images/cuda-toolkit.sh"),
-        (REPO_ROOT / "images" / "jit_proof.py", "images/jit_proof.py"),
-        (REPO_ROOT / "patches" / "__init__.py", "patches/__init__.py"),
-        (REPO_ROOT / "patches" / "__main__.py", "patches/__main__.py"),
+        (paths.resolve(cfg.dockerfile), "Dockerfile"),
+        (paths.PACKAGE_DIR / "images" / "cuda-toolkit.sh", "images/cuda-toolkit.sh"),
+        (paths.PACKAGE_DIR / "images" / "jit_proof.py", "images/jit_proof.py"),
+        # the patch tool, importable in the image as sglfleet.patches (the package's __init__ has no imports)
+        (paths.PACKAGE_DIR / "__init__.py", "sglfleet/__init__.py"),
+        (paths.PACKAGE_DIR / "paths.py", "sglfleet/paths.py"),
+        (paths.PATCHES_DIR / "__init__.py", "sglfleet/patches/__init__.py"),
+        (paths.PATCHES_DIR / "__main__.py", "sglfleet/patches/__main__.py"),
     ]
     files += [(p, f"{series_arcname(cfg)}/{p.name}") for p in sorted(series.iterdir()) if p.is_file()]
-    plugin = REPO_ROOT / "patches" / "ddtree"
+    plugin = paths.PATCHES_DIR / "ddtree"
     files += [(plugin / "pyproject.toml", "patches/ddtree/pyproject.toml")]
     files += [(p, f"patches/ddtree/sglang_ddtree/{p.name}") for p in sorted((plugin / "sglang_ddtree").glob("*.py"))]
     files += [(w, f"wheels/{w.name}") for w in wheels]
@@ -259,7 +267,7 @@ def build(cfg: ImageConfig, *, push: str | None = None, rc: int | None = None, n
     args = build_args(cfg, series.sha256, commit)
     say(f"[images] building {tag} (target {cfg.target}, arch {cfg.effective_arch_list}, "
         f"profile {cfg.install_profile}/{cfg.jit_scope}, base {cfg.base_image}, series {series.sha256[:12]})")
-    wheels = fetch_wheelhouse(cfg, wheel_cache or (REPO_ROOT / ".cache" / "wheelhouse"), say)
+    wheels = fetch_wheelhouse(cfg, wheel_cache or (paths.WORK_ROOT / ".cache" / "wheelhouse"), say)
     ctx, size = build_context(cfg, wheels)
     say(f"[images] context {size / 1e6:.1f} MB")
     t0 = time.monotonic()

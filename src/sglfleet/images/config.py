@@ -9,11 +9,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config import StrictModel, load_config
-from pipeline.errors import UsageError
+from sglfleet import paths
+from sglfleet.pipeline.config import StrictModel, load_config
+from sglfleet.pipeline.errors import UsageError
 
-IMAGES_DIR = Path(__file__).resolve().parent
-REPO_ROOT = IMAGES_DIR.parent
+IMAGES_DIR = paths.PACKAGE_DIR / "images"
 PROFILES_DIR = IMAGES_DIR / "profiles"
 
 
@@ -40,7 +40,8 @@ class ImageConfig(StrictModel):
     cuda_version: str = Field("13.0", pattern=r"^\d+\.\d+$")
     sglang_version: str = Field("0.5.23", pattern=r"^\d+\.\d+\.\d+(\.post\d+)?$")
     flashinfer_version: str = Field("0.7.2", pattern=r"^\d+\.\d+\.\d+(\.post\d+)?$")
-    patch_series: str = Field("patches/sglang-0.5.23", description="series dir (relative to the repo, or absolute)")
+    patch_series: str = Field("patches/sglang-0.5.23",
+                              description="series dir (absolute, or relative to the current directory or the package)")
     install_profile: Literal["full", "ci"] = "full"
     jit_scope: Literal["full", "ci"] = "full"
     arch_list: str | None = Field(None, description="override of the target's FlashInfer arch list")
@@ -90,7 +91,7 @@ class ImageConfig(StrictModel):
 
     @property
     def series_path(self) -> Path:
-        return (REPO_ROOT / self.patch_series).resolve()
+        return paths.resolve(self.patch_series).resolve()
 
 
 def load_image_config(profile: str | None = None, config: str | None = None,

@@ -1,6 +1,6 @@
 """Locust load tests and capacity search for OpenAI-compatible streaming chat endpoints.
 
-Entry points: `python -m loadtests run|capacity|ui`, `make loadtest|capacity|loadtest-ui`, and from
+Entry points: `python -m sglfleet.loadtests run|capacity|ui`, `make loadtest|capacity|loadtest-ui`, and from
 Python `loadtests.runner.run_loadtest(cfg, out)` / `loadtests.capacity.run_capacity(cfg, out)` /
 `loadtests.quick_capacity(url, out)`. Locust always runs in a child process.
 """
@@ -18,8 +18,8 @@ def quick_capacity(host: str, out: str | Path, max_load: float | None = None, **
     subclasses for bad input, an unreachable target or an incomplete run. Writes capacity.json,
     capacity.html and plots into `out`; result["capacity"] is None when even one user misses the SLOs.
     """
-    from loadtests.capacity import QUICK, run_capacity
-    from loadtests.config import load_loadtest_config
+    from sglfleet.loadtests.capacity import QUICK, run_capacity
+    from sglfleet.loadtests.config import load_loadtest_config
 
     overrides: dict[str, Any] = {**QUICK, "host": host, "slo": dict(slo)}
     if max_load is not None:

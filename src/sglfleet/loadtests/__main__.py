@@ -1,8 +1,8 @@
 """Load tests and capacity search against an OpenAI-compatible streaming endpoint.
 
-    python -m loadtests run      --host URL [--users N | --rate R] [--duration S] [--out DIR] ...
-    python -m loadtests capacity --host URL [--slo-ttft-ms MS --slo-itl-ms MS --max-error-rate F] [--quick]
-    python -m loadtests ui       --host URL          # Locust web UI with the same locustfile
+    python -m sglfleet.loadtests run      --host URL [--users N | --rate R] [--duration S] [--out DIR] ...
+    python -m sglfleet.loadtests capacity --host URL [--slo-ttft-ms MS --slo-itl-ms MS --max-error-rate F] [--quick]
+    python -m sglfleet.loadtests ui       --host URL          # Locust web UI with the same locustfile
 
 Exit codes: 0 ok (capacity: a load meeting the SLOs was found), 1 SLOs not met (run with
 --check-slo; capacity: not even the smallest load meets them), 2 bad input / unreachable target /
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from loadtests.config import LoadTestConfig, Step, load_loadtest_config
-from pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError, cli_main
-from pipeline.reports import new_run_dir
+from sglfleet.loadtests.config import LoadTestConfig, Step, load_loadtest_config
+from sglfleet.pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError, cli_main
+from sglfleet.pipeline.reports import new_run_dir
 
 
 def _steps(text: str) -> list[dict[str, Any]]:
@@ -82,8 +82,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _config(args: argparse.Namespace, extra: dict[str, Any], preset: dict[str, Any] | None = None) -> LoadTestConfig:
     """Defaults <- --config file <- `preset` (--quick) <- the command line's own flags (`extra` and the
     common ones): a flag given explicitly always wins over the preset."""
-    from loadtests.config import with_api_key
-    from pipeline.config import deep_merge
+    from sglfleet.loadtests.config import with_api_key
+    from sglfleet.pipeline.config import deep_merge
 
     cfg = with_api_key(load_loadtest_config(args.config, deep_merge(preset or {}, deep_merge(_overrides(args),
                                                                                            extra))))
@@ -93,8 +93,8 @@ def _config(args: argparse.Namespace, extra: dict[str, Any], preset: dict[str, A
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from loadtests.report import write_run_report
-    from loadtests.runner import run_loadtest
+    from sglfleet.loadtests.report import write_run_report
+    from sglfleet.loadtests.runner import run_loadtest
 
     extra: dict[str, Any] = {k: v for k, v in {"users": args.users, "duration_s": args.duration,
                                                "rate": args.rate, "arrival": args.arrival,
@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def capacity_config(args: argparse.Namespace) -> LoadTestConfig:
     """The capacity search's config: `--quick` is a preset under the explicit flags."""
-    from loadtests.capacity import QUICK
+    from sglfleet.loadtests.capacity import QUICK
 
     cap = {k: v for k, v in {"mode": args.mode, "start": args.start, "max_load": args.max_load,
                              "step_duration_s": args.step_duration, "warmup_s": args.warmup,
@@ -131,7 +131,7 @@ def capacity_config(args: argparse.Namespace) -> LoadTestConfig:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from loadtests.capacity import run_capacity
+    from sglfleet.loadtests.capacity import run_capacity
 
     cfg = capacity_config(args)
     out = Path(args.out) if args.out else new_run_dir("runs", "capacity")
@@ -147,7 +147,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from loadtests.runner import child_env, locust_command, preflight, validate_workload, write_settings
+    from sglfleet.loadtests.runner import child_env, locust_command, preflight, validate_workload, write_settings
 
     cfg = _config(args, {k: v for k, v in {"users": args.users, "duration_s": args.duration}.items()
                          if v is not None})
@@ -162,7 +162,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m loadtests", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sglfleet.loadtests", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="one bounded headless load test")
     _add_common(run)

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadtests.config import LoadTestConfig
-from loadtests.report import plot_capacity, write_capacity_report
-from loadtests.runner import RunFailed, preflight, run_loadtest, validate_workload
-from pipeline.reports import write_json
+from sglfleet.loadtests.config import LoadTestConfig
+from sglfleet.loadtests.report import plot_capacity, write_capacity_report
+from sglfleet.loadtests.runner import RunFailed, preflight, run_loadtest, validate_workload
+from sglfleet.pipeline.reports import write_json
 
 # `--quick`: a short search for CI and the embedded CPU target (seconds per step, small loads). A step
 # is extended up to max_step_s to collect min_samples, so a slow shared CPU still yields a verdict.
@@ -142,7 +142,7 @@ def run_capacity(cfg: LoadTestConfig, out: Path, log: Callable[[str], None] = la
 
 def write_capacity_junit(out: Path, result: dict[str, Any]) -> Path:
     """junit.xml for a search: `capacity_found` fails when not even the smallest load meets the SLOs."""
-    from pipeline.reports import Case, write_junit
+    from sglfleet.pipeline.reports import Case, write_junit
 
     knee = result["capacity"]
     steps = [{k: s[k] for k in ("index", "phase", "load", "passed", "why")} for s in result["steps"]]

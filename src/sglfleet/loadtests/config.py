@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config import StrictModel, load_config
+from sglfleet.pipeline.config import StrictModel, load_config
 
 
 class SLO(StrictModel):
@@ -153,7 +153,7 @@ class LoadTestConfig(StrictModel):
 def with_api_key(cfg: LoadTestConfig) -> LoadTestConfig:
     """The config with `api_key` read from api_key_env / api_key_file (UsageError when missing); unchanged
     when neither is set."""
-    from pipeline.auth import resolve_api_key
+    from sglfleet.pipeline.auth import resolve_api_key
 
     key = resolve_api_key(cfg.api_key_env, cfg.api_key_file)
     return cfg.model_copy(update={"api_key": key}) if key else cfg

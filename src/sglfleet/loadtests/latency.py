@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pipeline.metrics import METRICS
+from sglfleet.pipeline.metrics import METRICS
 
 PERCENTILES = (0.5, 0.9, 0.95, 0.99)
 CSV_HEADER = ["Name", "Unit", "Count", "Mean", "Min", "Max", *(f"p{round(p * 100)}" for p in PERCENTILES)]

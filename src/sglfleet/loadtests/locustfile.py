@@ -1,6 +1,6 @@
 """Locust users for OpenAI-compatible streaming chat completions.
 
-Headless through `python -m loadtests run ...` / `make loadtest`, or with Locust's web UI:
+Headless through `python -m sglfleet.loadtests run ...` / `make loadtest`, or with Locust's web UI:
 
     locust -f loadtests/locustfile.py --host http://127.0.0.1:30000      # + LOADTEST_CONFIG=cfg.json
 
@@ -20,7 +20,7 @@ download there too) and written at the end to `$LOADTEST_OUT/locust_metrics.csv`
 Every process also appends one JSON line per request to `$LOADTEST_OUT/records/<pid>.jsonl`; the
 summary (percentiles over every ITL gap, goodput, length mismatches) is computed from those.
 
-Settings come from the JSON file in `$LOADTEST_CONFIG` (written by `python -m loadtests`), else the
+Settings come from the JSON file in `$LOADTEST_CONFIG` (written by `python -m sglfleet.loadtests`), else the
 defaults of `LoadTestConfig`. A watchdog bounds every run by duration and request count, web UI too.
 """
 
@@ -44,10 +44,10 @@ from locust import LoadTestShape, User, constant, events, task
 from locust.env import Environment
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
-from loadtests.config import LoadTestConfig
-from loadtests.latency import CSV_HEADER, MetricRegistry
-from loadtests.stream import Endpoint, StreamResult, get_json, stream_chat
-from loadtests.workload import RequestSpec, build_requests
+from sglfleet.loadtests.config import LoadTestConfig
+from sglfleet.loadtests.latency import CSV_HEADER, MetricRegistry
+from sglfleet.loadtests.stream import Endpoint, StreamResult, get_json, stream_chat
+from sglfleet.loadtests.workload import RequestSpec, build_requests
 
 # Workers report stats to the master every second (default 3 s) so the watchdog reacts quickly.
 locust.runners.WORKER_REPORT_INTERVAL = 1.0
@@ -337,7 +337,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
         return
     from flask import Response, request
 
-    from loadtests.latency import PERCENTILES
+    from sglfleet.loadtests.latency import PERCENTILES
 
     keys = ["name", "unit", "count", "mean", "min", "max", *(f"p{round(q * 100)}" for q in PERCENTILES)]
     web.template_args["extended_tabs"] = [{"title": "Latency metrics", "key": _TAB}]
@@ -347,11 +347,14 @@ def _on_init(environment: Environment, **_: Any) -> None:
     web.template_args["extended_csv_files"] = [{"href": "./latency-metrics/csv",
                                                 "title": "Download latency metrics CSV"}]
 
-    @web.app.route("/latency-metrics")
+    app = web.app
+    assert app is not None  # a WebUI always carries its Flask app
+
+    @app.route("/latency-metrics")
     def _latency_metrics() -> dict[str, Any]:
         return {"metrics": METRICS.rows()}
 
-    @web.app.route("/latency-metrics/csv")
+    @app.route("/latency-metrics/csv")
     def _latency_metrics_csv() -> Response:
         import io
 
@@ -363,7 +366,7 @@ def _on_init(environment: Environment, **_: Any) -> None:
         return Response(buf.getvalue(), mimetype="text/csv",
                         headers={"Content-disposition": "attachment;filename=latency_metrics.csv"})
 
-    @web.app.after_request
+    @app.after_request
     def _extend_stats(response: Response) -> Response:
         # The web UI's extended tab reads its rows from /stats/requests' `extended_stats`.
         if request.path == "/stats/requests" and response.is_json:

@@ -21,15 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from loadtests.config import LoadTestConfig
-from loadtests.stream import ERR_NOT_STREAMING, Endpoint, build_request, get_json, stream_chat
-from loadtests.workload import build_requests, synthetic_prompt
-from pipeline import metrics
-from pipeline.client import auth_error
-from pipeline.errors import PipelineError, TargetError, UsageError
+from sglfleet import paths
+from sglfleet.loadtests.config import LoadTestConfig
+from sglfleet.loadtests.stream import ERR_NOT_STREAMING, Endpoint, build_request, get_json, stream_chat
+from sglfleet.loadtests.workload import build_requests, synthetic_prompt
+from sglfleet.pipeline import metrics
+from sglfleet.pipeline.client import auth_error
+from sglfleet.pipeline.errors import PipelineError, TargetError, UsageError
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+SRC_ROOT = Path(__file__).resolve().parents[2]  # the directory that holds sglfleet/
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -137,7 +138,7 @@ def child_env(settings: Path, out: Path, api_key: str | None = None) -> dict[str
         env["LOADTEST_API_KEY"] = api_key
     env["LOADTEST_CONFIG"] = str(settings.resolve())
     env["LOADTEST_OUT"] = str(out.resolve())
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(SRC_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
@@ -151,7 +152,7 @@ def run_locust(cfg: LoadTestConfig, out: Path, info: dict[str, Any]) -> LocustOu
     with log.open("wb") as fh:
         try:
             proc = subprocess.run(locust_command(cfg, out), env=child_env(settings, out, cfg.api_key), stdout=fh,
-                                  stderr=subprocess.STDOUT, timeout=bound, cwd=REPO_ROOT, check=False)
+                                  stderr=subprocess.STDOUT, timeout=bound, cwd=paths.WORK_ROOT, check=False)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
             rc = -9
@@ -236,7 +237,7 @@ def summarize(recs: list[dict[str, Any]], cfg: LoadTestConfig, stop_at: float | 
     out_mismatch = [r for r in ok if (r["exact"] and abs(r["n"] - r["aout"]) > tol * r["aout"]) or r["n"] > r["aout"]]
     with_in = [r for r in ok if "ain" in r and "pin" in r]
     in_mismatch = [r for r in with_in if abs(r["pin"] - r["ain"]) > tol * r["ain"]]
-    checks = {
+    checks: dict[str, dict[str, Any]] = {
         "ttft_p95": {"value_ms": ttft["p95"], "slo_ms": slo.ttft_p95_ms,
                      "ok": ttft["p95"] is not None and ttft["p95"] <= slo.ttft_p95_ms},
         "itl_p95": {"value_ms": itl["p95"], "slo_ms": slo.itl_p95_ms,
@@ -322,7 +323,7 @@ def run_loadtest(cfg: LoadTestConfig, out: Path, info: dict[str, Any] | None = N
 
     Writes into `out`: locust_stats.csv & co (Locust's CSV), locust.html, records/*.jsonl, summary.json.
     """
-    from pipeline.reports import write_json
+    from sglfleet.pipeline.reports import write_json
 
     validate_workload(cfg)
     info = info or preflight(cfg)
@@ -360,7 +361,7 @@ def run_loadtest(cfg: LoadTestConfig, out: Path, info: dict[str, Any] | None = N
 
 def attach_latency_metrics(out: Path) -> list[dict[str, Any]] | None:
     """Locust-side latency metrics of the run (locust_metrics.json), also appended to locust.html."""
-    from loadtests.latency import html_table
+    from sglfleet.loadtests.latency import html_table
 
     f = out / "locust_metrics.json"
     if not f.is_file():
@@ -378,7 +379,7 @@ def attach_latency_metrics(out: Path) -> list[dict[str, Any]] | None:
 
 def write_run_junit(out: Path, summary: dict[str, Any]) -> Path:
     """junit.xml for one run: `complete`, then one case per SLO check (a missed SLO is a failure)."""
-    from pipeline.reports import Case, write_junit
+    from sglfleet.pipeline.reports import Case, write_junit
 
     cases = [Case("complete", "run", bool(summary.get("complete")), summary.get("error") or "run completed",
                   time_s=float(summary.get("wall_s") or 0.0))]

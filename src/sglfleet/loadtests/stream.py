@@ -21,15 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from pipeline import metrics
-from pipeline.errors import UsageError
+from sglfleet.pipeline import metrics
+from sglfleet.pipeline.errors import UsageError
 
 try:  # orjson parses a small chunk several times faster than json; the harness's hot path
     from orjson import JSONDecodeError as _JSONError
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - orjson is a pinned dependency
     _JSONError = ValueError  # type: ignore[assignment,misc]
-    _loads = json.loads
+    _loads = json.loads  # type: ignore[assignment]
 
 # Error classes: the only values `StreamResult.error` takes besides None (plus "http_<status>").
 ERR_CONNECT = "connect_error"
@@ -298,10 +298,10 @@ def _read_stream(sock: socket.socket, res: StreamResult, t0: float, deadline: fl
                 pending += body
                 if b"\n" in pending:
                     *complete, pending = pending.split(b"\n")
-                    for line in complete:
-                        if not line.startswith(b"data:"):
+                    for event in complete:
+                        if not event.startswith(b"data:"):
                             continue
-                        payload = line[5:].strip()
+                        payload = event[5:].strip()
                         if payload == b"[DONE]":
                             res.e2e = now - t0
                             res.ok = res.chunks > 0

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtests.config import LoadTestConfig, WorkloadConfig
-from loadtests.stream import Endpoint, build_request
-from pipeline.errors import UsageError
+from sglfleet.loadtests.config import LoadTestConfig, WorkloadConfig
+from sglfleet.loadtests.stream import Endpoint, build_request
+from sglfleet.pipeline.errors import UsageError
 
 BUILTIN_PROMPTS: tuple[str, ...] = (
     "Explain in a few sentences how a refrigerator keeps food cold.",
@@ -97,7 +97,7 @@ def read_jsonl(path: str | Path, default_max_tokens: int) -> list[tuple[list[dic
             continue
         try:
             obj = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise UsageError(f"{p}:{no}: not valid JSON ({exc.msg})") from None
         if not isinstance(obj, dict):
             raise UsageError(f"{p}:{no}: each line must be a JSON object")

@@ -13,7 +13,7 @@ target tree is left untouched: the series is applied to a staged copy of the tou
 copied back only when every patch applied.
 
 This module needs only the standard library, PyYAML and pydantic, because the image build runs the
-very same code (`python -m patches apply`) inside the Dockerfile.
+very same code (`python -m sglfleet.patches apply`) inside the Dockerfile.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-PATCHES_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PATCHES_DIR.parent
+from sglfleet import paths
+
+PATCHES_DIR = paths.PATCHES_DIR
 DEFAULT_VERSION = "0.5.23"
-DEFAULT_CACHE = REPO_ROOT / ".cache" / "patches"
+DEFAULT_CACHE = paths.WORK_ROOT / ".cache" / "patches"
 PATCH_NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9._-]*\.patch$")
 _TEST_PATH = re.compile(r"\btests/[\w./-]+\.py")
 EXIT_FAIL = 1

@@ -1,11 +1,11 @@
 """CLI for the SGLang patch series.
 
-    python -m patches check [--version V] [--against V|--no-drift] [--json FILE]
+    python -m sglfleet.patches check [--version V] [--against V|--no-drift] [--json FILE]
         validate series + manifest, apply to sglang==V from PyPI with zero fuzz (scratch copy),
         then report drift against the newest sglang release (or --against V)
-    python -m patches apply --root SITE_PACKAGES [--series-dir DIR]
+    python -m sglfleet.patches apply --root SITE_PACKAGES [--series-dir DIR]
         apply to an installed tree in place (what the image build runs); all-or-nothing
-    python -m patches show [--series-dir DIR]
+    python -m sglfleet.patches show [--series-dir DIR]
         list the series and print its sha256 (the image's provenance label)
 
 Exit codes: 0 ok, 1 a patch does not apply cleanly (reject, fuzz, already applied), 2 bad input.
@@ -20,10 +20,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from patches import (
+from sglfleet import paths
+from sglfleet.patches import (
     DEFAULT_CACHE,
     DEFAULT_VERSION,
-    REPO_ROOT,
     ApplyError,
     ApplyReport,
     PatchError,
@@ -79,7 +79,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     series = load_series(_series_dir(args))
     if series.unlisted:
         raise PatchError(f"{series.directory}: patch files not listed in series: {', '.join(series.unlisted)}")
-    missing_tests = sorted({t for p in series.patches for t in p.entry.test_paths if not (REPO_ROOT / t).is_file()})
+    root = paths.CHECKOUT_ROOT  # the tests a manifest names are in a checkout only
+    missing_tests = sorted({t for p in series.patches for t in p.entry.test_paths
+                            if root is not None and not (root / t).is_file()})
     if missing_tests:
         raise PatchError(f"manifest names tests that do not exist: {', '.join(missing_tests)}")
     cache = Path(args.cache)
@@ -119,7 +121,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m patches", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sglfleet.patches", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--version", default=DEFAULT_VERSION, help="pinned sglang version (default %(default)s)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.errors import UsageError
+from sglfleet.pipeline.errors import UsageError
 
 MAX_KEY_BYTES = 4096
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import httpx
 
-from pipeline import metrics
-from pipeline.errors import TargetError, UsageError
+from sglfleet.pipeline import metrics
+from sglfleet.pipeline.errors import TargetError, UsageError
 
 DEFAULT_STALL_S = 30.0
 DEFAULT_TIMEOUTS_IN_ROW = 3

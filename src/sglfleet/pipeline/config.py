@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pipeline.errors import UsageError
+from sglfleet.pipeline.errors import UsageError
 
 M = TypeVar("M", bound=BaseModel)
 

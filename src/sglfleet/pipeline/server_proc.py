@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pipeline.client import OpenAIClient
-from pipeline.errors import TargetError, UsageError
-from pipeline.procs import stop_child
+from sglfleet.pipeline.client import OpenAIClient
+from sglfleet.pipeline.errors import TargetError, UsageError
+from sglfleet.pipeline.procs import stop_child
 
 LOG_TAIL_CHARS = 2000
 

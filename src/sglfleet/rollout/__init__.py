@@ -1,13 +1,12 @@
 """The Ansible half of a rollout to the PCIe and NVLink fleets (through ansible-runner) and the registry
 client. The promotion flow that uses them (deploy -> gate -> load test -> promote) is flow/promote.py.
 
-    python -m flow deploy      --hosts HOST_OR_GROUP --image REPO:TAG [--inventory DIR] [--check]
-    python -m rollout rollback --hosts HOST_OR_GROUP
-    python -m rollout status   --hosts HOST_OR_GROUP
-    python -m rollout.collections install|check
+    python -m sglfleet.flow deploy      --hosts HOST_OR_GROUP --image REPO:TAG [--inventory DIR] [--check]
+    python -m sglfleet.rollout rollback --hosts HOST_OR_GROUP
+    python -m sglfleet.rollout status   --hosts HOST_OR_GROUP
+    python -m sglfleet.rollout.collections install|check
 """
 
-from pathlib import Path
+from sglfleet.paths import ANSIBLE_DIR, WORK_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ANSIBLE_DIR = REPO_ROOT / "ansible"
+__all__ = ["ANSIBLE_DIR", "WORK_ROOT"]

@@ -1,4 +1,5 @@
-"""CLI: python -m rollout rollback|status|render|router (the deploy flow is `python -m flow deploy`)."""
+"""CLI: python -m sglfleet.rollout rollback|status|render|router (the deploy flow is `python -m sglfleet.flow
+deploy`)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import argparse
 import json
 import sys
 
-from pipeline.errors import EXIT_FAIL, EXIT_OK, cli_main
-from rollout.config import load
+from sglfleet.pipeline.errors import EXIT_FAIL, EXIT_OK, cli_main
+from sglfleet.rollout.config import load
 
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rollout", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m sglfleet.rollout", description=__doc__)
     sub = ap.add_subparsers(dest="action", required=True)
     for name in ("rollback", "status", "render"):
         p = sub.add_parser(name)
@@ -39,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides["serial"] = int(args.serial) if args.serial.isdigit() else args.serial
     cfg = load(args.config, overrides)
 
-    from rollout import deploy as d
+    from sglfleet.rollout import deploy as d
 
     if args.action == "router":
-        from rollout.inventory import load_inventory
+        from sglfleet.rollout.inventory import load_inventory
 
         res = d.router(cfg, load_inventory(d._abs(cfg.inventory)), state="stopped" if args.stop else "present")
         out = {"rc": res.rc, "state": res.state, "routers": res.routers, "errors": res.errors}
@@ -62,20 +63,20 @@ def main(argv: list[str] | None = None) -> int:
             print((run_dir / "report.json").read_text())
         return rc
     if args.action == "render":
-        from rollout.serve_args import check_serve_command
+        from sglfleet.rollout.serve_args import check_serve_command
 
         rendered = d.render(cfg, args.hosts, args.image)
         for host, spec in sorted(rendered.items()):  # the DDTree rules deploy runs: bad input, exit 2, one line
             check_serve_command(host, [str(x) for x in ((spec or {}).get("command") or [])])
         print(json.dumps(rendered, indent=2))
         return EXIT_OK
-    rc, out = d.status(cfg, args.hosts)
+    rc, hosts = d.status(cfg, args.hosts)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(json.dumps(hosts, indent=2))
     else:
         cols = ("host", "fabric", "running_image", "healthy", "current", "previous", "endpoint")
         print("  ".join(f"{c:<12}" for c in cols))
-        for row in out.values():
+        for row in hosts.values():
             line = "  ".join(f"{row.get(c, '')!s:<12}" for c in cols)
             print(line + ("" if row.get("reachable") else "  UNREACHABLE"))
     return rc if rc == EXIT_OK else EXIT_FAIL

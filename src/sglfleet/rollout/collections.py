@@ -1,7 +1,7 @@
 """The Ansible collections the playbooks use (ansible/requirements.yml): install and check.
 
-    python -m rollout.collections install    # idempotent; what `make setup` runs
-    python -m rollout.collections check      # exit 2 with one line naming what is missing
+    python -m sglfleet.rollout.collections install    # idempotent; what `make setup` runs
+    python -m sglfleet.rollout.collections check      # exit 2 with one line naming what is missing
 
 Galaxy is unreachable from the build machines; the pinned versions ship inside the `ansible` wheel on PyPI,
 from which only the listed collections are extracted into .cache/ansible-collections.
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.errors import EXIT_OK, UsageError, cli_main
-from rollout import ANSIBLE_DIR, REPO_ROOT
+from sglfleet.pipeline.errors import EXIT_OK, UsageError, cli_main
+from sglfleet.rollout import ANSIBLE_DIR, WORK_ROOT
 
-COLLECTIONS_DIR = REPO_ROOT / ".cache" / "ansible-collections"
+COLLECTIONS_DIR = WORK_ROOT / ".cache" / "ansible-collections"
 
 
 def collections_dir() -> Path:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         check()
         print(f"collections: all present in {collections_dir()}")
         return EXIT_OK
-    raise UsageError("usage: python -m rollout.collections install|check")
+    raise UsageError("usage: python -m sglfleet.rollout.collections install|check")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from pipeline.config import StrictModel, load_config
+from sglfleet.pipeline.config import StrictModel, load_config
 
 
 class RolloutConfig(StrictModel):

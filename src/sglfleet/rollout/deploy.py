@@ -11,17 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import EXIT_FAIL, EXIT_OK, TargetError, UsageError
-from pipeline.reports import Case, new_run_dir, write_json, write_junit
-from rollout import REPO_ROOT, collections, registry, retry
-from rollout.config import RolloutConfig
-from rollout.inventory import Inventory, load_inventory
-from rollout.runner import HostResult, PlaybookResult, run_playbook
+from sglfleet import paths
+from sglfleet.pipeline.errors import EXIT_FAIL, EXIT_OK, TargetError, UsageError
+from sglfleet.pipeline.reports import Case, new_run_dir, write_json, write_junit
+from sglfleet.rollout import collections, registry, retry
+from sglfleet.rollout.config import RolloutConfig
+from sglfleet.rollout.inventory import Inventory, load_inventory
+from sglfleet.rollout.runner import HostResult, PlaybookResult, run_playbook
 
 
 def _abs(p: str) -> Path:
-    path = Path(p)
-    return path if path.is_absolute() else (REPO_ROOT / path if not path.exists() else path.resolve())
+    return paths.resolve(p)
 
 
 def prepare(cfg: RolloutConfig, hosts_pattern: str) -> tuple[Inventory, list[str]]:
@@ -167,7 +167,7 @@ class RouterOutcome:
 def router(cfg: RolloutConfig, inv: Inventory, *, state: str = "present", run_dir: Path | None = None,
            quiet: bool = False, extra_vars: dict[str, Any] | None = None) -> RouterOutcome:
     """Deploy (state present) or stop (state stopped) sglang-router on the inventory's sglang_router hosts."""
-    from rollout.inventory import ROUTER_GROUP
+    from sglfleet.rollout.inventory import ROUTER_GROUP
 
     hosts = sorted(inv.groups.get(ROUTER_GROUP, set()))
     if not hosts:

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import UsageError
-from rollout import ANSIBLE_DIR
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.rollout import ANSIBLE_DIR
+from sglfleet.rollout.collections import COLLECTIONS_DIR
 
 FLEETS = ("pcie", "nvlink")
 # The hosts that run sglang-router (ansible/roles/router): not fleet hosts; `all` does not name them.
@@ -24,6 +25,9 @@ def ansible_env() -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
     env["ANSIBLE_CONFIG"] = str(ANSIBLE_DIR / "ansible.cfg")
+    # the collections `make setup` / `sglfleet collections install` put in the work root's .cache (a checkout's
+    # root, or the directory an installed controller runs in), unless the caller names others
+    env.setdefault("ANSIBLE_COLLECTIONS_PATH", str(COLLECTIONS_DIR))
     env.setdefault("ANSIBLE_NOCOLOR", "1")
     env.setdefault("ANSIBLE_LOCAL_TEMP", "/tmp/.ansible-local")
     return env

@@ -198,7 +198,7 @@ class Sampler:
                  "peak": self.peak.get(label, {}), "growth": growth,
                  "last": {k: v for k, v in last.values.items() if k in GAUGES}, "sources": last.sources}
             q_n, q_s = growth.get("queue_time_s_count"), growth.get("queue_time_s_sum")
-            if q_n:
+            if q_n and q_s is not None:
                 d["queue_time_mean_s"] = round(q_s / q_n, 4)
             if "accept_length" in last.values:
                 d["accept_length"] = round(last.values["accept_length"], 3)

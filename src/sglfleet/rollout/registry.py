@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import TargetError, UsageError
-from rollout import retry
+from sglfleet.pipeline.errors import TargetError, UsageError
+from sglfleet.rollout import retry
 
 MANIFEST_TYPES = [
     "application/vnd.oci.image.manifest.v1+json",

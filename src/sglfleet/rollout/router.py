@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from pipeline.errors import TargetError
+from sglfleet.pipeline.errors import TargetError
 
 # The worker metrics whose sum is "requests this server still holds".
 INFLIGHT_METRICS = ("sglang:num_running_reqs", "sglang:num_queue_reqs",

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollout import ANSIBLE_DIR
-from rollout.inventory import ansible_env
-from rollout.registry import PASSWORD_ENV, USER_ENV
+from sglfleet.rollout import ANSIBLE_DIR
+from sglfleet.rollout.inventory import ansible_env
+from sglfleet.rollout.registry import PASSWORD_ENV, USER_ENV
 
 # The image role reads the registry login from this file (controller side, mode 0600, outside the run
 # dir, deleted after the run). ansible-runner writes the whole environment of the playbook process into
@@ -126,7 +126,9 @@ def run_playbook(name: str, inventory: Path, hosts: list[str], run_dir: Path, ex
             return True
         hr = results[host]
         if kind in OK_EVENTS:
-            msg = res.get("msg") if isinstance(res.get("msg"), dict) else {}
+            msg = res.get("msg")
+            if not isinstance(msg, dict):
+                msg = {}
             hr.data.update(msg.get("rollout_status") or msg.get("rollout_render") or {})
             changed = bool(res.get("changed"))
             if kind == "runner_on_ok" and (changed or task.startswith(_SLOW)):

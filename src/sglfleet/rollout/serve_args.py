@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.errors import UsageError
+from sglfleet.pipeline.errors import UsageError
 
 _VALUED = {
     "--speculative-algorithm": "algorithm",

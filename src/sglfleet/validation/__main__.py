@@ -1,9 +1,9 @@
 """Command line of the gate.
 
-  python -m validation run --target URL [--config FILE] [--out DIR] [--model NAME] [--temperatures 0,0.8]
-  python -m validation check-text FILE.jsonl [--config FILE]
-  python -m validation record-baseline --target URL --out FILE.json [--config FILE]
-  python -m validation sweep --grid GRID.yaml [--host embedded|BASELINE_URL] [--out DIR]
+  python -m sglfleet.validation run --target URL [--config FILE] [--out DIR] [--model NAME] [--temperatures 0,0.8]
+  python -m sglfleet.validation check-text FILE.jsonl [--config FILE]
+  python -m sglfleet.validation record-baseline --target URL --out FILE.json [--config FILE]
+  python -m sglfleet.validation sweep --grid GRID.yaml [--host embedded|BASELINE_URL] [--out DIR]
 
 Exit codes: 0 pass, 1 fail, 2 usage error or unreachable target.
 """
@@ -18,10 +18,10 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError, cli_main
-from pipeline.reports import new_run_dir, utc_now, write_json
-from validation.config import GateConfig, load_gate_config
-from validation.detectors import score_text
+from sglfleet.pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError, cli_main
+from sglfleet.pipeline.reports import new_run_dir, utc_now, write_json
+from sglfleet.validation.config import GateConfig, load_gate_config
+from sglfleet.validation.detectors import score_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,7 +64,7 @@ def _add_api_key(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from validation.gate import run_gate
+    from sglfleet.validation.gate import run_gate
 
     cfg = load_gate_config(args.config, _overrides(args))
     out = Path(args.out) if args.out else new_run_dir("runs", "gate")
@@ -128,7 +128,7 @@ def cmd_check_text(args: argparse.Namespace) -> int:
                          '{"id": ..., "text": ...}')
     judge = None
     if cfg.judge.enabled and any("error" not in it for it in items):
-        from validation.judge import FluencyJudge
+        from sglfleet.validation.judge import FluencyJudge
 
         judge = FluencyJudge(cfg.judge).start()
     any_bad, errors = False, []
@@ -142,7 +142,7 @@ def cmd_check_text(args: argparse.Namespace) -> int:
             findings = score_text(it["text"], cfg.thresholds)
             row: dict[str, Any] = {"id": it["id"], "ok": True, "reasons": []}
             if judge is not None:
-                from validation.judge import judge_verdict, threshold_for
+                from sglfleet.validation.judge import judge_verdict, threshold_for
 
                 sc = judge.score(it["text"], it.get("prompt"))
                 cls = it.get("prompt_class") or it.get("category")
@@ -171,8 +171,8 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
     """Record what the gate compares a speculative build against, from the non-speculative deployment: its
     T=0 answers with their token log-probs (lossless_t0) and, for every T>0 of the profile, its sampled
     answers with `likelihood.baseline_seeds` (the likelihood verdict; texts only, scored at gate time)."""
-    from validation.baseline import SEED_STREAMS, hot_temperatures, samples_record
-    from validation.gate import Gate
+    from sglfleet.validation.baseline import SEED_STREAMS, hot_temperatures, samples_record
+    from sglfleet.validation.gate import Gate
 
     profile = load_gate_config(args.config, _overrides(args))
     hot = hot_temperatures(profile) if profile.likelihood.enabled else []
@@ -205,7 +205,7 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
     if result.server_kind == "sglang" and doc["samples"]:
         # the baseline server's own prefill log-probs of its T>0 answers: a gate without a live target-only
         # server lets the candidate score (its non-speculative prefill) only after it reproduces these
-        from validation.likelihood import record_scores
+        from sglfleet.validation.likelihood import record_scores
 
         doc["scores"] = record_scores(args.target, cfg, result.model, gate.api_key, result.samples,
                                       {p.id: p.messages() for p in gate.suite.prompts})
@@ -225,7 +225,7 @@ def _hot_case(name: str) -> bool:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from validation.sweep import load_sweep_config, run_sweep, sweep_overrides
+    from sglfleet.validation.sweep import load_sweep_config, run_sweep, sweep_overrides
 
     cfg = load_sweep_config(args.grid, sweep_overrides(args.host))
     out = Path(args.out) if args.out else new_run_dir("runs", "sweep")
@@ -239,7 +239,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = _Parser(prog="python -m validation", description="Pre-promotion validation gate.")
+    ap = _Parser(prog="python -m sglfleet.validation", description="Pre-promotion validation gate.")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="gate a live OpenAI-compatible target")
     r.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:30000")

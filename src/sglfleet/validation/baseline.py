@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.errors import UsageError
-from validation.config import GateConfig
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation.config import GateConfig
 
 if TYPE_CHECKING:
-    from validation.samples import Sample
+    from sglfleet.validation.samples import Sample
 
 SEED_STREAMS = "answer_seed"  # every T>0 answer sampled with its own seed (validation/likelihood.answer_seed)
-RERECORD = "re-record the baseline with this profile (python -m validation record-baseline --config PROFILE)"
+RERECORD = "re-record the baseline with this profile (python -m sglfleet.validation record-baseline --config PROFILE)"
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class BaselineSample:
 
     def params(self) -> Any:
         """Its tokenlaw.SamplingParams (None when the file did not record them)."""
-        from validation.tokenlaw import SamplingParams
+        from sglfleet.validation.tokenlaw import SamplingParams
 
         return SamplingParams(self.temperature, **self.sampling) if self.sampling else None
 
@@ -56,7 +56,7 @@ def _sampling(raw: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(raw, dict) or set(raw) != {"top_p", "top_k", "min_p"}:
         raise TypeError("sampling is not {top_p, top_k, min_p}")
-    from validation.tokenlaw import SamplingParams
+    from sglfleet.validation.tokenlaw import SamplingParams
 
     SamplingParams(1.0, float(raw["top_p"]), int(raw["top_k"]), float(raw["min_p"]))  # ValueError when out of range
     return {"top_p": float(raw["top_p"]), "top_k": int(raw["top_k"]), "min_p": float(raw["min_p"])}
@@ -93,7 +93,7 @@ def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[Baseline
         raise UsageError(f"baseline {path} has no T>0 samples to compare the candidate's sampled answers against: "
                          f"{RERECORD}")
     have = {(s.prompt_id, s.temperature, s.seed) for s in samples}
-    from validation.suite import load_suite
+    from sglfleet.validation.suite import load_suite
 
     need = [(p.id, t, seed) for t in hot_temperatures(cfg) for seed in cfg.likelihood.baseline_seeds
             for p in load_suite(cfg.suite).prompts]

@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from pipeline.reports import Case
-from validation.config import GateConfig
-from validation.detectors import DETECTORS
-from validation.samples import Sample, quote
+from sglfleet.pipeline.reports import Case
+from sglfleet.validation.config import GateConfig
+from sglfleet.validation.detectors import DETECTORS
+from sglfleet.validation.samples import Sample, quote
 
 if TYPE_CHECKING:
-    from validation.spec import SpecReading
+    from sglfleet.validation.spec import SpecReading
 
 ORACLE = "oracle"
 DETECTORS_MODE = "detectors"
@@ -260,7 +260,7 @@ def _backstop(ctx: GateContext, t: float | None) -> list[CheckResult]:
 # ------------------------------------------------------------------------------------------- coherence
 @register("lossless_t0", "speculative")
 def _lossless(ctx: GateContext, t: float | None) -> list[CheckResult]:
-    from validation.gate import lossless_case, lossless_missing_case
+    from sglfleet.validation.gate import lossless_case, lossless_missing_case
 
     if ctx.lossless is None:
         return [_from_case(lossless_missing_case(ctx.cfg, ctx.speculative), None, None)]
@@ -378,8 +378,8 @@ def _determinism(purpose: str, name: str) -> Runner:
     """The suite's T=0 answer and its repeats of each determinism prompt: identical, or differing only from a
     numerical near-tie of the engine's batch-variant numerics (validation/determinism.py)."""
     def run(ctx: GateContext, t: float | None) -> list[CheckResult]:
-        from validation.determinism import Answer, judge_repeats
-        from validation.lossless import decode_logprobs, near_tie_rule
+        from sglfleet.validation.determinism import Answer, judge_repeats
+        from sglfleet.validation.lossless import decode_logprobs, near_tie_rule
 
         dc = ctx.cfg.determinism
         rows = [decode_logprobs(s.logprobs) for s in ctx.good if s.temperature == 0 and s.logprobs

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config import StrictModel, load_config, read_yaml
+from sglfleet.pipeline.config import StrictModel, load_config, read_yaml
 
 if TYPE_CHECKING:
-    from pipeline.client import OpenAIClient
+    from sglfleet.pipeline.client import OpenAIClient
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_SUITE = PACKAGE_DIR / "prompts" / "suite-v1.yaml"
@@ -147,7 +147,7 @@ class SamplingConfig(StrictModel):
         """The tokenlaw.SamplingParams of one (prompt, T>0)."""
         import hashlib
 
-        from validation.tokenlaw import SamplingParams
+        from sglfleet.validation.tokenlaw import SamplingParams
 
         if self.mix:
             h = hashlib.sha256(f"mix/{prompt_id}/{temperature:g}".encode()).digest()
@@ -399,12 +399,12 @@ class LikelihoodConfig(StrictModel):
         if self.support_share + self.token_share >= 1:
             raise ValueError("likelihood.support_share + token_share must leave a share for the answer statistics")
         if self.sampler_order is not None:
-            from validation.tokenlaw import order_of
+            from sglfleet.validation.tokenlaw import order_of
 
             order_of(self.sampler_order if isinstance(self.sampler_order, str) else list(self.sampler_order))
         if any(not 0 < r <= 1 for r in self.power_rates):
             raise ValueError("likelihood.power_rates must lie in (0, 1]")
-        from validation.synth import CORRUPTION_FAMILIES
+        from sglfleet.validation.synth import CORRUPTION_FAMILIES
 
         unknown = sorted(set(self.power_families) - set(CORRUPTION_FAMILIES))
         if unknown:
@@ -496,14 +496,14 @@ def load_gate_config(path: str | Path | None = None, overrides: dict[str, Any] |
 
 def gate_api_key(cfg: GateConfig) -> str | None:
     """The target's API key named by the config (UsageError when the variable / file is missing)."""
-    from pipeline.auth import resolve_api_key
+    from sglfleet.pipeline.auth import resolve_api_key
 
     return resolve_api_key(cfg.api_key_env, cfg.api_key_file)
 
 
 def target_client(url: str, cfg: GateConfig, api_key: str | None) -> OpenAIClient:
     """The OpenAI client of one target (or its baseline / re-anchor server) with the gate's time limits."""
-    from pipeline.client import OpenAIClient
+    from sglfleet.pipeline.client import OpenAIClient
 
     return OpenAIClient(url, model=cfg.model, timeout_s=cfg.request_timeout_s, api_key=api_key,
                         stall_s=cfg.request_stall_s, max_timeouts_in_row=cfg.request_timeouts_in_row)
@@ -529,6 +529,6 @@ def lossless_requirement(cfg: GateConfig, speculative: bool | None = None) -> st
                 "without the lossless check")
     if not cfg.lossless.baseline and not cfg.baseline_url:
         return ("speculative decoding is on but there is no lossless baseline: record one from the non-speculative "
-                "deployment (python -m validation record-baseline) and set lossless.baseline or --baseline, set "
-                "baseline_url, or waive the check explicitly with lossless.waiver: '<reason>'")
+                "deployment (python -m sglfleet.validation record-baseline) and set lossless.baseline or "
+                "--baseline, set baseline_url, or waive the check explicitly with lossless.waiver: '<reason>'")
     return None

@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pipeline.client import ChatResult, OpenAIClient
-from pipeline.errors import TargetError, UsageError
-from pipeline.reports import Case
-from validation.config import LongCopyConfig, QualityConfig, SpeedConfig
+from sglfleet.pipeline.client import ChatResult, OpenAIClient
+from sglfleet.pipeline.errors import TargetError, UsageError
+from sglfleet.pipeline.reports import Case
+from sglfleet.validation.config import LongCopyConfig, QualityConfig, SpeedConfig
 
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")
 

@@ -30,7 +30,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
-from validation.config import DetectorThresholds
+from sglfleet.validation.config import DetectorThresholds
 
 
 @dataclass(frozen=True)

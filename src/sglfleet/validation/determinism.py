@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.client import TokenLogprob
-from validation.lossless import compare_answer, end_tokens_of
+from sglfleet.pipeline.client import TokenLogprob
+from sglfleet.validation.lossless import compare_answer, end_tokens_of
 
 QUOTE_BEFORE = 40
 QUOTE_AFTER = 60

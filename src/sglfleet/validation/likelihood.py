@@ -47,9 +47,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pipeline.errors import UsageError
-from validation import tokenlaw
-from validation.tokenlaw import SamplingParams
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation import tokenlaw
+from sglfleet.validation.tokenlaw import SamplingParams
 
 PROBE_TEXT = ("The quick brown fox jumps over the lazy dog. Numbers 12345 and symbols: #@!; "
               "déjà vu, naïve café, 東京, emoji 🙂\n\n```python\ndef f(x):\n    return x * 2\n```")
@@ -325,7 +325,7 @@ class ReferenceScorer:
     scores_ids = True  # an answer's sampled ids (llama.cpp names them in its log-prob entries) instead of its text
 
     def __init__(self, judge_cfg: Any, window: int) -> None:
-        from validation.judge import FluencyJudge, judge_model_path
+        from sglfleet.validation.judge import FluencyJudge, judge_model_path
 
         self.model_path = judge_model_path(judge_cfg.model_path)
         self.window = window
@@ -1049,7 +1049,7 @@ def make_variants(baseline: list[tuple[AnswerScore, list[dict[str, str]], str]],
     """Corrupted variants of the baseline's own answers (one per family of lc.power_families, where the family
     can corrupt the text), scored by the same scorer at the answer's temperature. baseline: (its score, the
     prompt's messages, its text)."""
-    from validation.synth import corrupt
+    from sglfleet.validation.synth import corrupt
 
     rng = random.Random(lc.rng_seed if seed is None else seed)
     reqs = []

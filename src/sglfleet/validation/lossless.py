@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.client import TokenLogprob
-from pipeline.errors import TargetError, UsageError
+from sglfleet.pipeline.client import TokenLogprob
+from sglfleet.pipeline.errors import TargetError, UsageError
 
 # A baseline file's form of TokenLogprob: [token bytes as hex, logprob, [[alt hex, logprob], ...]]
 EncodedLogprobs = list[list[Any]]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from validation.detectors import Finding
-from validation.lossless import EncodedLogprobs
+from sglfleet.validation.detectors import Finding
+from sglfleet.validation.lossless import EncodedLogprobs
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Sample:
 
     def params(self) -> Any:
         """Its tokenlaw.SamplingParams (None at T=0 or when not recorded)."""
-        from validation.tokenlaw import SamplingParams
+        from sglfleet.validation.tokenlaw import SamplingParams
 
         if self.temperature <= 0 or not self.sampling:
             return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from pipeline.client import OpenAIClient
+from sglfleet.pipeline.client import OpenAIClient
 
 _PROM = re.compile(r"^(sglang:spec_accept_(?:length|rate))(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
 

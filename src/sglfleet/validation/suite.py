@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from pipeline.config import StrictModel, build_model, read_yaml
+from sglfleet.pipeline.config import StrictModel, build_model, read_yaml
 
 
 class Prompt(StrictModel):

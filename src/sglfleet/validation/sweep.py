@@ -1,8 +1,8 @@
 """Speculative-configuration sweep: gate every cell of a grid, recommend the fastest that passed.
 
-    python -m validation sweep --grid validation/grids/embedded-draft.yaml [--out DIR]
+    python -m sglfleet.validation sweep --grid validation/grids/embedded-draft.yaml [--out DIR]
     make sweep HOST=embedded GRID=validation/grids/embedded-draft.yaml
-    python -m validation sweep --grid validation/grids/sglang-smollm2.yaml     # on a GPU machine
+    python -m sglfleet.validation sweep --grid validation/grids/sglang-smollm2.yaml     # on a GPU machine
 
 A grid is a list of server configurations. Each cell is deployed (the embedded engine started with
 the cell's settings, an SGLang server the sweep starts with them, or an endpoint that is already
@@ -24,13 +24,13 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from rich.console import Console
 
-from pipeline.config import StrictModel, format_validation_error, load_config
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer
-from pipeline.errors import PipelineError, UsageError
-from pipeline.reports import Case, write_html, write_json, write_junit
-from pipeline.server_proc import ServerProcess
-from validation.config import GateConfig, load_gate_config
-from validation.sweep_sglang import (
+from sglfleet.pipeline.config import StrictModel, format_validation_error, load_config
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
+from sglfleet.pipeline.errors import PipelineError, UsageError
+from sglfleet.pipeline.reports import Case, write_html, write_json, write_junit
+from sglfleet.pipeline.server_proc import ServerProcess
+from sglfleet.validation.config import GateConfig, load_gate_config
+from sglfleet.validation.sweep_sglang import (
     CELL_SETTINGS,
     EPHEMERAL_LOW,
     SGLangConfig,
@@ -202,7 +202,7 @@ def _metric(case_list: list[Case], name: str, key: str) -> Any:
 
 def run_sweep(cfg: SweepConfig, out: Path, console: Console | None = None) -> dict[str, Any]:
     """Gate every cell; write sweep.json, junit.xml, sweep.html + plots; return the summary."""
-    from validation.gate import run_gate
+    from sglfleet.validation.gate import run_gate
 
     console = console or Console(stderr=True)
     out.mkdir(parents=True, exist_ok=True)

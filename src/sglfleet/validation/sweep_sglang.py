@@ -20,9 +20,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from pipeline.config import StrictModel, format_validation_error
-from pipeline.errors import UsageError
-from pipeline.server_proc import ServerProcess
+from sglfleet.pipeline.config import StrictModel, format_validation_error
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.pipeline.server_proc import ServerProcess
 
 # What an axis of an sglang sweep may vary: the DDTree settings, and per-cell overrides of the
 # `sglang` section's fields of the same name.
@@ -95,7 +95,7 @@ def server_command(s: SGLangConfig, port: int, spec: dict[str, Any] | None) -> l
 
 def cell_command(s: SGLangConfig, settings: dict[str, Any], port: int, label: str) -> list[str]:
     """The cell's argv, after the rollout's DDTree rules accepted it; UsageError naming the cell otherwise."""
-    from rollout.serve_args import check_serve_command
+    from sglfleet.rollout.serve_args import check_serve_command
 
     unknown = sorted(set(settings) - set(CELL_SETTINGS))
     if unknown:
