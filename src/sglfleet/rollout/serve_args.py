@@ -9,8 +9,12 @@ is one clear error with nothing changed.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from types import ModuleType
 from typing import Any
 
+from sglfleet import paths
 from sglfleet.pipeline.errors import UsageError
 
 _VALUED = {
@@ -27,6 +31,29 @@ _VALUED = {
 }
 _FLAGS = {"--disable-overlap-schedule": "disable_overlap_schedule", "--enable-dp-attention": "dp_attention"}
 
+_RULES_MODULE = "sglfleet._sglang_ddtree_config"
+
+
+def _ddtree_rules() -> ModuleType:
+    """sglang_ddtree.config: the installed plugin's (make setup installs it), else the copy of its sources the
+    package carries (src/sglfleet/patches/ddtree, package data: an installed controller has it too). The module
+    is plain Python (dataclasses, typing), loaded alone, without the plugin's torch parts."""
+    try:
+        from sglang_ddtree import config
+
+        return config
+    except ImportError:
+        pass
+    if _RULES_MODULE in sys.modules:
+        return sys.modules[_RULES_MODULE]
+    src = paths.PATCHES_DIR / "ddtree" / "sglang_ddtree" / "config.py"
+    spec = importlib.util.spec_from_file_location(_RULES_MODULE, src) if src.is_file() else None
+    if spec is None or spec.loader is None:
+        raise UsageError(f"the DDTree rules (sglang_ddtree) are neither installed nor at {src}: run make setup")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[_RULES_MODULE] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
 
 def ddtree_args_of(command: list[str]) -> dict[str, Any] | None:
     """The DDTree-relevant settings of an sglang argv, or None when it sets no budget."""
@@ -55,10 +82,8 @@ def check_serve_command(host: str, command: list[str]) -> Any:
     args = ddtree_args_of(command)
     if args is None:
         return None
-    try:
-        from sglang_ddtree.config import DDTreeArgError, resolve
-    except ImportError:
-        raise UsageError("the DDTree rules (sglang_ddtree, patches/ddtree) are not installed: run make setup") from None
+    rules = _ddtree_rules()
+    DDTreeArgError, resolve = rules.DDTreeArgError, rules.resolve
     if "budget" not in args:
         raise UsageError(f"{host}: --speculative-ddtree-topk without --speculative-ddtree-budget")
     try:
