@@ -36,10 +36,16 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping; raise UsageError with the file name on any problem."""
+    """Read a YAML mapping; raise UsageError with the file name on any problem. A relative path that is not
+    under the current directory may name the package's own files (validation/profiles/..., the same in a
+    checkout and in an installed wheel: sglfleet.paths.resolve)."""
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"config file not found: {p}")
+        from sglfleet.paths import resolve  # here only: the CPU image carries sglfleet/pipeline alone
+
+        p = resolve(path)
+    if not p.is_file():
+        raise UsageError(f"config file not found: {path}")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
