@@ -115,7 +115,7 @@ def _context() -> Path:
 
 
 def build(tag: str, push: bool = True, targets: str = "pcie,nvlink", auth_config: dict | None = None) -> dict:
-    """docker build images/cpu (legacy builder, host network) as `tag`, then push it. `targets` is the
+    """docker build testbed/cpu (legacy builder, host network) as `tag`, then push it. `targets` is the
     image's org.fleet.target label (a label only: the layers are shared between label variants)."""
     client = _docker()
     ensure_base(client)
