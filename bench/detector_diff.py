@@ -2,7 +2,8 @@
 
     python bench/detector_diff.py --base REV docs/gate-heldout-seed20261201.json [more.json ...] [--out X.json]
 
-Loads validation/detectors.py as it was at REV (git show) next to the current one and scores every item
+Loads src/sglfleet/validation/detectors.py (validation/detectors.py before the src/ layout) as it was at REV
+(git show) next to the current one and scores every item
 of the given bench/gate_families.py results with both (text detectors only; the judge is not involved).
 Writes every item whose verdict differs, with its label, and the counts per label: a change meant to catch
 garbled texts should flip garbled items only. Exit 1 when a coherent item flips to flagged.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -22,17 +24,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import validation.detectors as current  # noqa: E402
+import sglfleet.validation.detectors as current  # noqa: E402
 from bench.history import commit, read_json  # noqa: E402
+
+DETECTORS = "src/sglfleet/validation/detectors.py"
 
 
 def _load_at(rev: str) -> object:
-    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:validation/detectors.py"], capture_output=True,
-                         text=True)
-    if src.returncode != 0:
-        raise SystemExit(f"detector_diff: no validation/detectors.py at {rev!r}: {src.stderr.strip()}")
+    for rel in (DETECTORS, "validation/detectors.py"):  # the second: revisions before the src/sglfleet layout
+        src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{rel}"], capture_output=True, text=True)
+        if src.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"detector_diff: no validation/detectors.py at {rev!r} (neither {DETECTORS} nor the top "
+                         f"level): {src.stderr.strip()}")
+    text = src.stdout
+    if rel != DETECTORS:  # its imports name the packages before the sglfleet namespace
+        text = re.sub(r"^(\s*)from (validation|pipeline)([.\s])", r"\1from sglfleet.\2\3", text, flags=re.M)
     path = Path(tempfile.mkdtemp(prefix="detdiff-")) / "detectors_base.py"
-    path.write_text(src.stdout)
+    path.write_text(text)
     spec = importlib.util.spec_from_file_location("validation.detectors_base", path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
@@ -62,7 +72,7 @@ def main() -> int:
             if bool(before) != bool(after):
                 flips.append({"file": f, "id": it["id"], "label": it["label"], "class": it["class"],
                               "before": before[:2], "after": after[:2]})
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "validation/detectors.py"],
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", DETECTORS],
                            capture_output=True, text=True).stdout.strip()
     result = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 from gate_under_load import HOG  # noqa: E402 - the same busy loop as the gate's load bench
 
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
-from pipeline.procs import free_port as _free_port  # noqa: E402
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
+from sglfleet.pipeline.procs import free_port as _free_port  # noqa: E402
 
 PROMPT = "Write a short poem about the sea."
 

@@ -28,9 +28,9 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.client import OpenAIClient  # noqa: E402
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
-from validation.detectors import score_text  # noqa: E402
+from sglfleet.pipeline.client import OpenAIClient  # noqa: E402
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
+from sglfleet.validation.detectors import score_text  # noqa: E402
 
 PROMPTS = [
     'Describe a sunrise over the mountains.',

@@ -5,7 +5,7 @@
 
 The candidate is the target itself (the embedded SmolLM2 on llama.cpp, started here unless --target names a
 server), so every refusal is a false fail. One baseline file is recorded (`record-baseline`), then each run is
-`python -m validation run --target URL --config C --baseline FILE`, unchanged, as a whole process, C being the
+`python -m sglfleet.validation run --target URL --config C --baseline FILE`, unchanged, as a whole process, C being the
 profile with fresh candidate seeds (`likelihood.seeds`: disjoint per run and from the baseline's) so no two runs
 share a sampler stream. One JSON file records, per run, the verdict, the exit code, the failing checks and, per
 T>0 temperature, the per-token test's numbers and the answer statistics' p-values, with the command, date,
@@ -71,7 +71,7 @@ def refresh(raw_path: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--config", default=str(REPO / "validation" / "profiles" / "embedded.yaml"))
+    ap.add_argument("--config", default=str(REPO / "src" / "sglfleet" / "validation" / "profiles" / "embedded.yaml"))
     ap.add_argument("--target", help="a running target (default: the embedded model, started here)")
     ap.add_argument("--baseline", help="a recorded baseline file (default: recorded here from the target)")
     ap.add_argument("--out", default=str(REPO / "docs" / "results" /
@@ -95,7 +95,7 @@ def main() -> int:
     try:
         url = args.target
         if url is None:
-            from pipeline.embedded import EmbeddedConfig, EmbeddedServer
+            from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
 
             server = EmbeddedServer(EmbeddedConfig(port=18480), runs).start()
             url = server.url
@@ -104,7 +104,7 @@ def main() -> int:
             print(f"[false-fails] recording the baseline from {url}", flush=True)
             t0 = time.perf_counter()
             with open(runs / "record-baseline.log", "w") as err:
-                rec = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", url,
+                rec = subprocess.run([sys.executable, "-m", "sglfleet.validation", "record-baseline", "--target", url,
                                       "--config", str(Path(args.config).resolve()), "--out", str(base)], cwd=REPO,
                                      env=env, stdout=subprocess.PIPE, stderr=err, text=True)
             if rec.returncode != 0:
@@ -124,7 +124,7 @@ def main() -> int:
             cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
             t0 = time.perf_counter()
             with open(out / "gate.log", "w") as log:
-                proc = subprocess.run([sys.executable, "-m", "validation", "run", "--target", url, "--config",
+                proc = subprocess.run([sys.executable, "-m", "sglfleet.validation", "run", "--target", url, "--config",
                                        str(cfg_path), "--baseline", str(base), "--out", str(out)], cwd=REPO,
                                       env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
             row: dict[str, Any] = {"run": k, "seeds": seeds, "rc": proc.returncode,

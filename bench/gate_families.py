@@ -38,15 +38,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.client import OpenAIClient  # noqa: E402
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
-from pipeline.errors import TargetError  # noqa: E402
-from pipeline.reports import utc_now, write_json  # noqa: E402
-from validation.config import GateConfig  # noqa: E402
-from validation.detectors import score_text  # noqa: E402
-from validation.judge import FluencyJudge, judge_verdict, threshold_for  # noqa: E402
-from validation.suite import load_suite  # noqa: E402
-from validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt  # noqa: E402
+from sglfleet.pipeline.client import OpenAIClient  # noqa: E402
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
+from sglfleet.pipeline.errors import TargetError  # noqa: E402
+from sglfleet.pipeline.reports import utc_now, write_json  # noqa: E402
+from sglfleet.validation.config import GateConfig  # noqa: E402
+from sglfleet.validation.detectors import score_text  # noqa: E402
+from sglfleet.validation.judge import FluencyJudge, judge_verdict, threshold_for  # noqa: E402
+from sglfleet.validation.suite import load_suite  # noqa: E402
+from sglfleet.validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt  # noqa: E402
 
 EXTRA_PROMPTS = [
     ("prose", "Describe a sunrise over the mountains."), ("prose", "Explain how a bicycle works."),

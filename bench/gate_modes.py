@@ -4,7 +4,7 @@
 
 Starts the embedded target once and records a baseline of it (`record-baseline`, the target-only answers the
 oracle mode compares against: T=0 with log-probs, T>0 with `likelihood.baseline_seeds`). Then runs pairs of
-whole `python -m validation run` processes in alternating order: the weaker mode (no baseline: detectors and
+whole `python -m sglfleet.validation run` processes in alternating order: the weaker mode (no baseline: detectors and
 the fluency judge decide, the gate of before the oracle) and the oracle mode (`--baseline`: lossless_t0 at
 T=0, the target's likelihood at T>0). Each run's wall time, verdict, failed checks and verdict modes are kept,
 with the machine's load; the medians and their ratio are measured in the same run.
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.history import raw_header  # noqa: E402
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
 
 
 def _run(cmd: list[str], out: Path) -> dict[str, object]:
@@ -45,7 +45,7 @@ def _run(cmd: list[str], out: Path) -> dict[str, object]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--config", default=str(REPO / "validation" / "profiles" / "embedded.yaml"))
+    ap.add_argument("--config", default=str(REPO / "src" / "sglfleet" / "validation" / "profiles" / "embedded.yaml"))
     ap.add_argument("--out", default=str(REPO / "docs" / "results" / f"gate-modes-{time.strftime('%Y-%m-%d')}.json"))
     ap.add_argument("--port", type=int, default=18690)
     args = ap.parse_args()
@@ -55,7 +55,7 @@ def main() -> int:
     work = REPO / "runs" / "bench-gate-modes"
     work.mkdir(parents=True, exist_ok=True)
     base = work / "baseline.json"
-    py = [sys.executable, "-m", "validation"]
+    py = [sys.executable, "-m", "sglfleet.validation"]
     pairs: list[dict[str, object]] = []
     result: dict[str, object] = {}
     with EmbeddedServer(EmbeddedConfig(port=args.port), work / "server") as srv:

@@ -2,7 +2,7 @@
 
     python bench/gate_time.py [--runs 3] [--config validation/profiles/embedded.yaml] [--out FILE] [--judge-cost]
 
-Starts the embedded target once, runs `python -m validation run` against it --runs times as whole
+Starts the embedded target once, runs `python -m sglfleet.validation run` against it --runs times as whole
 processes, and records each wall time, the median, min and max, the machine and the command.
 With --judge-cost every run is a pair, the gate with the fluency judge and with `--no-judge`, in
 alternating order, so the judge's cost is measured under the same machine load: the file records
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.history import raw_header  # noqa: E402
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
 
 
 def _write(args: argparse.Namespace, walls: list[float], verdicts: list[str],
@@ -59,7 +59,7 @@ def _write(args: argparse.Namespace, walls: list[float], verdicts: list[str],
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--config", default=str(REPO / "validation" / "profiles" / "embedded.yaml"))
+    ap.add_argument("--config", default=str(REPO / "src" / "sglfleet" / "validation" / "profiles" / "embedded.yaml"))
     ap.add_argument("--out", default=str(REPO / "docs" / "results" / "gate-time.json"))
     ap.add_argument("--judge-cost", action="store_true", help="pairs: with and without the fluency judge")
     args = ap.parse_args()
@@ -71,7 +71,7 @@ def main() -> int:
             pair: dict[str, object] = {}
             for judge in modes:
                 out = REPO / "runs" / "bench-gate" / f"run{i}-{'judge' if judge else 'nojudge'}"
-                cmd = [sys.executable, "-m", "validation", "run", "--target", srv.url, "--config", args.config,
+                cmd = [sys.executable, "-m", "sglfleet.validation", "run", "--target", srv.url, "--config", args.config,
                        "--out", str(out)] + ([] if judge else ["--no-judge"])
                 t0 = time.perf_counter()
                 p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)

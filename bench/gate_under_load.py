@@ -2,7 +2,7 @@
 
     python bench/gate_under_load.py [--runs 3] [--hog both|off|on] [--hog-procs N] [--out docs/results/X.json]
 
-Starts the embedded model (SmolLM2-135M on llama.cpp) once, then runs `python -m validation run` against it
+Starts the embedded model (SmolLM2-135M on llama.cpp) once, then runs `python -m sglfleet.validation run` against it
 with its profile (validation/profiles/embedded.yaml) `--runs` times alone and `--runs` times with `--hog-procs`
 (default: nproc) busy-loop processes at nice 0 beside it. Per run it records the exit code, verdict, failed
 checks with their messages, wall time, the machine's load average before and after, and what
@@ -27,12 +27,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
-from pipeline.procs import free_port as _free_port  # noqa: E402
-from validation.determinism import Answer, judge_repeats  # noqa: E402
-from validation.lossless import decode_logprobs  # noqa: E402
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
+from sglfleet.pipeline.procs import free_port as _free_port  # noqa: E402
+from sglfleet.validation.determinism import Answer, judge_repeats  # noqa: E402
+from sglfleet.validation.lossless import decode_logprobs  # noqa: E402
 
-PROFILE = REPO / "validation" / "profiles" / "embedded.yaml"
+PROFILE = REPO / "src" / "sglfleet" / "validation" / "profiles" / "embedded.yaml"
 HOG = "while True:\n    pass\n"
 
 
@@ -57,7 +57,8 @@ def determinism_view(run_dir: Path, tol: float) -> dict[str, Any]:
 
 
 def one_run(url: str, out: Path, hog: bool, tol: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "validation", "run", "--target", url, "--config", str(PROFILE), "--out", str(out)]
+    cmd = [sys.executable, "-m", "sglfleet.validation", "run", "--target", url, "--config", str(PROFILE), "--out",
+           str(out)]
     load0 = os.getloadavg()
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)

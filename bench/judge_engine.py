@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.history import raw_header, read_json  # noqa: E402
-from validation.config import JudgeConfig  # noqa: E402
-from validation.judge import FluencyJudge, JudgeScore, threshold_for  # noqa: E402
+from sglfleet.validation.config import JudgeConfig  # noqa: E402
+from sglfleet.validation.judge import FluencyJudge, JudgeScore, threshold_for  # noqa: E402
 
 ENGINES = {"numpy": JudgeConfig(engine="numpy"), "llamacpp-q8_0": JudgeConfig(engine="llamacpp", weights="q8_0"),
            "llamacpp-as-shipped": JudgeConfig(engine="llamacpp", weights="as-shipped")}

@@ -16,8 +16,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from validation.likelihood import AnswerScore, Scorer  # noqa: E402
-from validation.suite import Suite  # noqa: E402
+from sglfleet.validation.likelihood import AnswerScore, Scorer  # noqa: E402
+from sglfleet.validation.suite import Suite  # noqa: E402
 
 
 def provenance(argv: list[str]) -> dict[str, Any]:

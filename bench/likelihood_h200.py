@@ -27,10 +27,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.likelihood_common import ScoreCache, provenance  # noqa: E402
-from pipeline.errors import UsageError, cli_main  # noqa: E402
-from validation.config import load_gate_config  # noqa: E402
-from validation.likelihood import AnswerScore, likelihood_test, make_scorer  # noqa: E402
-from validation.suite import load_suite  # noqa: E402
+from sglfleet.pipeline.errors import UsageError, cli_main  # noqa: E402
+from sglfleet.validation.config import load_gate_config  # noqa: E402
+from sglfleet.validation.likelihood import AnswerScore, likelihood_test, make_scorer  # noqa: E402
+from sglfleet.validation.suite import load_suite  # noqa: E402
 
 TEMPS = (0.6, 0.8, 1.0)
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
                     "report (report.json)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--cache", default="/tmp/lik/scores-h200.jsonl")
-    ap.add_argument("--config", default=str(REPO / "validation/profiles/sglang-smollm2.yaml"))
+    ap.add_argument("--config", default=str(REPO / "src/sglfleet/validation/profiles/sglang-smollm2.yaml"))
     ap.add_argument("--power-reps", type=int, default=None)
     a = ap.parse_args(argv)
     cfg = load_gate_config(a.config)
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in base_rows:
         base[float(s["temperature"])].append(cache.score(s["prompt_id"], float(s["temperature"]), s["seed"],
                                                          s["text"], False))
-    from validation.likelihood import make_variants
+    from sglfleet.validation.likelihood import make_variants
 
     variants = {t: make_variants([(b, suite.get(b.prompt_id).messages(), base_by[(b.prompt_id, t, b.seed)])
                                   for b in base[t]], _Cached(cache), cfg.likelihood) for t in TEMPS}

@@ -22,10 +22,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline.client import OpenAIClient  # noqa: E402
-from pipeline.errors import TargetError, UsageError, cli_main  # noqa: E402
-from validation.config import GateConfig, load_gate_config  # noqa: E402
-from validation.suite import load_suite  # noqa: E402
+from sglfleet.pipeline.client import OpenAIClient  # noqa: E402
+from sglfleet.pipeline.errors import TargetError, UsageError, cli_main  # noqa: E402
+from sglfleet.validation.config import GateConfig, load_gate_config  # noqa: E402
+from sglfleet.validation.suite import load_suite  # noqa: E402
 
 
 def parse_seeds(spec: str) -> list[int]:
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.target:
         n = sample_pool(a.target, cfg, seeds, out, a.concurrency)
     else:
-        from pipeline.embedded import EmbeddedConfig, EmbeddedServer
-        from validation.judge import _free_port
+        from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
+        from sglfleet.validation.judge import _free_port
 
         ecfg = EmbeddedConfig(port=_free_port(), threads=a.threads)
         with EmbeddedServer(ecfg, tempfile.mkdtemp(prefix="lik-pool-")) as srv:

@@ -37,11 +37,11 @@ sys.path.insert(0, str(REPO))
 
 from bench.history import raw_text  # noqa: E402
 from bench.likelihood_common import ScoreCache, provenance  # noqa: E402
-from pipeline.errors import UsageError, cli_main  # noqa: E402
-from validation.config import load_gate_config  # noqa: E402
-from validation.likelihood import likelihood_test, make_scorer  # noqa: E402
-from validation.suite import load_suite  # noqa: E402
-from validation.synth import corrupt  # noqa: E402
+from sglfleet.pipeline.errors import UsageError, cli_main  # noqa: E402
+from sglfleet.validation.config import load_gate_config  # noqa: E402
+from sglfleet.validation.likelihood import likelihood_test, make_scorer  # noqa: E402
+from sglfleet.validation.suite import load_suite  # noqa: E402
+from sglfleet.validation.synth import corrupt  # noqa: E402
 
 FAMILIES = ("soup_tail", "block_loop", "word_shuffle", "near_repeat", "token_soup", "glued_shuffle",
             "word_stutter", "subword_repeat", "mojibake_tail", "punct_flood")

@@ -32,9 +32,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from loadtests.runner import load_records  # noqa: E402
-from pipeline.procs import free_port as _free_port  # noqa: E402
-from pipeline.reports import new_run_dir, utc_now, write_json  # noqa: E402
+from sglfleet.loadtests.runner import load_records  # noqa: E402
+from sglfleet.pipeline.procs import free_port as _free_port  # noqa: E402
+from sglfleet.pipeline.reports import new_run_dir, utc_now, write_json  # noqa: E402
 from testbed.simserver import SimServer  # noqa: E402
 
 BENCH_PY = REPO / ".cache" / "sglang-bench" / "bin" / "python"
@@ -99,7 +99,7 @@ def taskset(cpu: str | None) -> list[str]:
 
 def run_harness(url: str, out: Path, users: int, duration: float, tokens: int, itl_events: str,
                 processes: int = 1, cpu: str | None = None) -> dict[str, Any]:
-    cmd = [*taskset(cpu), sys.executable, "-m", "loadtests", "run", "--host", url, "--users", str(users),
+    cmd = [*taskset(cpu), sys.executable, "-m", "sglfleet.loadtests", "run", "--host", url, "--users", str(users),
            "--duration", str(duration), "--max-tokens", str(tokens), "--max-requests", "10000000",
            "--itl-events", itl_events, "--processes", str(processes), "--out", str(out)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -183,7 +183,7 @@ def timing_error(out: Path, duration: float) -> dict[str, Any]:
     """TTFT/ITL of our harness against the simulator's recorded send instants (1 user, known delays)."""
     with SimServer(_free_port(), "--ttft-ms", "40", "--itl-ms", "3,8,15", "--tokens", "16") as srv:
         run = out / "timing"
-        cp = subprocess.run([sys.executable, "-m", "loadtests", "run", "--host", srv.url, "--users", "1",
+        cp = subprocess.run([sys.executable, "-m", "sglfleet.loadtests", "run", "--host", srv.url, "--users", "1",
                              "--duration", str(duration), "--max-tokens", "16", "--out", str(run)],
                             cwd=REPO, capture_output=True, text=True, check=False)
         if cp.returncode != 0:

@@ -197,7 +197,7 @@ def render_sglang_capacity(raw: dict[str, Any], path: str) -> str:
 
 
 def render_sglang_sweep(raw: dict[str, Any], path: str) -> str:
-    """`python -m validation sweep` (kind sglang) starting its own servers on the H200."""
+    """`python -m sglfleet.validation sweep` (kind sglang) starting its own servers on the H200."""
     lines = ["| cell | status | accept length | tok/s | baseline tok/s | speedup | quality | lossless | "
              "failed checks |", "|---|---|---|---|---|---|---|---|---|"]
     for r in raw.get("rows", []):

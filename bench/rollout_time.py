@@ -1,5 +1,5 @@
 """Rollout wall time for N netns SSH test hosts (default 2, 4, 8): a fresh deploy of rc1 (parallel pull,
-weights staging, serial restarts) and a rolling update to rc2, both through `python -m flow deploy`
+weights staging, serial restarts) and a rolling update to rc2, both through `python -m sglfleet.flow deploy`
 (ansible-runner, serial 1), the gate skipped so that the number is the rollout itself.
 
     .venv/bin/python bench/rollout_time.py --hosts 2 4 8      # or: make bench-rollout
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from rollout import REPO_ROOT
+from testbed import REPO_ROOT
 from testbed.testbed import TEST_REGISTRY, registry_login, run_cli, write_inventory
 
 REPO = f"{TEST_REGISTRY}/rollout-bench-cpu"

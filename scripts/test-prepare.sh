@@ -29,8 +29,9 @@ scripts/services.sh start docker registry tlsregistry
 targets=${IMAGE_CI_TARGETS:-pcie nvlink}
 # A CI image is current when it exists AND was built from these inputs (Dockerfile, image scripts, the
 # patch series, the DDTree plugin): an image left by an older checkout is rebuilt, not reused.
-inputs=$(cat images/Dockerfile images/*.sh images/*.py patches/__init__.py patches/__main__.py \
-           patches/sglang-0.5.23/* patches/ddtree/pyproject.toml patches/ddtree/sglang_ddtree/*.py | sha256sum | cut -c1-32)
+inputs=$(cd src/sglfleet && cat images/Dockerfile images/*.sh images/*.py __init__.py paths.py patches/__init__.py \
+           patches/__main__.py patches/sglang-0.5.23/* patches/ddtree/pyproject.toml patches/ddtree/sglang_ddtree/*.py \
+           | sha256sum | cut -c1-32)
 marks=${CI_IMAGE_MARKS:-/var/cache/sglang-fleet-ci}
 need_images=0
 for t in $targets; do

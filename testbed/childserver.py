@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 from typing import Self
 
-from pipeline.procs import stop_child
+from sglfleet.pipeline.procs import stop_child
+from testbed import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 
 
 def child_env() -> dict[str, str]:

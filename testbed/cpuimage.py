@@ -1,4 +1,4 @@
-"""Build the CPU serving image of the embedded model (images/cpu/Dockerfile) and push it; make a
+"""Build the CPU serving image of the embedded model (testbed/cpu/Dockerfile) and push it; make a
 deliberately broken copy of the model for the gate-failure tests."""
 
 from __future__ import annotations
@@ -12,23 +12,27 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.embedded import default_model_path
-from pipeline.errors import TargetError, UsageError
-from rollout import REPO_ROOT
+from sglfleet.paths import PACKAGE_DIR
+from sglfleet.pipeline.embedded import default_model_path
+from sglfleet.pipeline.errors import TargetError, UsageError
+from testbed import REPO_ROOT
 
 BASE_IMAGE = "local/bookworm-py:latest"
-DOCKERFILE = REPO_ROOT / "images" / "cpu" / "Dockerfile"
+DOCKERFILE = REPO_ROOT / "testbed" / "cpu" / "Dockerfile"
 CONTEXT = REPO_ROOT / ".cache" / "cpu-image-context"
 # Versions the image carries: the same pins as pyproject.toml's runtime deps.
 SITE_PINS = ["xllamacpp==2026.10.11549", "pydantic==2.14.4", "PyYAML==6.0.4", "httpx==0.28.1"]
-ENTRY_MODULE = "pipeline.embedded"  # the image's entry point (python -m pipeline.embedded)
+ENTRY_MODULE = "sglfleet.pipeline.embedded"  # the image's entry point (python -m sglfleet.pipeline.embedded)
+PACKAGE = "sglfleet.pipeline"
+PIPELINE_DIR = PACKAGE_DIR / "pipeline"
 
 
 def pipeline_files(entry: str = ENTRY_MODULE) -> list[str]:
-    """The files of the pipeline package the entry module needs: its import closure inside `pipeline`
-    (read from the source, so a new `from pipeline.x import y` in embedded.py reaches the image without
+    """The files of the pipeline package the entry module needs: its import closure inside `sglfleet.pipeline`
+    (read from the source, so a new `from sglfleet.pipeline.x import y` in embedded.py reaches the image without
     a list to keep in step). Imports outside the package must be in SITE_PINS or the standard library."""
-    root = REPO_ROOT / "pipeline"
+    root = PIPELINE_DIR
+    skip = len(PACKAGE.split("."))
     seen: set[str] = set()
     todo = [entry]
     while todo:
@@ -36,7 +40,7 @@ def pipeline_files(entry: str = ENTRY_MODULE) -> list[str]:
         if mod in seen:
             continue
         seen.add(mod)
-        rel = mod.split(".")[1:]
+        rel = mod.split(".")[skip:]
         path = root.joinpath(*rel).with_suffix(".py") if rel else root / "__init__.py"
         if rel and not path.is_file() and (root.joinpath(*rel) / "__init__.py").is_file():
             path = root.joinpath(*rel) / "__init__.py"
@@ -44,21 +48,21 @@ def pipeline_files(entry: str = ENTRY_MODULE) -> list[str]:
             raise UsageError(f"{mod} is imported by the CPU image's entry point but {path} does not exist")
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             required: list[str] = []  # modules named as modules
-            optional: list[str] = []  # `from pipeline.x import y`: y may be a submodule or a name
+            optional: list[str] = []  # `from sglfleet.pipeline.x import y`: y may be a submodule or a name
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 required = [node.module]
                 optional = [f"{node.module}.{a.name}" for a in node.names]
             elif isinstance(node, ast.Import):
                 required = [a.name for a in node.names]
             for name in required + optional:
-                if name != "pipeline" and not name.startswith("pipeline."):
+                if name != PACKAGE and not name.startswith(PACKAGE + "."):
                     continue
-                cand = root.joinpath(*name.split(".")[1:])
+                cand = root.joinpath(*name.split(".")[skip:])
                 if name in required or cand.with_suffix(".py").is_file():
                     todo.append(name)
     files = {"__init__.py"}
     for mod in seen:
-        rel = mod.split(".")[1:]
+        rel = mod.split(".")[skip:]
         if rel:
             pkg = root.joinpath(*rel) / "__init__.py"
             files.add("/".join(rel) + ("/__init__.py" if pkg.is_file() else ".py"))
@@ -99,17 +103,19 @@ def _context() -> Path:
     dst = CONTEXT / "model" / "model.gguf"
     if not dst.exists() or dst.stat().st_size != Path(model).stat().st_size:
         shutil.copyfile(model, dst)
-    shutil.rmtree(CONTEXT / "pipeline", ignore_errors=True)
-    (CONTEXT / "pipeline").mkdir()
+    shutil.rmtree(CONTEXT / "pipeline", ignore_errors=True)  # the layout before the sglfleet namespace
+    shutil.rmtree(CONTEXT / "sglfleet", ignore_errors=True)
+    (CONTEXT / "sglfleet" / "pipeline").mkdir(parents=True)
+    shutil.copy2(PACKAGE_DIR / "__init__.py", CONTEXT / "sglfleet" / "__init__.py")
     for f in pipeline_files():
-        (CONTEXT / "pipeline" / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO_ROOT / "pipeline" / f, CONTEXT / "pipeline" / f)
+        (CONTEXT / "sglfleet" / "pipeline" / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(PIPELINE_DIR / f, CONTEXT / "sglfleet" / "pipeline" / f)
     shutil.copy2(DOCKERFILE, CONTEXT / "Dockerfile")
     return CONTEXT
 
 
 def build(tag: str, push: bool = True, targets: str = "pcie,nvlink", auth_config: dict | None = None) -> dict:
-    """docker build images/cpu (legacy builder, host network) as `tag`, then push it. `targets` is the
+    """docker build testbed/cpu (legacy builder, host network) as `tag`, then push it. `targets` is the
     image's org.fleet.target label (a label only: the layers are shared between label variants)."""
     client = _docker()
     ensure_base(client)

@@ -293,7 +293,7 @@ class SimServer(ChildServer):
             return False
 
     def timings(self) -> list[dict[str, Any]]:
-        from loadtests.stream import get_json
+        from sglfleet.loadtests.stream import get_json
 
         return get_json(self.url, "/_timings")[1]
 

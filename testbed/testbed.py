@@ -17,9 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.embedded import default_model_path
-from pipeline.errors import PipelineError
-from rollout import ANSIBLE_DIR, REPO_ROOT
+from sglfleet.paths import ANSIBLE_DIR
+from sglfleet.pipeline.embedded import default_model_path
+from sglfleet.pipeline.errors import PipelineError
+from testbed import REPO_ROOT
 
 FIXTURES = REPO_ROOT / "testbed" / "fixtures"
 SMI = {"pcie": FIXTURES / "nvidia-smi" / "rtx-pro-6000-x8.csv", "nvlink": FIXTURES / "nvidia-smi" / "b300-x8.csv",
@@ -170,10 +171,10 @@ TEST_REPO = f"{TEST_REGISTRY}/rollout-test-cpu"
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 900):
-    """`python -m flow deploy ...` (what `make deploy` runs) or `python -m rollout status|rollback ...`, with the
-    registry login in the environment unless `env` overrides it; output captured."""
+    """`python -m sglfleet.flow deploy ...` (what `make deploy` runs) or `python -m sglfleet.rollout
+    status|rollback ...`, with the registry login in the environment unless `env` overrides it; output captured."""
     e = {**os.environ, **registry_env()}
     e.update(env or {})
-    module = "flow" if args[0] in ("deploy", "main", "demo") else "rollout"
+    module = "sglfleet.flow" if args[0] in ("deploy", "main", "demo") else "sglfleet.rollout"
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO_ROOT,
                           env=e, timeout=timeout)

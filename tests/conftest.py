@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer
-from pipeline.procs import free_port
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
+from sglfleet.pipeline.procs import free_port
 from testbed.simserver import SimServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 # Fixtures that start a server: every test using one is an integration test (not in `make test-fast`).
 SERVER_FIXTURES = {"sim", "http_peer", "embedded_target"}
 # Commands `make test-fast` must never run (servers, network downloads, compilers, containers).
-_FAST_FORBIDDEN = ("nvcc", "ptxas", "pip", "locust", "loadtests", "simserver", "pipeline.embedded", "docker",
-                   "ansible", "dockerd", "mmdebstrap", "debootstrap", "sshd")
+_FAST_FORBIDDEN = ("nvcc", "ptxas", "pip", "locust", "sglfleet.loadtests", "simserver", "sglfleet.pipeline.embedded",
+                   "docker", "ansible", "dockerd", "mmdebstrap", "debootstrap", "sshd")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

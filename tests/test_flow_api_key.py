@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from flow.promote import loadtest_config, with_flow_api_key
-from pipeline.errors import UsageError
-from rollout.config import RolloutConfig
-from validation.config import GateConfig, gate_api_key
+from sglfleet.flow.promote import loadtest_config, with_flow_api_key
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.rollout.config import RolloutConfig
+from sglfleet.validation.config import GateConfig, gate_api_key
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "sk-flow-test-91d2e0"
@@ -41,7 +41,7 @@ def test_a_missing_key_is_bad_input_before_anything_changes(monkeypatch: pytest.
 
 def test_flow_cli_refuses_a_missing_key_file_with_exit_2(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "FLOW_UNSET_KEY"}
-    p = subprocess.run([sys.executable, "-m", "flow", "deploy", "--hosts", "pcie", "--image",
+    p = subprocess.run([sys.executable, "-m", "sglfleet.flow", "deploy", "--hosts", "pcie", "--image",
                         "127.0.0.1:1/x/y:1", "--api-key-file", str(tmp_path / "nope")], cwd=REPO,
                        capture_output=True, text=True, timeout=120, check=False, env=env)
     assert p.returncode == 2, p.stderr

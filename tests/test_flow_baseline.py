@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from flow import __main__ as flow_cli
-from flow import promote
-from pipeline.errors import UsageError
-from rollout.config import RolloutConfig
+from sglfleet.flow import __main__ as flow_cli
+from sglfleet.flow import promote
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.rollout.config import RolloutConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "ansible" / "inventories" / "example"
+EXAMPLE = ROOT / "src" / "sglfleet" / "ansible" / "inventories" / "example"
 
 pytestmark = pytest.mark.skipif(not (ROOT / ".cache" / "ansible-collections" / ".installed").is_file(),
                                 reason="Ansible collections not installed (make setup)")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from flow.canary import CheckResult, DeployResult, Executor, Hooks, RestoreResult
-from flow.plan import build
-from flow.traffic import ClientLoad
-from rollout.inventory import Inventory
-from rollout.router import RouterClient, RouterProcess
+from sglfleet.flow.canary import CheckResult, DeployResult, Executor, Hooks, RestoreResult
+from sglfleet.flow.plan import build
+from sglfleet.flow.traffic import ClientLoad
+from sglfleet.rollout.inventory import Inventory
+from sglfleet.rollout.router import RouterClient, RouterProcess
 from testbed.routerworker import RouterWorker
 
 pytestmark = [pytest.mark.integration]

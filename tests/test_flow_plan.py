@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from flow.plan import build
-from pipeline.errors import UsageError
-from rollout import REPO_ROOT
-from rollout.inventory import Inventory
+from sglfleet.flow.plan import build
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.rollout.inventory import Inventory
+from testbed import REPO_ROOT
 
 
 def _inv(**hv) -> Inventory:
@@ -41,11 +41,11 @@ def test_plan_bad_input() -> None:
 
 
 def test_check_prints_the_plan_with_the_registry_down(tmp_path) -> None:
-    from rollout import collections
+    from sglfleet.rollout import collections
 
     if collections.missing():
         pytest.skip("needs the Ansible collections (make setup installs them)")
-    r = subprocess.run([sys.executable, "-m", "flow", "deploy", "--hosts", "pcie", "--check",
+    r = subprocess.run([sys.executable, "-m", "sglfleet.flow", "deploy", "--hosts", "pcie", "--check",
                         "--image", "127.0.0.1:9/sglang-fleet:rc7"], capture_output=True, text=True, cwd=REPO_ROOT,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -58,10 +58,10 @@ def test_smoke_gate_config_reduces_suite_and_baseline_under_their_names(tmp_path
     prompts (lossless_t0 compares every prompt a baseline holds): the gate accepts both, nothing else runs."""
     import json
 
-    from flow.plan import SMOKE_PROMPTS, smoke_gate_config
-    from validation.config import load_gate_config
-    from validation.gate import Gate
-    from validation.suite import load_suite
+    from sglfleet.flow.plan import SMOKE_PROMPTS, smoke_gate_config
+    from sglfleet.validation.config import load_gate_config
+    from sglfleet.validation.gate import Gate
+    from sglfleet.validation.suite import load_suite
 
     cfg = load_gate_config(REPO_ROOT / "testbed/fixtures/gate-embedded-lean.yaml")
     ids = [p.id for p in load_suite(cfg.suite).prompts]

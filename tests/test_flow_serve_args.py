@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from flow.promote import serve_args_stage
-from pipeline.errors import UsageError
-from rollout.config import RolloutConfig
+from sglfleet.flow.promote import serve_args_stage
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.rollout.config import RolloutConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ def _cfg(inv: Path, tmp_path: Path) -> RolloutConfig:
 
 @pytest.mark.integration
 def test_example_fleet_renders_startable_ddtree_commands(tmp_path: Path) -> None:
-    st = serve_args_stage(_cfg(ROOT / "ansible/inventories/example", tmp_path), "all", "r.example/x:1")
+    st = serve_args_stage(_cfg(ROOT / "src/sglfleet/ansible/inventories/example", tmp_path), "all", "r.example/x:1")
     assert st.ok and set(st.data) == {"b300-01", "b300-02", "pcie-01", "pcie-02"}
     assert all(v == {"budget": 16, "topk": 4, "verify_width": 17} for v in st.data.values())
 
@@ -33,7 +33,7 @@ def test_example_fleet_renders_startable_ddtree_commands(tmp_path: Path) -> None
 ])
 def test_bad_ddtree_settings_are_refused_before_any_change(tmp_path: Path, edit: str, message: str) -> None:
     inv = tmp_path / "inv"
-    shutil.copytree(ROOT / "ansible/inventories/example", inv)
+    shutil.copytree(ROOT / "src/sglfleet/ansible/inventories/example", inv)
     for f in (inv / "group_vars").glob("*.yml"):
         f.write_text(f.read_text().replace(edit, message))
     with pytest.raises(UsageError) as e:
@@ -42,8 +42,8 @@ def test_bad_ddtree_settings_are_refused_before_any_change(tmp_path: Path, edit:
 
 
 def test_speculative_hosts_need_a_lossless_baseline_or_a_waiver() -> None:
-    from flow.promote import _speculative
-    from validation.config import load_gate_config, lossless_requirement
+    from sglfleet.flow.promote import _speculative
+    from sglfleet.validation.config import load_gate_config, lossless_requirement
 
     assert _speculative({"serve_engine": "sglang", "serve_spec_algorithm": "DDTREE"})
     assert not _speculative({"serve_engine": "embedded", "serve_spec_algorithm": "DDTREE"})

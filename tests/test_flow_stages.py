@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flow.promote import loadtest_config, loadtest_stage
-from rollout.config import RolloutConfig
+from sglfleet.flow.promote import loadtest_config, loadtest_stage
+from sglfleet.rollout.config import RolloutConfig
 from testbed.simserver import SimServer
 
 pytestmark = [pytest.mark.integration]

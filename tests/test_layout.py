@@ -1,6 +1,7 @@
-"""Product, test bed and lab apart: the product packages import nothing from tests/ or bench/, only the
-demo imports the test bed (inside the function, with a clear error outside a checkout), and the product
-wheel's package list leaves bench/, testbed/ and tests/ out."""
+"""Product, test bed and lab apart: the product (src/sglfleet) imports nothing from tests/ or bench/, only the
+demo imports the test bed (inside the function, with a clear error outside a checkout), the product wheel's
+package list is sglfleet alone (bench/, testbed/ and tests/ left out), and what the controller runs (the CLI,
+deploy and its plan, the gate, render, the load test) imports no torch, triton or transformers."""
 
 from __future__ import annotations
 
@@ -14,9 +15,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("patches", "images", "rollout", "flow", "validation", "loadtests", "models", "pipeline")
+PACKAGE = ROOT / "src" / "sglfleet"
+PRODUCT = ("patches", "images", "rollout", "flow", "validation", "loadtests", "pipeline")
 # the one place the product reaches into the test bed: `make demo` deploys to it
-TESTBED_ALLOWED = {"flow/demo.py"}
+TESTBED_ALLOWED = {"src/sglfleet/flow/demo.py"}
+# what a controller imports for `sglfleet deploy --check`, `validate`, `render`, `loadtest` (the lab's are extras)
+CONTROLLER_MODULES = ("sglfleet.cli", "sglfleet.flow.__main__", "sglfleet.flow.promote", "sglfleet.flow.plan",
+                      "sglfleet.flow.staged", "sglfleet.validation.__main__", "sglfleet.validation.gate",
+                      "sglfleet.validation.sweep", "sglfleet.rollout.__main__", "sglfleet.rollout.deploy",
+                      "sglfleet.loadtests.__main__", "sglfleet.loadtests.runner", "sglfleet.loadtests.capacity",
+                      "sglfleet.images.__main__", "sglfleet.patches.__main__")
+LAB_ONLY = ("torch", "triton", "transformers", "accelerate", "safetensors")
 
 
 def _imports(path: Path) -> list[tuple[str, int, bool]]:
@@ -33,7 +42,7 @@ def _imports(path: Path) -> list[tuple[str, int, bool]]:
 
 
 def _product_files() -> list[Path]:
-    return [p for pkg in PRODUCT for p in (ROOT / pkg).rglob("*.py") if "__pycache__" not in p.parts]
+    return [p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts]
 
 
 def test_product_packages_import_nothing_from_tests_or_the_lab() -> None:
@@ -54,17 +63,31 @@ def test_the_scan_finds_such_an_import(tmp_path: Path) -> None:
 
 
 def test_the_wheel_leaves_the_lab_and_the_test_bed_out() -> None:
-    from setuptools import find_namespace_packages
+    from setuptools import find_packages
 
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    found = find_namespace_packages(str(ROOT), include=cfg["include"], exclude=cfg.get("exclude", []))
-    assert {p.split(".")[0] for p in found} == set(PRODUCT)
+    assert cfg["where"] == ["src"] and cfg["namespaces"] is False
+    found = find_packages(str(ROOT / cfg["where"][0]), include=cfg["include"], exclude=cfg.get("exclude", []))
+    assert {p.split(".")[0] for p in found} == {"sglfleet"}
+    assert {p.split(".")[1] for p in found if p.count(".")} == set(PRODUCT)
+
+
+def test_the_controller_path_imports_no_torch(tmp_path: Path) -> None:
+    """A fresh interpreter imports what the controller runs and names every lab-only module that came with it."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib, sys\n"
+                     f"for m in {CONTROLLER_MODULES!r}:\n    importlib.import_module(m)\n"
+                     f"print(sorted(m for m in sys.modules if m.split('.')[0] in {LAB_ONLY!r}))\n")
+    r = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]", f"the controller path imports lab-only modules: {r.stdout.strip()}"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="make demo checks for root first")
 def test_demo_outside_a_checkout_is_one_error_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, "-m", "flow", "demo", "--out", str(tmp_path / "run")], cwd=tmp_path, env=env,
+    r = subprocess.run([sys.executable, "-m", "sglfleet.flow", "demo", "--out", str(tmp_path / "run")], cwd=tmp_path,
+                       env=env,
                        capture_output=True, text=True, timeout=120, check=False)
     if "testbed" not in r.stderr:  # an editable install that maps the whole checkout: nothing to show
         pytest.skip(f"testbed importable outside the checkout here: {r.stderr.strip()[:200]}")

@@ -1,4 +1,4 @@
-"""The main job on the embedded target (`python -m flow main`): serve, gate and load-test in one process."""
+"""The main job on the embedded target (`python -m sglfleet.flow main`): serve, gate and load-test in one process."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_main_job_end_to_end(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "main"
-    p = subprocess.run([sys.executable, "-m", "flow", "main", "--out", str(out), "--port", str(port)],
+    p = subprocess.run([sys.executable, "-m", "sglfleet.flow", "main", "--out", str(out), "--port", str(port)],
                        cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-4000:]
     last = json.loads(p.stdout.strip().splitlines()[-1])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.procs import free_port
+from sglfleet.pipeline.procs import free_port
 from testbed.simserver import SimServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -60,12 +60,12 @@ def test_make_validate_keeps_pass_fail_and_bad_input_apart(sim: SimServer, tmp_p
 
 def test_make_dry_run_does_not_run_the_gate() -> None:
     p = make("-n", "validate", "TARGET=http://127.0.0.1:9")
-    assert p.returncode == 0 and "-m validation run --target http://127.0.0.1:9" in p.stdout
+    assert p.returncode == 0 and "-m sglfleet.validation run --target http://127.0.0.1:9" in p.stdout
 
 
 def _inventory(tmp_path: Path, budget: str) -> Path:
     inv = tmp_path / f"inv-{budget}"
-    shutil.copytree(REPO / "ansible" / "inventories" / "example", inv)
+    shutil.copytree(REPO / "src" / "sglfleet" / "ansible" / "inventories" / "example", inv)
     gv = inv / "group_vars" / "all.yml"
     text = gv.read_text()
     assert "serve_spec_ddtree_budget: 16" in text
@@ -130,6 +130,6 @@ def test_bad_input_is_2_with_one_error_line(args: tuple[str, ...], says: str) ->
 
 def test_a_dry_run_only_prints_and_check_mode_still_refuses_bad_input() -> None:
     dry = make("-n", "deploy", "HOST=all", "IMAGE=reg.example/x:1")
-    assert dry.returncode == 0 and "-m flow deploy --hosts \"all\"" in dry.stdout
+    assert dry.returncode == 0 and "-m sglfleet.flow deploy --hosts \"all\"" in dry.stdout
     p = make("deploy", "HOST=no-such-host", "IMAGE=reg.example/x:1", "CHECK=1")
     assert p.returncode == 2 and "make deploy: FAILED" not in p.stderr

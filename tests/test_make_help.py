@@ -80,14 +80,15 @@ def test_the_production_sequence_targets_pass_their_arguments() -> None:
     spec = _make("-n", "deploy", "HOST=pcie", "IMAGE=r.example/x:1", "GATE_CONFIG=g.yaml", "BASELINE=b.json",
                  "LOADTEST_CONFIG=slo.yaml")
     assert spec.returncode == 0, spec.stderr
-    assert re.search(r'-m flow deploy --hosts "pcie" .*--image "r.example/x:1" --gate-config "g.yaml" '
+    assert re.search(r'-m sglfleet.flow deploy --hosts "pcie" .*--image "r.example/x:1" --gate-config "g.yaml" '
                      r'--baseline "b.json" --loadtest-config "slo.yaml"', spec.stdout), spec.stdout
     only = _make("-n", "deploy-target-only", "HOST=pcie-01", "IMAGE=r.example/x:1")
     assert only.returncode == 0 and '--image "r.example/x:1" --target-only' in only.stdout
     image = _make("-n", "image", "TARGET=pcie", "PUSH=r.example/fleet", "RC=7")
     assert image.returncode == 0
     flat = image.stdout.replace("\\\n", " ")
-    assert re.search(r'-m images build --target "pcie" .*--push "r.example/fleet"\s+--rc 7', flat), image.stdout
+    assert re.search(r'-m sglfleet.images build --target "pcie" .*--push "r.example/fleet"\s+--rc 7',
+                     flat), image.stdout
     gate = _make("-n", "validate", "TARGET=http://h:1", "GATE_CONFIG=g.yaml", "BASELINE=b.json")
     assert gate.returncode == 0 and re.search(r"--config g.yaml .*--baseline b.json", gate.stdout.replace("\\\n", " "))
 

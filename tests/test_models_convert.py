@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models import gguf_to_hf
-from pipeline.errors import UsageError
+from sglfleet.pipeline.errors import UsageError
+from testbed.models import gguf_to_hf
 
 torch = pytest.importorskip("torch")
 
@@ -62,12 +62,13 @@ def test_another_architecture_is_refused_before_anything_is_written(tmp_path: Pa
 
 
 def test_cli_bad_input_exits_2(tmp_path: Path) -> None:
-    p = subprocess.run([sys.executable, "-m", "models", "convert", "--gguf", str(tmp_path / "none.gguf"),
+    p = subprocess.run([sys.executable, "-m", "testbed.models", "convert", "--gguf", str(tmp_path / "none.gguf"),
                         "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert p.returncode == 2 and "no such GGUF file" in p.stderr
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf")
-    p = subprocess.run([sys.executable, "-m", "models", "convert", "--gguf", str(junk), "--out", str(tmp_path / "o")],
+    p = subprocess.run([sys.executable, "-m", "testbed.models", "convert", "--gguf", str(junk), "--out",
+                        str(tmp_path / "o")],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "not a readable GGUF file" in p.stderr
 
@@ -78,7 +79,7 @@ TARGET = {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30, "vocab
 
 
 def test_a_drafter_shaped_for_the_target_passes() -> None:
-    from models import drafter
+    from testbed.models import drafter
 
     cfg = drafter.drafter_config_for(TARGET, block_size=8)
     info = drafter.check(TARGET, cfg, block_size=8)
@@ -97,7 +98,7 @@ def test_a_drafter_shaped_for_the_target_passes() -> None:
 def test_a_mismatched_drafter_is_one_clear_error(edit, block, message: str) -> None:
     import copy
 
-    from models import drafter
+    from testbed.models import drafter
 
     cfg = copy.deepcopy(drafter.drafter_config_for(TARGET, block_size=8))
     edit(cfg)
@@ -109,13 +110,13 @@ def test_a_mismatched_drafter_is_one_clear_error(edit, block, message: str) -> N
 def test_check_drafter_cli_exit_codes(tmp_path: Path) -> None:
     import json
 
-    from models import drafter
+    from testbed.models import drafter
 
     (tmp_path / "t").mkdir()
     (tmp_path / "d").mkdir()
     (tmp_path / "t" / "config.json").write_text(json.dumps(TARGET))
     (tmp_path / "d" / "config.json").write_text(json.dumps(drafter.drafter_config_for(TARGET, block_size=8)))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "models", "check-drafter", *a],  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "testbed.models", "check-drafter", *a],  # noqa: E731
                                     capture_output=True, text=True)
     ok = run("--target", str(tmp_path / "t"), "--drafter", str(tmp_path / "d"), "--block-size", "8")
     assert ok.returncode == 0 and "block 8" in ok.stdout

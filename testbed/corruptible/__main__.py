@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--threads must be >= 1, got {args.threads}")
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         os.environ[var] = str(args.threads)
-    from pipeline.config import build_model
-    from pipeline.errors import UsageError
+    from sglfleet.pipeline.config import build_model
+    from sglfleet.pipeline.errors import UsageError
     from testbed.corruptible.engine import EngineConfig
 
     values = {k: v for k, v in {"fault": args.fault, "budget": args.budget, "topk": args.topk,

@@ -53,8 +53,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from pipeline.config import StrictModel
-from pipeline.embedded import MODEL_ALIAS
+from sglfleet.pipeline.config import StrictModel
+from sglfleet.pipeline.embedded import MODEL_ALIAS
 from testbed.corruptible.drafter import Drafter, Tree
 from testbed.corruptible.sampling import accept_tree, node_probs
 
@@ -223,9 +223,9 @@ class Engine:
     def __init__(self, cfg: EngineConfig) -> None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        from validation.gguf_tokenizer import cached_tokenizer
-        from validation.judge import judge_cache_dir, judge_model_path
-        from validation.refmodel import ReferenceLM, cached_weights
+        from sglfleet.validation.gguf_tokenizer import cached_tokenizer
+        from sglfleet.validation.judge import judge_cache_dir, judge_model_path
+        from sglfleet.validation.refmodel import ReferenceLM, cached_weights
 
         self.cfg = cfg
         src = judge_model_path(cfg.model_path)

@@ -23,11 +23,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from pipeline.procs import free_port
+from sglfleet.pipeline.procs import free_port
+from testbed import REPO_ROOT
 from testbed.childserver import ChildServer
 from testbed.corruptible.engine import Engine, EngineConfig, Generation, Request, TokenOut
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = REPO_ROOT
 MAX_TOP_LOGPROBS = 20
 
 

@@ -16,7 +16,7 @@
 #   gate30    .carry/ddtree-srv                        issue 30: correct builds gated 10 times each, the mutant once
 #   incident  .carry/ddtree-srv .carry/gate-py         the incident driver with the trained drafter, gated
 #   sweep     .carry/gate-py                           make sweep's sglang kind: it starts the grid's servers
-#                                                      (validation/grids/sglang-smollm2.yaml) and gates each
+#                                                      (src/sglfleet/validation/grids/sglang-smollm2.yaml) and gates each
 #   loadtest  .carry/locust-py .carry/gate-py          Locust capacity (--quick) on target-only and DDTree b16/k4
 #   trainwarm .carry/gguf/p3 .carry/ddtree-srv .carry/src  issue 41: the drafter trained while the target-only server and
 #                                                      three dummy-drafter candidates compile the JIT kernels
@@ -51,8 +51,8 @@ for f in .carry/gguf/p*/part*; do [ -f "$f" ] && cp "$f" /tmp/gguf/; done
 if [ -f .carry/jit/fijit.tgz ] && [ ! -f /tmp/fijit/.from-carry ]; then
   tar -C /tmp -xzf .carry/jit/fijit.tgz && touch /tmp/fijit/.from-carry && echo "jit cache in"
 fi
-# validation/ and pipeline/ of one commit for prodseq's gates (tests/ddtree/prodseq.py SRC; built here with
-#   mkdir -p .carry/src && git archive HEAD validation pipeline | gzip > .carry/src/src.tgz &&
+# src/sglfleet/ of one commit for prodseq's gates (tests/ddtree/prodseq.py SRC; built here with
+#   mkdir -p .carry/src && git archive HEAD src/sglfleet | gzip > .carry/src/src.tgz &&
 #   git rev-parse --short HEAD > .carry/src/COMMIT ), unpacked once per warm machine
 if [ -f .carry/src/src.tgz ] && [ ! -f /tmp/prodseq-src/.done ]; then
   mkdir -p /tmp/prodseq-src && tar -C /tmp/prodseq-src -xzf .carry/src/src.tgz && cp .carry/src/COMMIT /tmp/prodseq-src/ &&
@@ -65,7 +65,7 @@ fi
 ensure_target() {
   [ -f /tmp/smollm2/model.safetensors ] && return 0
   cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf && ls -l /tmp/gguf/smollm2.gguf &&
-    PYTHONPATH=$PYTHONPATH:. python3 -m models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2
+    PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2
 }
 # what the JIT compilers left on this machine (FlashInfer's modules, Triton's kernels), sized for a later carry
 jit_caches() {
@@ -99,8 +99,8 @@ case $step in
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf || exit 1
-    PYTHONPATH=$PYTHONPATH:. python3 -m models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
-    PYTHONPATH=$PYTHONPATH:. timeout 560 python3 -m models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
+    PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
+    PYTHONPATH=$PYTHONPATH:.:./src timeout 560 python3 -m testbed.models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
       --device cuda --layers 2 --seqs "${SEQS:-512}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-1500}" > /tmp/train.log 2>&1
     echo "train rc=$?" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/" ;;
   drafter)
@@ -112,8 +112,8 @@ case $step in
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     cat /tmp/gguf/part00 .carry/gguf-b/part01 > /tmp/gguf/smollm2.gguf || exit 1
-    PYTHONPATH=$PYTHONPATH:. python3 -m models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
-    { PYTHONPATH=$PYTHONPATH:. python3 -m models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
+    PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
+    { PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
         --device cuda --layers 2 --seqs 512 --max-new 256 --steps 1500 > /tmp/train.log 2>&1
       echo "train rc=$?" >> /tmp/train.log; } &
     train=$!
@@ -134,7 +134,7 @@ case $step in
     elif ls /tmp/drafter-parts/drafter.tar.part-* >/dev/null 2>&1; then  # a drafter trained in an earlier call
       cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - && echo "drafter from the carry" > /tmp/train.log || exit 1
     else
-      { PYTHONPATH=$PYTHONPATH:. python3 -m models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
+      { PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
           --device cuda --layers 2 --seqs "${SEQS:-512}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-1500}" > /tmp/train.log 2>&1
         echo "train rc=$?" >> /tmp/train.log; touch /tmp/drafter.done; } &
       wait=(--wait-drafter /tmp/drafter.done)
@@ -155,7 +155,7 @@ case $step in
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     ensure_target || exit 1
-    { PYTHONPATH=$PYTHONPATH:. timeout "${TRAIN_LIMIT:-520}" python3 -m models train-drafter --target /tmp/smollm2 \
+    { PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-520}" python3 -m testbed.models train-drafter --target /tmp/smollm2 \
         --out /tmp/smollm2-dflash --device cuda --layers 2 --seqs "${SEQS:-512}" --max-new "${MAXNEW:-256}" \
         --steps "${STEPS:-1500}" > /tmp/train.log 2>&1
       echo "train rc=$?" >> /tmp/train.log; } &
@@ -219,15 +219,15 @@ case $step in
     source tests/ddtree/device-env.sh
     # the servers import the patched sglang + the plugin that the matrix step built in /tmp
     [ -d /tmp/ddtree-var/patched/sglang ] && [ -d /tmp/ddtree-plug ] || { echo "run the matrix step first" >&2; exit 2; }
-    PYTHONPATH=/tmp/ddtree-var/patched:/tmp/ddtree-plug:$PYTHONPATH:$PWD:$PWD/.carry/gate-py \
-      timeout 560 python3 -m validation sweep --grid validation/grids/sglang-smollm2.yaml --out "$OUT/sweep" 2>&1 | tail -6
+    PYTHONPATH=/tmp/ddtree-var/patched:/tmp/ddtree-plug:$PYTHONPATH:$PWD/src:$PWD:$PWD/.carry/gate-py \
+      timeout 560 python3 -m sglfleet.validation sweep --grid src/sglfleet/validation/grids/sglang-smollm2.yaml --out "$OUT/sweep" 2>&1 | tail -6
     tar -C "$OUT" -czf "$OUT/sweep.tgz" sweep && rm -rf "$OUT/sweep" ;;
   loadtest)
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     [ -d /tmp/ddtree-var/patched/sglang ] && [ -d /tmp/ddtree-plug ] || { echo "run the matrix step first" >&2; exit 2; }
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/locust .carry/locust-py/*.whl || exit 1
-    PYTHONPATH=/tmp/ddtree-var/patched:/tmp/ddtree-plug:/tmp/locust:$PYTHONPATH:$PWD:$PWD/.carry/gate-py \
+    PYTHONPATH=/tmp/ddtree-var/patched:/tmp/ddtree-plug:/tmp/locust:$PYTHONPATH:$PWD/src:$PWD:$PWD/.carry/gate-py \
       timeout 560 python3 tests/ddtree/loadtest_real.py --out "$OUT/loadtest" 2>&1 | tail -6
     tar -C "$OUT" -czf "$OUT/loadtest.tgz" loadtest && rm -rf "$OUT/loadtest" ;;
   proof-setup)

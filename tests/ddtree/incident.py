@@ -1,9 +1,9 @@
 """The incident end to end on the H200: SmolLM2-135M + a trained DFlash drafter, DDTree on real
-sglang 0.5.23 servers, gated by `python -m validation run` (issue #11).
+sglang 0.5.23 servers, gated by `python -m sglfleet.validation run` (issue #11).
 
 Runs on the GPU machine after tests/ddtree/serve_matrix.py's environment is in place (the site dir
 /tmp/site, the converted target /tmp/smollm2, the three sglang variants built from the patch
-series) and a drafter trained by `python -m models train-drafter`:
+series) and a drafter trained by `python -m testbed.models train-drafter`:
 
     python3 tests/ddtree/incident.py --drafter /tmp/smollm2-dflash [--deadline 560]
 
@@ -45,11 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_matrix as sm
 
 ROOT = sm.ROOT
-sys.path.insert(0, str(ROOT))  # validation, rollout, models
-from pipeline.errors import UsageError  # noqa: E402
+sys.path.insert(0, str(ROOT))  # testbed.models
+sys.path.insert(0, str(ROOT / "src"))  # sglfleet
+from sglfleet.pipeline.errors import UsageError  # noqa: E402
 
 OUT = sm.OUT
-PROFILE = ROOT / "validation" / "profiles" / "sglang-smollm2.yaml"
+PROFILE = ROOT / "src" / "sglfleet" / "validation" / "profiles" / "sglang-smollm2.yaml"
 SPEED_PROMPTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain, step by step, how bread dough rises.",
@@ -58,7 +59,7 @@ SPEED_TOKENS = 192
 SWEEP = [(b, k) for b in (7, 15, 31) for k in (2, 4, 8)]
 
 
-GRID = ROOT / "validation" / "grids" / "sglang-smollm2.yaml"
+GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"
 
 
 class GateServer(sm.Server):
@@ -81,8 +82,8 @@ class GateServer(sm.Server):
 
 
 def plan() -> list[GateServer]:
-    from validation.sweep import load_sweep_config
-    from validation.sweep_sglang import cell_command, server_command
+    from sglfleet.validation.sweep import load_sweep_config
+    from sglfleet.validation.sweep_sglang import cell_command, server_command
 
     cfg = load_sweep_config(str(GRID)).sglang.model_copy(
         update={"model_path": sm.MODEL["path"], "draft_model_path": sm.MODEL["draft"], "python": sys.executable})
@@ -166,15 +167,15 @@ def fixtures(s: GateServer, tok) -> dict:
 def validation_env() -> dict:
     env = dict(os.environ)
     gate_py = Path("/tmp/gate-py") if Path("/tmp/gate-py").is_dir() else ROOT / ".carry" / "gate-py"
-    env["PYTHONPATH"] = ":".join([str(ROOT), str(gate_py), str(sm.SITE)])
+    env["PYTHONPATH"] = ":".join([str(ROOT / "src"), str(ROOT), str(gate_py), str(sm.SITE)])
     return env
 
 
 def run_gate(s: GateServer, baseline: Path | None, timeout: float, reanchor: str | None = None,
              name: str | None = None, profile: Path = PROFILE) -> dict:
-    """One `python -m validation run` against `s`; its record (also kept as s.gate when name is None)."""
+    """One `python -m sglfleet.validation run` against `s`; its record (also kept as s.gate when name is None)."""
     out = OUT / "gates" / (name or s.name)
-    cmd = [sys.executable, "-m", "validation", "run", "--target", s.url, "--config", str(profile),
+    cmd = [sys.executable, "-m", "sglfleet.validation", "run", "--target", s.url, "--config", str(profile),
            "--out", str(out), "--no-judge"]
     if s.budget is not None or s.chain:
         cmd += ["--speculative"]
@@ -232,7 +233,8 @@ def run_profile(r: int) -> Path:
 
 def record_baseline(base: GateServer, out: Path) -> dict:
     """`validation record-baseline` on the target-only server (the profile's baseline seeds at T>0)."""
-    r = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out", str(out),
+    r = subprocess.run([sys.executable, "-m", "sglfleet.validation", "record-baseline", "--target", base.url, "--out",
+                        str(out),
                         "--config", str(PROFILE), "--no-judge"], cwd=ROOT, env=validation_env(),
                        capture_output=True, text=True, timeout=300)
     return {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-2000:]}
@@ -254,7 +256,7 @@ def wait_for(path: Path, until: float) -> bool:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--drafter", required=True, help="python -m models train-drafter output dir")
+    ap.add_argument("--drafter", required=True, help="python -m testbed.models train-drafter output dir")
     ap.add_argument("--deadline", type=float, default=560.0)
     ap.add_argument("--only", default="", help="comma-separated server names (default: all)")
     ap.add_argument("--repeat", type=int, default=1,

@@ -1,4 +1,4 @@
-"""GPU machine only: Locust capacity (`python -m loadtests capacity --quick`) against real sglang servers,
+"""GPU machine only: Locust capacity (`python -m sglfleet.loadtests capacity --quick`) against real sglang servers,
 the target alone and DDTree (budget 16, top-k 4, the trained drafter), one after the other on the one GPU.
 
 Servers are rendered and started by the sweep's sglang kind (validation/grids/sglang-smollm2.yaml:
@@ -22,11 +22,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
 
-from validation.sweep import load_sweep_config  # noqa: E402
-from validation.sweep_sglang import cell_command, cell_server, server_command  # noqa: E402
+from sglfleet.validation.sweep import load_sweep_config  # noqa: E402
+from sglfleet.validation.sweep_sglang import cell_command, cell_server, server_command  # noqa: E402
 
-GRID = ROOT / "validation" / "grids" / "sglang-smollm2.yaml"
+GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"
 
 
 # A GPU-sized capacity search (the CI `--quick` one tops out at 8 users of 8 tokens): 64-token answers,
@@ -61,7 +62,8 @@ def main() -> int:
             srv.wait_ready()
             row["ready_s"] = srv.ready_s
             lt = a.out / name
-            p = subprocess.run([sys.executable, "-m", "loadtests", "capacity", "--host", srv.url, *CAPACITY_ARGS,
+            p = subprocess.run([sys.executable, "-m", "sglfleet.loadtests", "capacity", "--host", srv.url,
+                                *CAPACITY_ARGS,
                                 "--out", str(lt)], cwd=ROOT, env=dict(os.environ),
                                capture_output=True, text=True, timeout=240)
             row.update(rc=p.returncode, tail=(p.stdout + p.stderr)[-3000:])

@@ -7,7 +7,7 @@
 #                     packbits include neither: checked with nvcc -M), cudnn_frost JSONs
 #   sglang-slim.tgz   sglang 0.5.23 cp312 unpacked, without multimodal_gen/test and the
 #                     Rust server extensions (sglang/srt/rust_extensions/*.so)
-#   patched-files.tgz the files the series changes, from `python -m patches apply`
+#   patched-files.tgz the files the series changes, from `python -m sglfleet.patches apply`
 #   mutant-files.tgz  triton_backend.py with tests/ddtree/mutants/seeds-block-size-indexing.patch
 #                     applied on top of the series (the GPU proof's "mutant" variant)
 # Usage: bash tests/ddtree/make_flashinfer_carry.sh   (from the repo root, needs PyPI)
@@ -27,7 +27,7 @@ mkdir -p $T/sg
 tar -C $T/sg -xzf .carry/ddtree/sglang-0.5.23-cp312.tgz
 tar -C $T/sg --exclude='sglang/srt/rust_extensions/*.so' -czf $D/sglang-slim.tgz sglang
 rm -rf $T/sg && mkdir -p $T/sg && tar -C $T/sg -xzf $D/sglang-slim.tgz
-$PY -m patches apply --root $T/sg
+$PY -m sglfleet.patches apply --root $T/sg
 (cd $T/sg && tar -czf - sglang/srt/speculative/tree_verify.py sglang/srt/layers/attention/triton_backend.py \
   sglang/srt/layers/attention/flashinfer_backend.py sglang/srt/speculative/dflash_utils.py \
   sglang/srt/model_executor/runner/decode_cuda_graph_runner.py sglang/srt/arg_groups/fields/spec.py) > $D/patched-files.tgz

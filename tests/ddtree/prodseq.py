@@ -1,16 +1,20 @@
 """Issue 41 items 4 and 5 on the H200, in the README's production sequence (tests/ddtree/gpu_session.sh, steps
 `trainwarm` and `prodseq`; the raw file is rendered by tests/ddtree/render_prodseq.py into docs/production-gate.md).
 
-The production sequence: a target-only server records the baseline FILE (`python -m validation record-baseline`),
+The production sequence: a target-only server records the baseline FILE (`python -m sglfleet.validation
+record-baseline`),
 it is stopped, and every speculative candidate is gated with
-`python -m validation run --target URL --config PROFILE --baseline FILE` and nothing else (no --baseline-url, no
+`python -m sglfleet.validation run --target URL --config PROFILE --baseline FILE` and nothing else (no --baseline-url,
+                                                                                                    no
 --reanchor-url: the candidate scores its own T>0 answers through its prefill, trusted only once it reproduces the
 baseline's recorded target-only scores, and is forced onto the baseline's path at T=0 near-ties). `--no-judge` and
 `--out` are the only other arguments: with a baseline file the fluency judge judges nothing (every temperature has
 its oracle), and its weights are not on the device.
 
-Target: SmolLM2-135M-Instruct in bf16 (`python -m models convert` of the embedded GGUF, /tmp/smollm2); drafter: a
-2-layer DFlash drafter trained on the device (`python -m models train-drafter`, /tmp/smollm2-dflash). The servers are
+Target: SmolLM2-135M-Instruct in bf16 (`python -m testbed.models convert` of the embedded GGUF,
+                                       /tmp/smollm2); drafter: a
+2-layer DFlash drafter trained on the device (`python -m testbed.models train-drafter`,
+                                              /tmp/smollm2-dflash). The servers are
 the commands validation/grids/sglang-smollm2.yaml renders (tokenizer on, OpenAI routes, CUDA graphs, KV capped at
 30,000 tokens a server): the DFLASH chain, DDTree b7/k4 and b16/k4 (the patch series), b16/k4 with each test fault
 of the worker's sampler (SGLANG_DDTREE_TEST_FAULT, patches/ddtree/sglang_ddtree/sampling.py) and b7/k4 without the
@@ -64,15 +68,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve_matrix as sm
 
 ROOT = sm.ROOT
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # testbed (models)
+sys.path.insert(0, str(ROOT / "src"))  # sglfleet
 OUT = sm.OUT
 STATE = Path(os.environ.get("PRODSEQ_STATE", "/tmp/prodseq"))
-# validation/ and pipeline/ of one commit (gpu_session.sh unpacks .carry/src/src.tgz there): the gates run that
+# src/sglfleet/ of one commit (gpu_session.sh unpacks .carry/src/src.tgz there): the gates run that
 # code, not whatever the working tree that travelled holds mid-edit; unset, the working tree's
 SRC = Path(os.environ["PRODSEQ_SRC"]) if os.environ.get("PRODSEQ_SRC") else ROOT
-sys.path.insert(0, str(SRC))  # the driver's own imports of validation too (rollout, models: the working tree's)
-PROFILE = SRC / "validation" / "profiles" / "sglang-smollm2.yaml"
-GRID = ROOT / "validation" / "grids" / "sglang-smollm2.yaml"
+sys.path.insert(0, str(SRC / "src"))  # the driver's own imports of sglfleet too (testbed.models: the working tree's)
+PROFILE = SRC / "src" / "sglfleet" / "validation" / "profiles" / "sglang-smollm2.yaml"
+GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"
 FAULTS = ("verify_temperature_one", "verify_no_top_p", "row_shift", "min_p_on_t1", "step_shared_random")
 BASE_PORT = 31300
 TAIL = 2500
@@ -179,8 +184,8 @@ def log_tail(path: Path, n: int = TAIL) -> str:
 
 def plan(dummy_drafter: bool = False) -> list[Srv]:
     """The target-only server and the nine candidates, as the grid's sglang kind renders them."""
-    from validation.sweep import load_sweep_config
-    from validation.sweep_sglang import cell_command, server_command
+    from sglfleet.validation.sweep import load_sweep_config
+    from sglfleet.validation.sweep_sglang import cell_command, server_command
 
     cfg = load_sweep_config(str(GRID)).sglang.model_copy(
         update={"model_path": sm.MODEL["path"], "draft_model_path": sm.MODEL["draft"], "python": sys.executable})
@@ -221,7 +226,7 @@ def run_profile(r: int) -> tuple[Path, list[int]]:
 def validation_env() -> dict[str, str]:
     env = dict(os.environ)
     gate_py = Path("/tmp/gate-py") if Path("/tmp/gate-py").is_dir() else ROOT / ".carry" / "gate-py"
-    env["PYTHONPATH"] = ":".join([str(SRC), str(gate_py), str(sm.SITE)])
+    env["PYTHONPATH"] = ":".join([str(SRC / "src"), str(gate_py), str(sm.SITE)])
     # numpy's BLAS threads: ten gates on 16 cores beside nine servers would each start 16
     env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env
@@ -250,7 +255,7 @@ def baseline_profile() -> tuple[Path, list[str]]:
 def record_baseline(base: Srv, out: Path, timeout: float) -> dict[str, Any]:
     """`validation record-baseline` on the target-only server, with the profile (and the judge: baseline_profile)."""
     profile, extra = baseline_profile()
-    cmd = [sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out", str(out),
+    cmd = [sys.executable, "-m", "sglfleet.validation", "record-baseline", "--target", base.url, "--out", str(out),
            "--config", str(profile), *extra]
     t = time.time()
     rec: dict[str, Any] = {"cmd": " ".join(cmd)}
@@ -408,7 +413,7 @@ def run_gate(s: Srv, r: int, baseline: Path, deadline: float, call: int, t0: flo
     profile, seeds = run_profile(r)
     name = f"{s.name}-r{r:02d}"
     out = STATE / "gates" / name
-    cmd = [sys.executable, "-m", "validation", "run", "--target", s.url, "--config", str(profile),
+    cmd = [sys.executable, "-m", "sglfleet.validation", "run", "--target", s.url, "--config", str(profile),
            "--baseline", str(baseline), "--out", str(out), "--no-judge"]
     rec: dict[str, Any] = {"name": name, "server": s.name, "role": s.role, "run": r, "seeds": seeds, "call": call,
                            "profile": str(profile.relative_to(SRC) if profile.is_relative_to(SRC) else profile),
@@ -723,7 +728,8 @@ def phase_plan(a: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("phase", choices=("warm", "gates", "plan"))
-    ap.add_argument("--drafter", default="/tmp/smollm2-dflash", help="python -m models train-drafter output dir")
+    ap.add_argument("--drafter", default="/tmp/smollm2-dflash",
+                    help="python -m testbed.models train-drafter output dir")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds from the start: the last gate ends by it")
     ap.add_argument("--runs", type=int, default=20, help="gate runs of each correct build (all calls together)")
     ap.add_argument("--fault-runs", type=int, default=3, help="gate runs of each fault and of the unpatched build")

@@ -53,7 +53,7 @@ DRAFT = dict(TINY, architectures=["DFlashDraftModel"], num_hidden_layers=1,
 EAGER = ["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]
 GRAPH = ["--cuda-graph-bs-decode", "1", "2", "4", "--disable-prefill-cuda-graph"]
 PROMPT_LENS = (6, 41, 157, 700)  # tiny model: random prompt ids of these lengths
-# SmolLM2-135M-Instruct (the embedded target, converted from its GGUF by `python -m models convert`):
+# SmolLM2-135M-Instruct (the embedded target, converted from its GGUF by `python -m testbed.models convert`):
 # chat prompts of different lengths, tokenized on the machine with the checkpoint's tokenizer.
 _PASSAGE = (
     "The history of the lighthouse is a history of trade. Ports grew where ships could find them at night, "
@@ -103,24 +103,26 @@ def setup_model(name: str, trained_drafter: str | None = None) -> None:
         return
     target = Path("/tmp/smollm2")
     if not (target / "model.safetensors").exists():
-        raise SystemExit("/tmp/smollm2 missing: run python3 -m models convert --gguf ... --out /tmp/smollm2 first")
+        raise SystemExit("/tmp/smollm2 missing: run python3 -m testbed.models convert --gguf ... --out "
+                         "/tmp/smollm2 first")
     sys.path.insert(0, str(ROOT))
-    from models.drafter import drafter_config_for
+    sys.path.insert(0, str(ROOT / "src"))
+    from testbed.models.drafter import drafter_config_for
 
     cfg = json.loads((target / "config.json").read_text())
     draft = drafter_config_for(cfg, block_size=BLOCK)  # checked against the target (models/drafter.py)
     os.makedirs("/tmp/smollm2-draft", exist_ok=True)
     Path("/tmp/smollm2-draft/config.json").write_text(json.dumps(draft))
     MODEL.update(path=str(target), draft="/tmp/smollm2-draft", load=[], real=True)
-    if trained_drafter:  # python -m models train-drafter output: real weights, checked against the target
-        from models.drafter import check_dirs
+    if trained_drafter:  # python -m testbed.models train-drafter output: real weights, checked against the target
+        from testbed.models.drafter import check_dirs
 
         check_dirs(target, trained_drafter, block_size=BLOCK)
         MODEL.update(draft=trained_drafter, draft_load=[])
 
 
 def series(variant: str) -> list[Path]:
-    d = ROOT / "patches" / "sglang-0.5.23"
+    d = ROOT / "src" / "sglfleet" / "patches" / "sglang-0.5.23"
     names = [ln.strip() for ln in (d / "series").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     if variant == "unpatched":
         names = [n for n in names if n.startswith(("0010", "0015", "0016"))]

@@ -3,7 +3,7 @@
 # rides with one call of tests/ddtree/gpu_session.sh under the 64 MiB carry: p0 with install1 (.carry/sglang/p1),
 # p1 with install2 (.carry/sglang/p2 + .carry/gate-py), p2 with install3 (.carry/sglang/p3), p3 with gate30.
 set -euo pipefail
-M=$(.venv/bin/python -c "from pipeline.embedded import default_model_path; print(default_model_path())")
+M=$(.venv/bin/python -c "from sglfleet.pipeline.embedded import default_model_path; print(default_model_path())")
 [ -f "$M" ] || { echo "no embedded model (make setup)" >&2; exit 2; }
 rm -rf .carry/gguf; mkdir -p .carry/gguf/p0 .carry/gguf/p1 .carry/gguf/p2 .carry/gguf/p3
 MiB=1048576

@@ -57,12 +57,12 @@ def test_bad_arguments_are_one_clear_error(change: dict, message: str) -> None:
 
 @pytest.fixture(scope="module")
 def patched_sglang(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series
+    from sglfleet.patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series
 
     upstream = fetch_sglang("0.5.23", DEFAULT_CACHE)
     root = tmp_path_factory.mktemp("sglang-patched")
     subprocess.run(["cp", "-a", str(upstream / "sglang"), str(root)], check=True)
-    rep = apply_series(load_series(ROOT / "patches" / "sglang-0.5.23"), root)
+    rep = apply_series(load_series(ROOT / "src" / "sglfleet" / "patches" / "sglang-0.5.23"), root)
     assert rep.ok, rep
     return root
 
@@ -78,8 +78,9 @@ def parse(root: Path, argvs: list[list[str]]) -> list[dict]:
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[str]]:
     """Every example host's server command, rendered by the rollout (real Ansible, no SSH)."""
-    proc = subprocess.run([sys.executable, "-m", "rollout", "render", "--hosts", "all",
-                           "--inventory", str(ROOT / "ansible" / "inventories" / "example"), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "sglfleet.rollout", "render", "--hosts", "all",
+                           "--inventory", str(ROOT / "src" / "sglfleet" / "ansible" / "inventories" / "example"),
+                           "--json"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
@@ -175,7 +176,7 @@ def test_sglang_startup_refuses_bad_ddtree_arguments_with_the_rule_message(patch
 
 @pytest.mark.integration
 def test_unpatched_sglang_does_not_know_the_ddtree_flags(tmp_path: Path) -> None:
-    from patches import DEFAULT_CACHE, fetch_sglang
+    from sglfleet.patches import DEFAULT_CACHE, fetch_sglang
 
     upstream = fetch_sglang("0.5.23", DEFAULT_CACHE)
     res = parse(upstream, [["--model-path", "/m", "--speculative-ddtree-budget", "16"]])

@@ -487,7 +487,7 @@ def test_row_shift_takes_the_next_sampling_row() -> None:
 
 def test_worker_draws_through_the_sampler() -> None:
     """The worker (which needs sglang to import) keeps its names and hands its fault to node_draws."""
-    path = Path(__file__).resolve().parents[2] / "patches/ddtree/sglang_ddtree/worker.py"
+    path = Path(__file__).resolve().parents[2] / "src/sglfleet/patches/ddtree/sglang_ddtree/worker.py"
     tree = ast.parse(path.read_text())
     imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "sampling"
                 for a in n.names}

@@ -11,7 +11,7 @@ import prodseq
 import pytest
 import render_prodseq
 
-from pipeline.reports import Case, write_json
+from sglfleet.pipeline.reports import Case, write_json
 
 
 def _servers() -> list[prodseq.Srv]:

@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture()
 def sm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    from patches import DEFAULT_CACHE, fetch_sglang
+    from sglfleet.patches import DEFAULT_CACHE, fetch_sglang
 
     monkeypatch.setenv("SITE", str(fetch_sglang("0.5.23", DEFAULT_CACHE)))
     monkeypatch.syspath_prepend(str(HERE))
@@ -53,7 +53,7 @@ def test_plan_covers_the_matrix(sm) -> None:
 
 @pytest.mark.slow
 def test_real_prompts_are_token_lists_of_the_chat_template(sm, tmp_path: Path) -> None:
-    from models import gguf_to_hf
+    from testbed.models import gguf_to_hf
 
     out = tmp_path / "smollm2"
     gguf_to_hf.convert(gguf_to_hf.smollm2_gguf(), out)

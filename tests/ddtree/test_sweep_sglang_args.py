@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from test_ddtree_args import parse, patched_sglang  # noqa: F401 - the module-scoped fixture
 
-from pipeline.errors import UsageError
-from validation.sweep import load_sweep_config
-from validation.sweep_sglang import cell_command, server_command
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation.sweep import load_sweep_config
+from sglfleet.validation.sweep_sglang import cell_command, server_command
 
 ROOT = Path(__file__).resolve().parents[2]
-GRID = ROOT / "validation" / "grids" / "sglang-smollm2.yaml"
+GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"
 
 
 @pytest.mark.integration

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.network  # downloads the sglang wheel from PyPI
 torch = pytest.importorskip("torch", reason="torch (CPU) is a dev dependency: pip install -e '.[dev]'")
 
 ROOT = Path(__file__).resolve().parents[2]
-PATCHES = ROOT / "patches" / "sglang-0.5.23"
+PATCHES = ROOT / "src" / "sglfleet" / "patches" / "sglang-0.5.23"
 CACHE = ROOT / ".cache" / "ddtree-ci"
 VERSION = "0.5.23"
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from images.build import build_args, build_context, repository
-from images.config import TARGETS, ImageConfig, load_image_config
-from patches import load_series, series_dir_for
-from pipeline.errors import UsageError
+from sglfleet.images.build import build_args, build_context, repository
+from sglfleet.images.config import TARGETS, ImageConfig, load_image_config
+from sglfleet.patches import load_series, series_dir_for
+from sglfleet.pipeline.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN = REPO / "patches" / "ddtree" / "sglang_ddtree"
+PLUGIN = REPO / "src" / "sglfleet" / "patches" / "ddtree" / "sglang_ddtree"
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "images", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "sglfleet.images", *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, **(env or {})}, timeout=120, check=False)
 
 
@@ -79,7 +79,7 @@ def test_targets_and_build_args() -> None:
     assert args["FI_ARCH_LIST"] == "10.3a 10.0a" and args["TARGET"] == "nvlink"
     assert args["BASE_IMAGE"].startswith("nvidia/cuda:13.")
     assert args["SGLANG_VERSION"] == "0.5.23" and args["PATCH_SERIES_SHA256"] == series.sha256
-    dockerfile = (REPO / "images" / "Dockerfile").read_text()
+    dockerfile = (REPO / "src" / "sglfleet" / "images" / "Dockerfile").read_text()
     for name in args:
         assert f"ARG {name}" in dockerfile, name
 
@@ -91,8 +91,10 @@ def test_context_holds_only_dockerfile_inputs() -> None:
         names = set(tar.getnames())
     fileobj.close()
     series = load_series(series_dir_for("0.5.23"))
-    expected = {"Dockerfile", "images/cuda-toolkit.sh", "images/jit_proof.py", "patches/__init__.py",
-                "patches/__main__.py", "wheels", "certs", "patches/sglang-0.5.23/series",
+    # the patch tool as the package sglfleet.patches (python -m sglfleet.patches apply in the Dockerfile)
+    expected = {"Dockerfile", "images/cuda-toolkit.sh", "images/jit_proof.py", "sglfleet/__init__.py",
+                "sglfleet/paths.py", "sglfleet/patches/__init__.py", "sglfleet/patches/__main__.py", "wheels", "certs",
+                "patches/sglang-0.5.23/series",
                 "patches/sglang-0.5.23/manifest.yaml", *(f"patches/sglang-0.5.23/{p.name}" for p in series.patches),
                 # the DDTree plugin the image installs
                 "patches/ddtree/pyproject.toml",

@@ -19,10 +19,10 @@ from pathlib import Path
 import docker
 import pytest
 
-from images.build import BuildError, build, connect, next_rc, push_image
-from images.config import load_image_config
-from patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series, series_dir_for
-from pipeline.procs import free_port as _free_port
+from sglfleet.images.build import BuildError, build, connect, next_rc, push_image
+from sglfleet.images.config import load_image_config
+from sglfleet.patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series, series_dir_for
+from sglfleet.pipeline.procs import free_port as _free_port
 
 pytestmark = pytest.mark.docker
 

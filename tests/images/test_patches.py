@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from patches import (
+from sglfleet.patches import (
     DEFAULT_CACHE,
     PatchError,
     apply_series,
@@ -177,7 +177,8 @@ def test_bad_series_input_is_one_clear_error(tree: Path, tmp_path: Path, mutate,
     with pytest.raises(PatchError, match=message):
         load_series(d)
     before = digest(tree)
-    proc = subprocess.run([sys.executable, "-m", "patches", "apply", "--root", str(tree), "--series-dir", str(d)],
+    proc = subprocess.run([sys.executable, "-m", "sglfleet.patches", "apply", "--root", str(tree), "--series-dir",
+                           str(d)],
                           capture_output=True, text=True, cwd=REPO, check=False)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: ")
@@ -188,7 +189,8 @@ def test_cli_apply_failure_exit_code_and_record(tree: Path, tmp_path: Path) -> N
     diff = make_diff(tree, TARGET_FILE, replace_line(SET_ARCH, 'os.environ["FLASHINFER_CUDA_ARCH_LIST"] = str(('))
     d = write_series(tmp_path, {"0001-test-edit.patch": diff})
     rec = tmp_path / "rec.json"
-    cmd = [sys.executable, "-m", "patches", "apply", "--root", str(tree), "--series-dir", str(d), "--record", str(rec)]
+    cmd = [sys.executable, "-m", "sglfleet.patches", "apply", "--root", str(tree), "--series-dir", str(d), "--record",
+           str(rec)]
     ok = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, check=False)
     assert ok.returncode == 0, ok.stderr
     assert load_series(d).sha256 in rec.read_text()
@@ -200,7 +202,8 @@ def test_cli_apply_failure_exit_code_and_record(tree: Path, tmp_path: Path) -> N
 def test_check_reports_drift_against_an_older_release(tmp_path: Path) -> None:
     """`check --against` on a real other release: the series is tried there and touched files compared."""
     out = tmp_path / "check.json"
-    proc = subprocess.run([sys.executable, "-m", "patches", "check", "--against", "0.5.22", "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "sglfleet.patches", "check", "--against", "0.5.22", "--json",
+                           str(out)],
                           capture_output=True, text=True, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "drift against sglang 0.5.22" in proc.stdout

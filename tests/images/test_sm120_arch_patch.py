@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series, series_dir_for
+from sglfleet.patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series, series_dir_for
 
 pytestmark = pytest.mark.network  # downloads sglang from PyPI (cached after the first run)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "images" / "cuda-toolkit.sh"
+SCRIPT = REPO / "src" / "sglfleet" / "images" / "cuda-toolkit.sh"
 HOST_CUDA = Path(os.environ.get("HOST_CUDA_ROOT", "/usr/local/cuda-13.0"))
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(not (HOST_CUDA / "bin" / "nvcc").is_file(),

@@ -1,6 +1,6 @@
 """Fixtures for the load-test stage: the simulated streaming server and a CLI runner.
 
-Locust always runs in a child process (`python -m loadtests ...` starts it), never in pytest's.
+Locust always runs in a child process (`python -m sglfleet.loadtests ...` starts it), never in pytest's.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args: str, timeout: float = 180, priority: bool = False) -> subprocess.CompletedProcess[str]:
-    """`python -m loadtests ARGS` in a subprocess, output captured (priority: niced up, for timing tests)."""
-    return subprocess.run([sys.executable, "-m", "loadtests", *args], cwd=REPO, capture_output=True, text=True,
+    """`python -m sglfleet.loadtests ARGS` in a subprocess, output captured (priority: niced up, for timing tests)."""
+    return subprocess.run([sys.executable, "-m", "sglfleet.loadtests", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, check=False, preexec_fn=_raise_priority if priority else None)
 
 

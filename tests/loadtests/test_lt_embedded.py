@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests import quick_capacity
+from sglfleet.loadtests import quick_capacity
 from tests.loadtests.conftest import assert_locust_counts_only_chat_requests, metrics_csv, read_json, run_cli
 
 pytestmark = pytest.mark.integration

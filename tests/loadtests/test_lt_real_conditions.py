@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.config import LoadTestConfig
-from loadtests.stream import ERR_STALL, ERR_TIMEOUT, Endpoint, build_request, stream_chat
-from loadtests.workload import build_requests
+from sglfleet.loadtests.config import LoadTestConfig
+from sglfleet.loadtests.stream import ERR_STALL, ERR_TIMEOUT, Endpoint, build_request, stream_chat
+from sglfleet.loadtests.workload import build_requests
 from tests.loadtests.conftest import read_json, records, run_cli
 
 SECRET = "sk-lt-test-2b8e61f0c4"

@@ -139,12 +139,13 @@ def test_web_ui_runs_the_same_locustfile(sim, tmp_path: Path) -> None:
 
     import httpx
 
-    from pipeline.procs import free_port
+    from sglfleet.pipeline.procs import free_port
     from tests.loadtests.conftest import REPO
 
     srv = sim("--tokens", "4", "--itl-ms", "1", "--no-record")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "loadtests", "ui", "--host", srv.url, "--web-port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "sglfleet.loadtests", "ui", "--host", srv.url, "--web-port",
+                             str(port),
                              "--duration", "30", "--out", str(tmp_path / "ui")], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:

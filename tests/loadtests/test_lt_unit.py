@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.config import LoadTestConfig, load_loadtest_config
-from loadtests.runner import summarize
-from loadtests.stream import (
+from sglfleet.loadtests.config import LoadTestConfig, load_loadtest_config
+from sglfleet.loadtests.runner import summarize
+from sglfleet.loadtests.stream import (
     ERR_CUT,
     ERR_EMPTY,
     ERR_MALFORMED,
@@ -22,8 +22,8 @@ from loadtests.stream import (
     build_request,
     stream_chat,
 )
-from loadtests.workload import build_requests, read_jsonl
-from pipeline.errors import UsageError
+from sglfleet.loadtests.workload import build_requests, read_jsonl
+from sglfleet.pipeline.errors import UsageError
 
 
 def test_chunked_decoder_any_split_equals_whole() -> None:
@@ -168,7 +168,7 @@ def test_stream_error_classes_without_locust(sim) -> None:
 
 
 def test_latency_registry_percentiles_and_worker_merge() -> None:
-    from loadtests.latency import MetricRegistry, bucket
+    from sglfleet.loadtests.latency import MetricRegistry, bucket
 
     assert bucket(0.01234) == 0.0123 and bucket(1234.5) == 1230 and bucket(0) == 0
     rng = random.Random(3)
@@ -192,8 +192,8 @@ def test_latency_registry_percentiles_and_worker_merge() -> None:
 
 
 def test_metric_definitions_are_shared() -> None:
-    from pipeline import metrics
-    from pipeline.client import ChatResult
+    from sglfleet.pipeline import metrics
+    from sglfleet.pipeline.client import ChatResult
 
     r = StreamResult(ok=True, ttft=0.1, e2e=1.1, chunks=11)
     assert r.tpot == pytest.approx(metrics.tpot(1.1, 0.1, 11)) == pytest.approx(0.1)
@@ -206,8 +206,8 @@ def test_metric_definitions_are_shared() -> None:
 def test_explicit_flags_win_over_the_quick_preset() -> None:
     """`capacity --quick --max-tokens 64` asks for 64 tokens: the H200 run of 2026-12-01 asked for 64 and
     got the preset's 8 (docs/results/loadtest-sglang-h200-2026-12-01.json, output_asked_mean 8.0)."""
-    from loadtests.__main__ import build_parser, capacity_config
-    from loadtests.capacity import QUICK
+    from sglfleet.loadtests.__main__ import build_parser, capacity_config
+    from sglfleet.loadtests.capacity import QUICK
 
     args = build_parser().parse_args(["capacity", "--host", "http://127.0.0.1:9", "--quick", "--max-tokens", "64",
                                       "--output-tokens", "64", "--max-load", "64", "--slo-itl-ms", "40"])

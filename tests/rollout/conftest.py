@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout import REPO_ROOT
+from testbed import REPO_ROOT
 from testbed.testbed import TEST_HOSTS as HOSTS
 from testbed.testbed import TEST_REPO as REPO
 from testbed.testbed import registry_login, testhosts_sh
@@ -24,7 +24,7 @@ def _skip_reason() -> str | None:
         return "needs root (network namespaces, dockerd)"
     if not Path("/usr/sbin/sshd").exists():
         return "needs openssh-server (.ci/stages/rollout.sh installs it)"
-    from rollout import collections
+    from sglfleet.rollout import collections
 
     if collections.missing():
         return f"needs the Ansible collections ({', '.join(collections.missing())}): make setup installs them"
@@ -92,7 +92,7 @@ def testhosts(services, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def scrambled_model(tmp_path_factory):
-    from pipeline.embedded import default_model_path
+    from sglfleet.pipeline.embedded import default_model_path
     from testbed.cpuimage import scramble_gguf
 
     p = tmp_path_factory.mktemp("badmodel") / "model.gguf"

@@ -1,4 +1,4 @@
-"""The canary rollout's fault matrix through the REAL path: `python -m flow deploy` (what `make deploy` runs)
+"""The canary rollout's fault matrix through the REAL path: `python -m sglfleet.flow deploy` (what `make deploy` runs)
 over real SSH to the netns test hosts (both in group pcie here), the CPU serving image from the TLS registry,
 sglang-router on the controller deployed by the router role (ansible/roles/router) from the inventory, a
 constant client load through that router for the whole run, the real gate (lean config + a recorded lossless
@@ -26,8 +26,8 @@ import httpx
 import pytest
 import yaml
 
-from rollout import REPO_ROOT
-from rollout.router import RouterClient
+from sglfleet.rollout.router import RouterClient
+from testbed import REPO_ROOT
 from testbed.testbed import TEST_BASE_PORT as BASE_PORT
 from testbed.testbed import TEST_HOSTS, registry_env, write_inventory
 from testbed.testbed import run_cli as cli
@@ -60,20 +60,21 @@ def canary(images, testhosts, tmp_path_factory, services):
     r = cli("deploy", "--hosts", "all", "--inventory", str(inv), "--image", images["rc1"], "--no-gate")
     assert r.returncode == 0, r.stderr[-3000:]
     baseline = tmp / "baseline.json"
-    rb = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target",
+    rb = subprocess.run([sys.executable, "-m", "sglfleet.validation", "record-baseline", "--target",
                          f"http://127.0.0.1:{PORT[H1]}", "--config", GATE, "--out", str(baseline)],
                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert rb.returncode == 0, rb.stderr[-3000:]
     cfg = tmp / "deployment.yaml"
     cfg.write_text(yaml.safe_dump({"rollout": {"client_load_rate": 1.0, "loadtest": False, "drain_timeout_s": 30,
                                                "runs_dir": str(tmp / "runs")}}))
-    up = subprocess.run([sys.executable, "-m", "rollout", "router", "--inventory", str(inv), "--config", str(cfg),
+    up = subprocess.run([sys.executable, "-m", "sglfleet.rollout", "router", "--inventory", str(inv), "--config",
+                         str(cfg),
                          "--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert up.returncode == 0, up.stderr[-3000:]
     info = json.loads(up.stdout)["routers"]["controller"]
     yield {"inv": inv, "cfg": cfg, "baseline": baseline, "router": info, "images": images, "docker": services,
            "pidfile": data / "router" / "router.pid", "tmp": tmp}
-    subprocess.run([sys.executable, "-m", "rollout", "router", "--inventory", str(inv), "--config", str(cfg),
+    subprocess.run([sys.executable, "-m", "sglfleet.rollout", "router", "--inventory", str(inv), "--config", str(cfg),
                     "--stop"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -156,7 +157,7 @@ def test_later_batch_fails_its_smoke_gate_rolls_back_newest_first(canary, scramb
 
 def test_router_dies_mid_rollout_clear_error_hosts_restored(canary):
     before = serving(canary)
-    proc = subprocess.Popen([sys.executable, "-m", "flow", "deploy", "--hosts", "pcie", "--inventory",
+    proc = subprocess.Popen([sys.executable, "-m", "sglfleet.flow", "deploy", "--hosts", "pcie", "--inventory",
                              str(canary["inv"]), "--image", canary["images"]["rc2"], "--gate-config", GATE,
                              "--baseline", str(canary["baseline"]), "--config", str(canary["cfg"])],
                             stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env={**os.environ, **registry_env()})
@@ -185,7 +186,7 @@ def test_router_dies_mid_rollout_clear_error_hosts_restored(canary):
         assert any(s["kind"] == "rollback-drain" and not s["ok"] and "router unreachable" in s["summary"]
                    for s in rep["steps"])
     finally:  # the router back for whatever runs next
-        up = subprocess.run([sys.executable, "-m", "rollout", "router", "--inventory", str(canary["inv"]),
+        up = subprocess.run([sys.executable, "-m", "sglfleet.rollout", "router", "--inventory", str(canary["inv"]),
                              "--config", str(canary["cfg"])], cwd=REPO_ROOT, capture_output=True, text=True,
                             timeout=300)
         assert up.returncode == 0, up.stderr[-2000:]

@@ -10,11 +10,11 @@ import tarfile
 
 import pytest
 
-from flow import fit
-from patches import load_series, series_dir_for
-from pipeline.errors import UsageError
-from rollout import registry as reglib
-from rollout.inventory import load_inventory
+from sglfleet.flow import fit
+from sglfleet.patches import load_series, series_dir_for
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.rollout import registry as reglib
+from sglfleet.rollout.inventory import load_inventory
 from testbed.testbed import REGISTRY_CA, TEST_REGISTRY, registry_env, registry_login
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout import ANSIBLE_DIR, metrics
-from rollout.metrics import Sampler, normalise, parse
+from sglfleet.rollout import ANSIBLE_DIR, metrics
+from sglfleet.rollout.metrics import Sampler, normalise, parse
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 DASHBOARD = ANSIBLE_DIR / "roles" / "router" / "files" / "grafana-dashboard.json"

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.errors import TargetError, UsageError
-from pipeline.procs import free_port as _free_port
-from rollout import registry as reglib
+from sglfleet.pipeline.errors import TargetError, UsageError
+from sglfleet.pipeline.procs import free_port as _free_port
+from sglfleet.rollout import registry as reglib
 from testbed.tokenserver import TokenServer
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]

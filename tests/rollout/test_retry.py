@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import TargetError, UsageError
-from rollout import deploy as ro
-from rollout import retry
-from rollout.registry import ImageRef, Registry, Transport
-from rollout.runner import HostResult
+from sglfleet.pipeline.errors import TargetError, UsageError
+from sglfleet.rollout import deploy as ro
+from sglfleet.rollout import retry
+from sglfleet.rollout.registry import ImageRef, Registry, Transport
+from sglfleet.rollout.runner import HostResult
 
 pytestmark = [pytest.mark.integration]  # local HTTP peers
 MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -195,7 +195,7 @@ def test_credentials_of_a_killed_controller_are_swept(tmp_path: Path):
     import subprocess
     import sys
 
-    from rollout.runner import sweep_credentials
+    from sglfleet.rollout.runner import sweep_credentials
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True).stdout.strip()

@@ -1,4 +1,4 @@
-"""The promotion flow (`python -m flow deploy`, what `make deploy` runs) through real SSH hosts (network
+"""The promotion flow (`python -m sglfleet.flow deploy`, what `make deploy` runs) through real SSH hosts (network
 namespaces), a real Docker engine, a real registry with TLS (private CA) and htpasswd logins, the real
 embedded model in the CPU serving image, the real validation gate and the real load test. The tests run in
 file order and share one fleet of 2 hosts (H1 = rt1 in pcie, H2 = rt2 in nvlink): each starts from the state
@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout import REPO_ROOT
-from rollout import registry as reglib
+from sglfleet.rollout import registry as reglib
+from testbed import REPO_ROOT
 from testbed.testbed import REGISTRY_CA, TEST_HOSTS, TEST_REGISTRY, registry_env, write_inventory
 from testbed.testbed import TEST_BASE_PORT as BASE_PORT
 from testbed.testbed import TEST_REPO as REPO
@@ -307,7 +307,7 @@ def test_crash_looping_container_fails_fast_with_its_error(fleet):
 def test_host_unreachable_mid_rollout(fleet):
     """H2 drops off the network after H1 switched: H1 is rolled back, H2 never changed."""
     before = serving(fleet)
-    proc = subprocess.Popen([sys.executable, "-m", "flow", "deploy", "--hosts", "all", "--inventory",
+    proc = subprocess.Popen([sys.executable, "-m", "sglfleet.flow", "deploy", "--hosts", "all", "--inventory",
                              str(fleet["inv"]), "--image", fleet["images"]["rc1"], "--no-gate"],
                             stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env={**os.environ, **registry_env()})
     lines, cut = [], False

@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from flow.traffic import ClientLoad
-from rollout.router import RouterClient, RouterError, RouterProcess, add_back, drain, worker_inflight
+from sglfleet.flow.traffic import ClientLoad
+from sglfleet.rollout.router import RouterClient, RouterError, RouterProcess, add_back, drain, worker_inflight
 from testbed.routerworker import RouterWorker
 
 pytestmark = [pytest.mark.integration]

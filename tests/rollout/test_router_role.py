@@ -1,4 +1,5 @@
-"""The router role (ansible/roles/router) through the real playbook (`python -m rollout router`): the controller
+"""The router role (ansible/roles/router) through the real playbook (`python -m sglfleet.rollout router`): the
+controller
 as the inventory's sglang_router host (local connection, a pidfile-managed daemon), the workers taken from the
 fleet group's hosts, in front of real HTTP workers (testbed/routerworker.py). No root, no Docker, no SSH: the
 play only targets the router host."""
@@ -18,9 +19,9 @@ import httpx
 import pytest
 import yaml
 
-from rollout import REPO_ROOT
-from rollout.inventory import load_inventory
-from rollout.router import RouterClient
+from sglfleet.rollout.inventory import load_inventory
+from sglfleet.rollout.router import RouterClient
+from testbed import REPO_ROOT
 from testbed.routerworker import RouterWorker
 from testbed.testbed import router_vars
 
@@ -45,7 +46,8 @@ def _inventory(path: Path, workers: dict[str, RouterWorker], router: dict) -> Pa
 def _cli(inv: Path, *args: str) -> subprocess.CompletedProcess:
     cfg = inv.parent / "deployment.yaml"
     cfg.write_text(yaml.safe_dump({"rollout": {"runs_dir": str(inv.parent / "runs")}}))
-    return subprocess.run([sys.executable, "-m", "rollout", "router", "--inventory", str(inv), "--config", str(cfg),
+    return subprocess.run([sys.executable, "-m", "sglfleet.rollout", "router", "--inventory", str(inv), "--config",
+                           str(cfg),
                            "--json", *args], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
 
 
@@ -77,7 +79,7 @@ def test_role_deploys_the_router_from_the_inventory_idempotent_then_stops_it(wor
         assert chat.status_code == 200, chat.text
         assert httpx.get(out["metrics_url"], timeout=10).status_code == 200
         # The plan reads the same router from the inventory (url and metrics), and `all` leaves its host out.
-        from flow.plan import build
+        from sglfleet.flow.plan import build
 
         parsed = load_inventory(inv)
         assert parsed.resolve("all") == ["w1", "w2"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import UsageError
-from rollout.serve_args import check_serve_command, ddtree_args_of
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.rollout.serve_args import check_serve_command, ddtree_args_of
 
 GOOD = ["--model-path", "/models/k", "--attention-backend", "triton", "--speculative-algorithm", "DFLASH",
         "--speculative-draft-model-path", "/models/d", "--speculative-num-draft-tokens", "8",

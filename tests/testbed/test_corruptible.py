@@ -384,8 +384,8 @@ def test_acceptance_on_a_real_verify_step_follows_the_target(blas1: None) -> Non
 
 
 def test_config_refuses_trees_outside_the_ddtree_rules() -> None:
-    from pipeline.config import build_model
-    from pipeline.errors import UsageError
+    from sglfleet.pipeline.config import build_model
+    from sglfleet.pipeline.errors import UsageError
 
     with pytest.raises(UsageError, match="budget"):
         build_model(EngineConfig, {"budget": 40, "topk": 1})          # a chain of depth <= 7 holds 7 nodes
@@ -438,7 +438,7 @@ def _sse(url: str, body: dict) -> list[dict | str]:
 
 @pytest.mark.integration
 def test_server_routes_and_a_gate_style_stream(served: str) -> None:
-    from pipeline.client import OpenAIClient
+    from sglfleet.pipeline.client import OpenAIClient
 
     assert httpx.get(served + "/health").status_code == 200
     models = httpx.get(served + "/v1/models").json()
@@ -486,7 +486,7 @@ def test_server_stream_chunks_usage_and_done(served: str) -> None:
 
 @pytest.mark.integration
 def test_server_continues_a_final_assistant_message(served: str) -> None:
-    from pipeline.client import OpenAIClient
+    from sglfleet.pipeline.client import OpenAIClient
 
     c = OpenAIClient(served)
     full = c.chat(POEM, max_tokens=10, temperature=0).text

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from pipeline.errors import EXIT_USAGE, PipelineError
-from rollout import REPO_ROOT
+from sglfleet.pipeline.errors import EXIT_USAGE, PipelineError
+from testbed import REPO_ROOT
 from testbed.testbed import ScriptError, run_script
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="scripts/testhosts.sh needs root (ip netns)")

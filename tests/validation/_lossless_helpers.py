@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.errors import TargetError
-from validation.lossless import Continuation
+from sglfleet.pipeline.errors import TargetError
+from sglfleet.validation.lossless import Continuation
 
 Tok = tuple[str, float, list[tuple[str, float]]]
 

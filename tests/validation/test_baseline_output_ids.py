@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import UsageError
-from validation.baseline import SEED_STREAMS, from_report, samples_of, samples_record
-from validation.config import GateConfig
-from validation.samples import Sample
-from validation.suite import load_suite
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation.baseline import SEED_STREAMS, from_report, samples_of, samples_record
+from sglfleet.validation.config import GateConfig
+from sglfleet.validation.samples import Sample
+from sglfleet.validation.suite import load_suite
 
 
 def _doc(cfg: GateConfig, ids: object, sampling: bool = True) -> dict:

@@ -14,7 +14,8 @@ CORPUS = Path(__file__).with_name("corpus.jsonl")
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "validation", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sglfleet.validation", *args], cwd=REPO, capture_output=True,
+                          text=True,
                           timeout=timeout)
 
 

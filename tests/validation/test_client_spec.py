@@ -3,7 +3,7 @@ recorded fixtures (tests/validation/test_sglang_recorded_shapes.py covers the re
 ``sglext.spec_tokens_details`` object on the response and on a choice-less stream chunk), taken
 from sglang 0.5.23's protocol.py (a list per choice when n > 1) and /generate's meta_info."""
 
-from pipeline.client import _extract_spec
+from sglfleet.pipeline.client import _extract_spec
 
 
 def test_sglext_list_on_choice() -> None:
@@ -21,7 +21,7 @@ def test_sampled_output_ids_from_sglext() -> None:
     the response, carries sglext.output_ids, one list per choice; the first choice's ids are the answer's."""
     import pytest
 
-    from pipeline.client import TargetError, _extract_output_ids
+    from sglfleet.pipeline.client import TargetError, _extract_output_ids
 
     chunk = {"id": "x", "choices": [], "sglext": {"output_ids": [[17, 4, 2]]}}
     assert _extract_output_ids(chunk) == [17, 4, 2]

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import UsageError
-from validation.config import GateConfig, load_gate_config
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation.config import GateConfig, load_gate_config
 
-PROFILES = sorted((Path(__file__).resolve().parents[2] / "validation" / "profiles").glob("*.yaml"))
+PROFILES = sorted((Path(__file__).resolve().parents[2] / "src" / "sglfleet" / "validation" / "profiles").glob("*.yaml"))
 
 
 def test_defaults() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import UsageError
-from validation.depth import copy_passage, copy_scores, is_correct, load_quality_set
-from validation.sweep import SweepConfig, _embedded_cell_config, load_sweep_config
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation.depth import copy_passage, copy_scores, is_correct, load_quality_set
+from sglfleet.validation.sweep import SweepConfig, _embedded_cell_config, load_sweep_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,11 +26,12 @@ def test_is_correct(answer: str, expected: str, ok: bool) -> None:
 
 
 def test_quality_set_matches_its_generator() -> None:
-    spec = importlib.util.spec_from_file_location("mq", REPO / "validation" / "quality" / "make_quality_set.py")
+    quality = REPO / "src" / "sglfleet" / "validation" / "quality"
+    spec = importlib.util.spec_from_file_location("mq", quality / "make_quality_set.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    shipped = [json.loads(x) for x in (REPO / "validation" / "quality" / "quality-v1.jsonl").read_text().splitlines()]
+    shipped = [json.loads(x) for x in (quality / "quality-v1.jsonl").read_text().splitlines()]
     assert shipped == mod.build()
     for row in shipped:
         if row["kind"] == "arithmetic":
@@ -63,10 +64,10 @@ def test_copy_scores() -> None:
 
 
 def test_shipped_grids_load_and_expand() -> None:
-    g = load_sweep_config(str(REPO / "validation" / "grids" / "embedded-draft.yaml"))
+    g = load_sweep_config(str(REPO / "src" / "sglfleet" / "validation" / "grids" / "embedded-draft.yaml"))
     cells = g.expand()
     assert len(cells) == 6 and cells[0].settings == {"draft_max": 2, "draft_p_min": 0.0}
-    e = load_sweep_config(str(REPO / "validation" / "grids" / "sglang-ddtree.example.yaml"))
+    e = load_sweep_config(str(REPO / "src" / "sglfleet" / "validation" / "grids" / "sglang-ddtree.example.yaml"))
     budgets = {c.settings["budget"] for c in e.expand()}
     assert 7 in budgets and any(b + 1 != 8 for b in budgets)
 

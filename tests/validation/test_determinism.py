@@ -1,4 +1,4 @@
-"""validation.determinism: T=0 repeats of a batch-variant engine are identical, differ only from a numerical
+"""sglfleet.validation.determinism: T=0 repeats of a batch-variant engine are identical, differ only from a numerical
 near-tie, or differ for real; on constructed log-prob rows and on real llama.cpp (embedded model) answers."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pipeline.client import OpenAIClient
-from pipeline.embedded import EmbeddedServer
-from validation.determinism import Answer, judge_repeats, quote_around
+from sglfleet.pipeline.client import OpenAIClient
+from sglfleet.pipeline.embedded import EmbeddedServer
+from sglfleet.validation.determinism import Answer, judge_repeats, quote_around
 
 
 def rows(*toks: tuple[str, float, list[tuple[str, float]]]) -> list:

@@ -7,8 +7,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from validation.config import GateConfig
-from validation.gate import Gate
+from sglfleet.validation.config import GateConfig
+from sglfleet.validation.gate import Gate
 
 
 def test_determinism_answers_are_asked_with_logprobs() -> None:
@@ -63,6 +63,6 @@ def test_determinism_answers_are_asked_with_logprobs() -> None:
 
 
 def _det_texts(cfg: GateConfig, det: set[str]) -> list[str]:
-    from validation.suite import load_suite
+    from sglfleet.validation.suite import load_suite
 
     return [json.dumps(load_suite(cfg.suite).get(pid).messages())[1:-1] for pid in det]

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.embedded import EmbeddedServer
-from validation.config import load_gate_config
-from validation.gate import run_gate
+from sglfleet.pipeline.embedded import EmbeddedServer
+from sglfleet.validation.config import load_gate_config
+from sglfleet.validation.gate import run_gate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
-PROFILE = Path(__file__).resolve().parents[2] / "validation" / "profiles" / "embedded.yaml"
+PROFILE = Path(__file__).resolve().parents[2] / "src" / "sglfleet" / "validation" / "profiles" / "embedded.yaml"
 
 
 def test_gate_passes_embedded_model_at_every_temperature(embedded_target: EmbeddedServer, tmp_path: Path) -> None:
@@ -72,8 +72,8 @@ def test_a_target_that_dies_mid_gate_fails_with_named_checks_not_an_exception(tm
 
     from rich.console import Console
 
-    from pipeline.embedded import EmbeddedConfig
-    from pipeline.procs import free_port
+    from sglfleet.pipeline.embedded import EmbeddedConfig
+    from sglfleet.pipeline.procs import free_port
 
     srv = EmbeddedServer(EmbeddedConfig(port=free_port()), tmp_path / "srv").start()
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.embedded import EmbeddedServer
-from validation.__main__ import main as validation_main
-from validation.config import load_gate_config
-from validation.gate import run_gate
+from sglfleet.pipeline.embedded import EmbeddedServer
+from sglfleet.validation.__main__ import main as validation_main
+from sglfleet.validation.config import load_gate_config
+from sglfleet.validation.gate import run_gate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
-PROFILE = Path(__file__).resolve().parents[2] / "validation" / "profiles" / "embedded.yaml"
+PROFILE = Path(__file__).resolve().parents[2] / "src" / "sglfleet" / "validation" / "profiles" / "embedded.yaml"
 SMALL = {"temperatures": [0.0, 0.8], "max_tokens": 32, "determinism": {"enabled": False},
          "variation": {"enabled": False}, "quality": {"enabled": False}, "long_copy": {"enabled": False},
          "likelihood": {"seeds": [1234, 2345], "baseline_seeds": [4321, 5432], "power_reps": 40}}

@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.embedded import EmbeddedServer
-from pipeline.errors import UsageError
-from validation.config import GateConfig, JudgeConfig
-from validation.detectors import Finding, score_text
-from validation.gguf_tokenizer import cached_tokenizer
-from validation.judge import (
+from sglfleet.pipeline.embedded import EmbeddedServer
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation.config import GateConfig, JudgeConfig
+from sglfleet.validation.detectors import Finding, score_text
+from sglfleet.validation.gguf_tokenizer import cached_tokenizer
+from sglfleet.validation.judge import (
     LOOP_CHECKS,
     FluencyJudge,
     JudgeScore,
@@ -30,8 +30,8 @@ from validation.judge import (
     threshold_for,
     windowed,
 )
-from validation.refmodel import ReferenceLM, cached_weights
-from validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt, prose
+from sglfleet.validation.refmodel import ReferenceLM, cached_weights
+from sglfleet.validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt, prose
 
 SEEDS = (101, 102)
 

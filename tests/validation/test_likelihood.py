@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from pipeline.errors import UsageError
-from pipeline.reports import redact
-from validation.config import GateConfig, LikelihoodConfig
-from validation.likelihood import (
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.pipeline.reports import redact
+from sglfleet.validation.config import GateConfig, LikelihoodConfig
+from sglfleet.validation.likelihood import (
     AnswerScore,
     _support_from_logits,
     likelihood_test,
@@ -273,7 +273,7 @@ def sample(scorer, messages: list[dict[str, str]], t: float, seed: int, n: int =
 
 @pytest.mark.slow
 def test_the_whole_verdict_on_real_samples_of_the_model(scorer) -> None:
-    from validation.likelihood import Answer, likelihood_verdicts
+    from sglfleet.validation.likelihood import Answer, likelihood_verdicts
 
     # 4 + 4 answers over 2 prompts: with 3 + 3 the permutation test's smallest p, 2/20^2 = 0.005, is above the
     # 0.004 a statistic needs at one temperature, and such a plan never passes (smallest_p)
@@ -299,7 +299,7 @@ def test_the_whole_verdict_on_real_samples_of_the_model(scorer) -> None:
 def test_a_llamacpp_candidate_serving_another_file_is_refused(http_peer) -> None:
     from pathlib import Path
 
-    from validation.judge import judge_model_path
+    from sglfleet.validation.judge import judge_model_path
 
     props = lambda path: (200, "application/json", json.dumps({"model_path": path}).encode())  # noqa: E731
     http_peer.routes["/props"] = props("/models/Meta-Llama-3-8B-Instruct.Q4_K_M.gguf")
@@ -311,7 +311,7 @@ def test_a_llamacpp_candidate_serving_another_file_is_refused(http_peer) -> None
 
 
 def test_answer_seeds_give_every_answer_its_own_sampler_stream() -> None:
-    from validation.likelihood import answer_seed
+    from sglfleet.validation.likelihood import answer_seed
 
     cfg = LikelihoodConfig()
     seeds = [answer_seed(s, p, t) for s in cfg.seeds + cfg.baseline_seeds for p in PROMPTS for t in (0.6, 0.8, 1.0)]
@@ -338,7 +338,7 @@ def _exact_min_p(sizes: list[tuple[int, int]], values: list[tuple[np.ndarray, np
 def test_smallest_p_is_the_floor_of_perfectly_separated_answers(sizes: list[tuple[int, int]]) -> None:
     """Candidate answers far above every baseline answer in every prompt: the exact test gives its smallest
     p, the Monte Carlo test that p up to its sampling error, and smallest_p says it in advance."""
-    from validation.likelihood import smallest_p
+    from sglfleet.validation.likelihood import smallest_p
 
     vals = [(np.arange(c, dtype=float) + 10.0, np.arange(b, dtype=float)) for c, b in sizes]
     floor = smallest_p(sizes, 20000)
@@ -351,7 +351,7 @@ def test_smallest_p_is_the_floor_of_perfectly_separated_answers(sizes: list[tupl
 def test_a_plan_whose_test_cannot_fail_is_named_and_never_passes() -> None:
     """One answer a side per prompt (the corruptible test bed's profile until 2026-12-04): over 8 prompts the
     smallest p is 2/256, above what each statistic needs, so even answers shifted by 3 nats 'passed'."""
-    from validation.likelihood import design_problem
+    from sglfleet.validation.likelihood import design_problem
 
     one = LikelihoodConfig(seeds=[1], baseline_seeds=[2], permutations=1000, power_reps=0)
     assert "could never fail" in (design_problem(one, 8, 1) or "")
@@ -372,7 +372,8 @@ def test_the_gate_refuses_such_a_plan_before_any_request(tmp_path) -> None:
     for cmd in (["run", "--target", "http://127.0.0.1:9", "--config", str(cfg), "--no-judge"],
                 ["record-baseline", "--target", "http://127.0.0.1:9", "--config", str(cfg),
                  "--out", str(tmp_path / "b.json")]):
-        r = subprocess.run([sys.executable, "-m", "validation", *cmd], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "sglfleet.validation", *cmd], capture_output=True, text=True,
+                           timeout=120)
         assert r.returncode == 2, r.stderr
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: likelihood:") and "could never fail" in lines[0]

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from validation.config import LikelihoodConfig
-from validation.likelihood import (
+from sglfleet.validation.config import LikelihoodConfig
+from sglfleet.validation.likelihood import (
     AnswerScore,
     _scores_from_logits,
     likelihood_test,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.client import OpenAIClient, ids_from_logprobs
-from pipeline.embedded import EmbeddedServer
+from sglfleet.pipeline.client import OpenAIClient, ids_from_logprobs
+from sglfleet.pipeline.embedded import EmbeddedServer
 
 
 def _e(i: object, text: str) -> dict:
@@ -50,8 +50,8 @@ def test_anything_short_of_all_ids_gives_none(entries: list, text: str, n: int |
 def test_the_real_server_names_the_ids_it_sampled(embedded_target: EmbeddedServer) -> None:
     """At T=0.8 with one alternative asked: the ids decode to exactly the text, one per token drawn; the same
     seed without log-probs samples the same text (asking for them does not change the sampler)."""
-    from validation.config import GateConfig
-    from validation.likelihood import make_scorer
+    from sglfleet.validation.config import GateConfig
+    from sglfleet.validation.likelihood import make_scorer
 
     client = OpenAIClient(embedded_target.url)
     msgs = [{"role": "user", "content": "Name three rivers of Europe, one line each."}]

@@ -1,4 +1,4 @@
-"""validation.lossless.compare_forced: the production sequence's re-anchoring (a baseline file, no live
+"""sglfleet.validation.lossless.compare_forced: the production sequence's re-anchoring (a baseline file, no live
 target-only server). At each near-tie the candidate itself is put back on the baseline's recorded path (it
 continues from the baseline's text up to and including the baseline's token there) and must write the rest of
 the recorded answer, up to further near-ties, each forced again.
@@ -8,8 +8,8 @@ engine follows the target's table, a broken one writes something else after some
 
 from __future__ import annotations
 
+from sglfleet.validation.lossless import Continuation, compare_forced
 from tests.validation._lossless_helpers import Recorder, rows, sure, tie
-from validation.lossless import Continuation, compare_forced
 
 # the baseline's recorded greedy answer: two near-ties (sea/ocean, deep/wide), then its end of turn
 BASE = rows(sure("The"), tie(" sea", " ocean"), sure(" is"), tie(" deep", " wide"), sure("."),

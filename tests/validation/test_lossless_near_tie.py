@@ -1,11 +1,11 @@
-"""validation.lossless: a T=0 answer that differs from the baseline only from a near-tie on is lossless;
+"""sglfleet.validation.lossless: a T=0 answer that differs from the baseline only from a near-tie on is lossless;
 one that differs where the baseline was sure, or with a token the baseline did not list, is not."""
 
 from __future__ import annotations
 
 import pytest
 
-from validation.lossless import compare_answer, decode_logprobs, encode_logprobs
+from sglfleet.validation.lossless import compare_answer, decode_logprobs, encode_logprobs
 
 
 def rows(*toks: tuple[str, float, list[tuple[str, float]]]) -> list:
@@ -78,8 +78,8 @@ def test_encoding_round_trips() -> None:
 def test_client_reads_token_bytes_not_display_text() -> None:
     """SGLang 0.5.23 (serving_chat._build_token_logprobs_from_raw) sends each token's display text and
     its true bytes: a fragment of a multi-byte character displays as U+FFFD; the bytes are kept."""
-    from pipeline.client import _extract_logprobs
-    from pipeline.errors import TargetError
+    from sglfleet.pipeline.client import _extract_logprobs
+    from sglfleet.pipeline.errors import TargetError
 
     wave = "🌊".encode()
     choice = {"logprobs": {"content": [
@@ -128,7 +128,7 @@ def _grid_base(gap: float) -> list:
 
 
 def _rule(**kw):
-    from validation.lossless import NearTieRule
+    from sglfleet.validation.lossless import NearTieRule
 
     return NearTieRule(nats=0.25, steps=2, step=STEP, **kw)
 
@@ -167,7 +167,7 @@ def test_margin_is_off_every_finer_grid() -> None:
 
 
 def test_grid_is_inferred_from_recorded_logprobs() -> None:
-    from validation.lossless import infer_logprob_step
+    from sglfleet.validation.lossless import infer_logprob_step
 
     answers = [_grid_base(0.25 + STEP * (i % 5)) for i in range(8)]
     step, why = infer_logprob_step(answers, 0.9)
@@ -190,7 +190,7 @@ def test_the_real_h200_baseline_grid() -> None:
     """The incident's recorded SGLang baseline (SmolLM2 on the H200, bf16): its grid is 0.125 nats."""
 
     from bench.history import read_json  # the file left the tree (docs/ size); git history keeps it
-    from validation.lossless import decode_logprobs, infer_logprob_step
+    from sglfleet.validation.lossless import decode_logprobs, infer_logprob_step
 
     doc = read_json("docs/results/incident-gated-baseline-2026-12-02.json")
     answers = [decode_logprobs(r) for r in doc["logprobs"].values()]
@@ -199,8 +199,8 @@ def test_the_real_h200_baseline_grid() -> None:
 
 
 def test_rule_from_config() -> None:
-    from validation.config import LosslessConfig
-    from validation.lossless import near_tie_rule
+    from sglfleet.validation.config import LosslessConfig
+    from sglfleet.validation.lossless import near_tie_rule
 
     answers = [_grid_base(0.25 + STEP * (i % 5)) for i in range(8)]
     r = near_tie_rule(LosslessConfig(), answers)

@@ -1,4 +1,4 @@
-"""validation.lossless.compare_path: after a near-tie the candidate's other greedy path is checked by
+"""sglfleet.validation.lossless.compare_path: after a near-tie the candidate's other greedy path is checked by
 continuing from its own text on the target-only server; the whole answer passes only when every later
 difference is again a near-tie of that continuation, and the control refuses a server that does not
 continue a final assistant message faithfully.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+from sglfleet.validation.lossless import Continuation, compare_path, control_reanchor
 from tests.validation._lossless_helpers import Recorder, rows, sure, tie
-from validation.lossless import Continuation, compare_path, control_reanchor
 
 END = "<|im_end|>"
 
@@ -121,11 +121,11 @@ CLEAN_REF = "The sea is deep."
 
 def gate_with(table: dict[str, list], ref_text: str = CLEAN_REF) -> tuple[dict, dict, dict]:
     """The gate's T=0 verdict on one looping answer after a near-tie, in oracle mode (a baseline is there)."""
-    from validation.backstop import backstop_findings
-    from validation.checks import GateContext, LosslessData, run_checks
-    from validation.config import GateConfig
-    from validation.detectors import score_text
-    from validation.gate import Gate, Sample
+    from sglfleet.validation.backstop import backstop_findings
+    from sglfleet.validation.checks import GateContext, LosslessData, run_checks
+    from sglfleet.validation.config import GateConfig
+    from sglfleet.validation.detectors import score_text
+    from sglfleet.validation.gate import Gate, Sample
 
     cfg = GateConfig(judge={"enabled": False}, determinism={"enabled": False}, variation={"enabled": False},
                      temperatures=[0.0], lossless={"reanchor_url": "http://127.0.0.1:9"},
@@ -145,7 +145,7 @@ LOOP_TOKENS = [sure(" is"), sure(" blue."), sure(" The"), sure(" sea")]
 
 
 def test_a_loop_the_target_itself_writes_after_the_near_tie_passes_and_the_detectors_only_explain() -> None:
-    from validation.checks import Status
+    from sglfleet.validation.checks import Status
 
     comps, info, res = gate_with({**TARGET, "The ocean": rows(*LOOP_TOKENS * 31)})
     assert comps["poem"].verdict == "reanchored" and info["control"].startswith("poem: the baseline's answer")
@@ -157,7 +157,7 @@ def test_a_loop_the_target_itself_writes_after_the_near_tie_passes_and_the_detec
 
 
 def test_a_loop_the_target_does_not_write_fails_lossless_and_is_explained_by_the_detectors() -> None:
-    from validation.checks import Status
+    from sglfleet.validation.checks import Status
 
     comps, _, res = gate_with({**TARGET, "The ocean": rows(sure(" is"), sure(" blue."), sure(" And"), sure(" x."))})
     assert comps["poem"].verdict == "diverged"
@@ -180,7 +180,7 @@ EOT = b"<|im_end|>"
 def test_a_candidate_that_stops_at_a_near_tie_with_the_end_of_turn_is_the_targets_own_text() -> None:
     """The baseline went on (' Also ...') where the candidate stopped; the baseline listed its end-of-turn
     token 0.1 nats below: a near-tie, and the candidate's whole text is the target's up to its stop."""
-    from validation.lossless import compare_answer
+    from sglfleet.validation.lossless import compare_answer
 
     base = [*BASE, (b" Also", -0.6, [(b" Also", -0.6), (EOT, -0.7)]), *rows(sure(" blue."))]
     ref = REF + " Also blue."
@@ -207,7 +207,7 @@ def test_a_candidate_that_goes_on_where_the_baseline_stopped_at_a_near_tie_is_re
 
 
 def test_end_tokens_are_learned_from_answers_that_stopped() -> None:
-    from validation.lossless import end_tokens_of
+    from sglfleet.validation.lossless import end_tokens_of
 
     assert end_tokens_of([([*BASE, (EOT, -0.01, [(EOT, -0.01)])], REF), (BASE, REF)]) == frozenset({EOT})
     assert end_tokens_of([(BASE, REF)]) == frozenset()

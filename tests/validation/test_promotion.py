@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import UsageError
-from pipeline.reports import Case
-from validation.config import GateConfig, load_gate_config, lossless_requirement
-from validation.gate import GateResult, lossless_missing_case, write_reports
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.pipeline.reports import Case
+from sglfleet.validation.config import GateConfig, load_gate_config, lossless_requirement
+from sglfleet.validation.gate import GateResult, lossless_missing_case, write_reports
 
 WAIVER = "DDTree canary: baseline host not provisioned yet, ticket OPS-142"
 
@@ -86,7 +86,7 @@ def test_skipped_checks_in_every_report(tmp_path: Path) -> None:
 def test_skipped_checks_in_the_console_table() -> None:
     from rich.console import Console
 
-    from validation.gate import print_summary
+    from sglfleet.validation.gate import print_summary
 
     c = cfg(spec={"enabled": "on"}, lossless={"waiver": WAIVER})
     cases = [Case("fluency@T0", "coherence", True, "disabled by config (judge.enabled: false)", skipped=True),
@@ -98,7 +98,7 @@ def test_skipped_checks_in_the_console_table() -> None:
 
 
 def _summary(**kw):
-    from validation.gate import GateSummary
+    from sglfleet.validation.gate import GateSummary
 
     base = dict(verdict="PASS", target="http://t", model="m", server_kind="llama.cpp", suite="s", temperatures=[0.0],
                 verdict_mode={}, requests=0, request_errors=0, checks=0, failed_checks=[], not_run_checks=[],

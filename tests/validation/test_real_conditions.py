@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.client import OpenAIClient, TargetHung, TargetTimeout
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer
-from pipeline.errors import UsageError
-from pipeline.procs import free_port
-from validation.config import GateConfig
-from validation.gate import Gate
+from sglfleet.pipeline.client import OpenAIClient, TargetHung, TargetTimeout
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.pipeline.procs import free_port
+from sglfleet.validation.config import GateConfig
+from sglfleet.validation.gate import Gate
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
@@ -95,7 +95,8 @@ def test_stall_limit_above_the_total_is_the_total() -> None:
 
 # ---------------------------------------------------------------------------------------------- API keys
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "validation", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sglfleet.validation", *args], cwd=REPO, capture_output=True,
+                          text=True,
                           timeout=300, check=False, env={**os.environ, **(env or {})})
 
 
@@ -171,7 +172,7 @@ def test_missing_key_file_or_variable_is_exit_2_before_any_request(tmp_path: Pat
 
 
 def test_resolve_api_key_rejects_multiline_and_empty(tmp_path: Path) -> None:
-    from pipeline.auth import resolve_api_key
+    from sglfleet.pipeline.auth import resolve_api_key
 
     f = tmp_path / "k"
     f.write_text("a\nb\n")
@@ -244,7 +245,7 @@ def test_embedded_threads_leave_a_core_free(monkeypatch: pytest.MonkeyPatch, usa
     """The embedded engine's default threads: the usable CPUs less one, 1 to 4. With as many llama.cpp threads
     as cores, one busy neighbour stalls every op barrier (docs/results/embedded-threads-2026-12-03.json:
     2 threads beside one hog 0.5 tok/s, 1 thread 52)."""
-    from pipeline import embedded
+    from sglfleet.pipeline import embedded
 
     monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda _pid: set(range(usable)))
     assert embedded.default_threads() == want

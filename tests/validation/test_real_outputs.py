@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from validation.config import DetectorThresholds, load_gate_config
-from validation.detectors import score_text
+from sglfleet.validation.config import DetectorThresholds, load_gate_config
+from sglfleet.validation.detectors import score_text
 
 HERE = Path(__file__).resolve().parent
-PROFILES = HERE.parents[1] / "validation" / "profiles"
+PROFILES = HERE.parents[1] / "src" / "sglfleet" / "validation" / "profiles"
 ROWS = [json.loads(line) for line in (HERE / "real_outputs.jsonl").read_text().splitlines()]
 SMOLLM2_PROFILES = ["sglang-smollm2.yaml", "embedded.yaml"]
 MAX_FALSE_FAIL_SHARE = 0.01

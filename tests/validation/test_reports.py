@@ -4,7 +4,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pipeline.reports import Case, write_html, write_json, write_junit
+from sglfleet.pipeline.reports import Case, write_html, write_json, write_junit
 
 
 def test_junit_counts_and_failure_text(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""pipeline.server_proc.ServerProcess against real processes on CPU: the embedded llama.cpp server
+"""sglfleet.pipeline.server_proc.ServerProcess against real processes on CPU: the embedded llama.cpp server
 (started by its own command line, as the sweep starts an SGLang server), a command that exits at
 once, and a real HTTP server that never answers /health. No HTTP or process is mocked."""
 
@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.client import OpenAIClient
-from pipeline.embedded import MODEL_ALIAS, default_model_path
-from pipeline.errors import TargetError
-from pipeline.procs import free_port as _free_port
-from pipeline.procs import group_alive
-from pipeline.server_proc import ServerProcess, port_in_use
+from sglfleet.pipeline.client import OpenAIClient
+from sglfleet.pipeline.embedded import MODEL_ALIAS, default_model_path
+from sglfleet.pipeline.errors import TargetError
+from sglfleet.pipeline.procs import free_port as _free_port
+from sglfleet.pipeline.procs import group_alive
+from sglfleet.pipeline.server_proc import ServerProcess, port_in_use
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _embedded_cmd(port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pipeline.embedded", "serve", "--port", str(port), "--parallel", "1",
+    return [sys.executable, "-m", "sglfleet.pipeline.embedded", "serve", "--port", str(port), "--parallel", "1",
             "--threads", "1", "--ctx", "1024", *extra]
 
 

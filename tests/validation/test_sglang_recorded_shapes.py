@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.client import _extract_spec
-from validation.gate import seeds_ignored_reason
-from validation.spec import parse_prometheus
+from sglfleet.pipeline.client import _extract_spec
+from sglfleet.validation.gate import seeds_ignored_reason
+from sglfleet.validation.spec import parse_prometheus
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sglang-0.5.23"
 SPEC = ("chain", "patched-b16-k4")
@@ -76,8 +76,8 @@ def test_continue_final_message_continues_the_prefix_with_byte_exact_logprobs(na
     """What the lossless check's re-anchoring sends and reads (validation/gate.py Gate._reanchor_fn):
     sglang returns only the continuation of the assistant prefix 'Red, green', and the log-prob tokens'
     bytes spell exactly that content, so the continuation can be compared byte for byte."""
-    from pipeline.client import _extract_logprobs
-    from validation.lossless import spelled
+    from sglfleet.pipeline.client import _extract_logprobs
+    from sglfleet.validation.lossless import spelled
 
     resp = load(name)["chat_continue"]
     choice = resp["choices"][0]

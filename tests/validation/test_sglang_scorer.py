@@ -1,4 +1,4 @@
-"""validation.likelihood.SGLangScorer against a peer that speaks SGLang 0.5.23's scoring protocol, backed by
+"""sglfleet.validation.likelihood.SGLangScorer against a peer that speaks SGLang 0.5.23's scoring protocol, backed by
 the embedded target's reference model (real SGLang needs a GPU: the scorer ran on the H200, docs/gpu-runs.md).
 
 The peer follows sglang/srt/managers/scheduler_components/logprob_result_processor.py: input log-probs start
@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from pipeline.errors import UsageError
-from validation.config import GateConfig
-from validation.likelihood import ScoreRequest, SGLangScorer, make_scorer, render_chat, score_all
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation.config import GateConfig
+from sglfleet.validation.likelihood import ScoreRequest, SGLangScorer, make_scorer, render_chat, score_all
 
 MSG = [{"role": "user", "content": "Write a short poem about the ocean."}]
 ANSWER = "The ocean hums a song of blue,\nof tides that come and go."
@@ -249,7 +249,7 @@ def test_ids_are_used_only_when_both_sides_have_them(reference) -> None:
     """likelihood_verdicts scores the two sides alike: ids only when both sides have them somewhere (a side with
     none, e.g. a baseline recorded before ids were kept, puts both on text); then each answer on its own ids, an
     answer without ids (llama.cpp folds a multi-token character) on its text. The verdict counts them."""
-    from validation.likelihood import Answer, likelihood_verdicts
+    from sglfleet.validation.likelihood import Answer, likelihood_verdicts
 
     seen: list[tuple[int, ...] | None] = []
 

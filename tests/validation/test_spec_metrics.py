@@ -10,8 +10,8 @@ import json
 import prometheus_client
 import pytest
 
-from pipeline.client import OpenAIClient
-from validation.spec import parse_prometheus, read_spec_metrics
+from sglfleet.pipeline.client import OpenAIClient
+from sglfleet.validation.spec import parse_prometheus, read_spec_metrics
 
 
 def _exposition(values: dict[str, float]) -> str:

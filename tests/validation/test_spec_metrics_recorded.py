@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.client import OpenAIClient
-from validation.spec import parse_prometheus, read_spec_metrics
+from sglfleet.pipeline.client import OpenAIClient
+from sglfleet.validation.spec import parse_prometheus, read_spec_metrics
 
 RAW = Path(__file__).resolve().parents[2] / "docs" / "results" / "ddtree-serve-smoke-tiny-2026-12-01.json.gz"
 

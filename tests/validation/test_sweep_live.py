@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.embedded import EmbeddedConfig, EmbeddedServer
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 REPO = Path(__file__).resolve().parents[2]
@@ -38,12 +38,12 @@ def test_sweep_gates_cells_and_reports_bad_cell_as_failed(tmp_path: Path) -> Non
         "kind": "embedded", "base": {"spec_type": "draft", "n_parallel": 2},
         # draft_max 0 is invalid: that cell must be reported failed while the matrix goes on
         "axes": {"draft_max": [4, 0]}, "port_base": _free_port_block(3),
-        "gate_config": str(REPO / "validation" / "profiles" / "embedded-sweep.yaml"),
+        "gate_config": str(REPO / "src" / "sglfleet" / "validation" / "profiles" / "embedded-sweep.yaml"),
         "gate": {"suite": MINI, "temperatures": [0.0, 0.8], "variation": {"enabled": False},
                  "quality": {"enabled": False}, "max_tokens": None},
     }}))
     out = tmp_path / "sweep"
-    p = subprocess.run([sys.executable, "-m", "validation", "sweep", "--grid", str(grid), "--out", str(out)],
+    p = subprocess.run([sys.executable, "-m", "sglfleet.validation", "sweep", "--grid", str(grid), "--out", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "sweep.json").read_text())
@@ -61,11 +61,11 @@ def test_sweep_gates_cells_and_reports_bad_cell_as_failed(tmp_path: Path) -> Non
 def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
     """Spec (ngram) vs plain engine: identical at T=0 live; a recorded baseline that differs fails;
     a baseline serving another model is a clear usage error."""
-    from pipeline.errors import UsageError
-    from validation.config import load_gate_config
-    from validation.gate import load_baseline_logprobs, run_gate
+    from sglfleet.pipeline.errors import UsageError
+    from sglfleet.validation.config import load_gate_config
+    from sglfleet.validation.gate import load_baseline_logprobs, run_gate
 
-    cfg = load_gate_config(REPO / "validation" / "profiles" / "embedded-sweep.yaml", {
+    cfg = load_gate_config(REPO / "src" / "sglfleet" / "validation" / "profiles" / "embedded-sweep.yaml", {
         "suite": MINI, "max_tokens": None, "temperatures": [0.0], "variation": {"enabled": False},
         "quality": {"enabled": False},
         "long_copy": {"enabled": False}, "spec": {"enabled": "auto"}, "speed": {"rounds": 1}})
@@ -83,7 +83,8 @@ def test_lossless_against_live_and_recorded_baselines(tmp_path: Path) -> None:
         spec_on = cfg.model_dump(mode="json")
         spec_on["spec"]["enabled"] = "on"
         cfg_file.write_text(yaml.safe_dump({"gate": spec_on}))
-        p = subprocess.run([sys.executable, "-m", "validation", "record-baseline", "--target", base.url, "--out",
+        p = subprocess.run([sys.executable, "-m", "sglfleet.validation", "record-baseline", "--target", base.url,
+                            "--out",
                             str(rec), "--config", str(cfg_file)],
                            cwd=REPO, capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, p.stderr[-2000:]

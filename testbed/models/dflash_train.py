@@ -1,0 +1,380 @@
+"""Train a small DFlash drafter for a target by self-distillation, and export it in the layout
+sglang 0.5.23's DFlashDraftModel loads.
+
+The drafter is the computation sglang runs (sglang/srt/models/dflash.py with the DFLASH worker):
+
+- context features: the target's residual stream after each layer in ``target_layer_ids`` (what
+  ``set_dflash_layers_to_capture`` captures: the input of layer ``id + 1``), concatenated, then
+  ``hidden_norm(fc(.))``. Each draft layer turns them into the context's keys and values
+  (``k_norm`` + RoPE on the keys, no input norm), at the context tokens' positions;
+- the block ``[last committed token, mask x (B-1)]`` embedded with the target's embedding runs
+  through the draft layers (pre-norm attention + SwiGLU MLP, q/k RMS norms per head, RoPE), each
+  block token attending to the whole context before it and to the whole block (DFlash's draft
+  attention is not causal inside the block), then the final ``norm``;
+- the target's ``lm_head`` on block position ``j >= 1`` predicts the token at ``prefix + j``.
+
+Training data is text the target writes itself (sampled continuations of varied prompts); the loss
+is the cross-entropy of the drafter's 7 predictions against the target's own tokens. Embedding and
+lm_head stay the target's (frozen, not exported: sglang shares them). Fixed seed.
+
+Blocks are anchored only where sglang drafts them: at the answer. After the prefill of an
+``n``-token prompt the first block sits at position ``n`` (the target's first token) and every
+later one further on, so a block anchored inside the prompt (the chat template, its fixed system
+prompt) is never drafted at serving time. Training and the offline acceptance use anchors
+``a >= prompt length`` when the prompt lengths are known (``self_distill_corpus`` records them);
+``offline.accept_length_all_anchors`` keeps the old every-position figure for comparison.
+
+    python -m testbed.models train-drafter --target DIR --out DIR [--steps 600] [--seed 0]
+
+Export: ``model.safetensors`` (bf16, names as in DFlash checkpoints: ``layers.N.self_attn.q_proj``,
+``fc``, ``hidden_norm``, ``norm``, ...) and ``config.json`` built by ``models.drafter`` (checked
+against the target) plus ``train.json`` (seed, steps, losses, offline acceptance).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from testbed.models import drafter as drafter_cfg
+
+PROMPTS = (
+    "Write a short poem about the ocean.", "Explain how a refrigerator works.", "Give me three tips for sleeping well.",
+    "What is the capital of France, and why is it famous?", "Write a Python function that reverses a string.",
+    "Describe a day in the life of a lighthouse keeper.", "List the planets of the solar system in order.",
+    "How do vaccines train the immune system?", "Write a haiku about autumn leaves.",
+    "Summarize the plot of a detective story in four sentences.", "What causes the seasons on Earth?",
+    "Explain recursion to a ten-year-old.", "Write a short letter thanking a teacher.",
+    "Compare trains and planes for a 500 km trip.", "How does a bicycle stay upright?",
+    "Translate 'good morning, how are you?' into French and Spanish.", "Write a recipe for pancakes.",
+    "What is photosynthesis?", "Tell a short story about a robot learning to paint.",
+    "Give a step-by-step guide to changing a flat tire.",
+)
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, n: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(n))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(v + self.eps)).to(x.dtype) * self.weight
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Neox-style rotary embedding (rotate halves), x [..., heads, dim], pos broadcastable to x[..., 0, 0]."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = pos.float()[..., None] * inv  # [..., d/2]
+    cos, sin = ang.cos()[..., None, :], ang.sin()[..., None, :]
+    x1, x2 = x[..., : d // 2].float(), x[..., d // 2 :].float()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+@dataclass
+class DrafterShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layers: int
+    eps: float
+    rope_theta: float
+    n_features: int
+
+
+class _Layer(nn.Module):
+    def __init__(self, s: DrafterShape) -> None:
+        super().__init__()
+        self.s = s
+        self.input_layernorm = _RMSNorm(s.hidden, s.eps)
+        self.post_attention_layernorm = _RMSNorm(s.hidden, s.eps)
+        attn = nn.Module()
+        attn.q_proj = nn.Linear(s.hidden, s.heads * s.head_dim, bias=False)
+        attn.k_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=False)
+        attn.v_proj = nn.Linear(s.hidden, s.kv_heads * s.head_dim, bias=False)
+        attn.o_proj = nn.Linear(s.heads * s.head_dim, s.hidden, bias=False)
+        attn.q_norm = _RMSNorm(s.head_dim, s.eps)
+        attn.k_norm = _RMSNorm(s.head_dim, s.eps)
+        self.self_attn = attn
+        mlp = nn.Module()
+        mlp.gate_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
+        mlp.up_proj = nn.Linear(s.hidden, s.intermediate, bias=False)
+        mlp.down_proj = nn.Linear(s.intermediate, s.hidden, bias=False)
+        self.mlp = mlp
+
+    def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, s = self.self_attn, self.s
+        k = a.k_norm(a.k_proj(ctx).view(*ctx.shape[:-1], s.kv_heads, s.head_dim))
+        v = a.v_proj(ctx).view(*ctx.shape[:-1], s.kv_heads, s.head_dim)
+        return _rope(k, pos, s.rope_theta), v
+
+    def forward(self, h: torch.Tensor, pos: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
+                ctx_allow: torch.Tensor) -> torch.Tensor:
+        """h [A, B, H] block hidden; ctx_k/v [L, kv, d]; ctx_allow [A, L] bool (context before each block)."""
+        a, s = self.self_attn, self.s
+        A, B, _ = h.shape
+        x = self.input_layernorm(h)
+        q = _rope(a.q_norm(a.q_proj(x).view(A, B, s.heads, s.head_dim)), pos, s.rope_theta)
+        k = _rope(a.k_norm(a.k_proj(x).view(A, B, s.kv_heads, s.head_dim)), pos, s.rope_theta)
+        v = a.v_proj(x).view(A, B, s.kv_heads, s.head_dim)
+        rep = s.heads // s.kv_heads
+        keys = torch.cat([ctx_k.unsqueeze(0).expand(A, -1, -1, -1), k], dim=1).repeat_interleave(rep, dim=2)
+        vals = torch.cat([ctx_v.unsqueeze(0).expand(A, -1, -1, -1), v], dim=1).repeat_interleave(rep, dim=2)
+        allow = torch.cat([ctx_allow, torch.ones(A, B, dtype=torch.bool, device=h.device)], dim=1)  # [A, L+B]
+        mask = allow[:, None, None, :].expand(A, s.heads, B, allow.shape[1])
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), vals.transpose(1, 2),
+                                             attn_mask=mask)
+        h = h + a.o_proj(out.transpose(1, 2).reshape(A, B, s.heads * s.head_dim))
+        m = self.mlp
+        y = self.post_attention_layernorm(h)
+        return h + m.down_proj(F.silu(m.gate_proj(y)) * m.up_proj(y))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, s: DrafterShape) -> None:
+        super().__init__()
+        self.s = s
+        self.fc = nn.Linear(s.n_features * s.hidden, s.hidden, bias=False)
+        self.hidden_norm = _RMSNorm(s.hidden, s.eps)
+        self.layers = nn.ModuleList([_Layer(s) for _ in range(s.layers)])
+        self.norm = _RMSNorm(s.hidden, s.eps)
+
+    def forward(self, feats: torch.Tensor, block_embeds: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """feats [L, F*H] target features of one sequence; block_embeds [A, B, H]; anchors [A] (block
+        position 0 sits at position anchors[a], its context is feats[:anchors[a]])."""
+        L = feats.shape[0]
+        ctx = self.hidden_norm(self.fc(feats))
+        ctx_pos = torch.arange(L, device=feats.device)
+        ctx_allow = ctx_pos.unsqueeze(0) < anchors.unsqueeze(1)
+        pos = anchors.unsqueeze(1) + torch.arange(block_embeds.shape[1], device=feats.device).unsqueeze(0)
+        h = block_embeds
+        for layer in self.layers:
+            ck, cv = layer.context_kv(ctx, ctx_pos)
+            h = layer(h, pos, ck, cv, ctx_allow)
+        return self.norm(h)
+
+
+def shape_for(target_cfg: dict[str, Any], *, layers: int, n_features: int) -> DrafterShape:
+    heads = int(target_cfg["num_attention_heads"])
+    return DrafterShape(hidden=int(target_cfg["hidden_size"]), heads=heads,
+                        kv_heads=int(target_cfg.get("num_key_value_heads", heads)),
+                        head_dim=int(target_cfg.get("head_dim") or target_cfg["hidden_size"] // heads),
+                        intermediate=int(target_cfg["intermediate_size"]), layers=layers,
+                        eps=float(target_cfg.get("rms_norm_eps", 1e-5)),
+                        rope_theta=float(target_cfg.get("rope_theta", 10000.0)), n_features=n_features)
+
+
+def _features(target: nn.Module, ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """What sglang's ``set_dflash_layers_to_capture`` hands the drafter: for each id (in increasing
+    order, the order the target's layer loop captures them) the residual stream entering layer
+    ``id + 1``. HF's ``hidden_states[k]`` is the input of layer ``k`` for ``k < n``, but
+    ``hidden_states[n]`` is the final-norm output, which sglang never captures (id ``n - 1``)."""
+    out = target(ids.unsqueeze(0), output_hidden_states=True)
+    hs = out.hidden_states
+    n = len(hs) - 1
+    if list(layer_ids) != sorted(set(layer_ids)) or not all(0 <= i < n - 1 for i in layer_ids):
+        raise ValueError(f"target_layer_ids {list(layer_ids)} must increase and lie in 0..{n - 2} "
+                         "(sglang captures the input of layer id + 1, in layer order)")
+    return torch.cat([hs[i + 1][0] for i in layer_ids], dim=-1)
+
+
+_TOPICS = (
+    "the ocean", "a lighthouse", "volcanoes", "bread baking", "the moon", "honey bees", "train travel",
+    "chess", "rain forests", "old libraries", "electric cars", "coffee", "mountain hiking", "the printing press",
+    "whales", "city gardens", "glaciers", "jazz music", "the human heart", "bicycles", "deserts", "robots",
+    "the Roman empire", "snowstorms", "friendship", "a small bakery", "satellites", "rivers", "octopuses",
+    "learning a language",
+)
+_TASKS = (
+    "Write a short poem about {t}.", "Explain {t} to a ten-year-old.", "Give me three facts about {t}.",
+    "Write a short story about {t}.", "List five words that describe {t}.", "Why do people care about {t}?",
+    "Write a haiku about {t}.", "Describe {t} in two sentences.", "What are the pros and cons of {t}?",
+    "Write a friendly letter that mentions {t}.",
+)
+
+
+def corpus_prompts(n: int) -> list[str]:
+    """``n`` chat prompts: the fixed ones, then every task about every topic (300 more)."""
+    pool = list(PROMPTS) + [task.format(t=t) for t in _TOPICS for task in _TASKS]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+class Corpus(list):
+    """Target-written sequences (a list of 1-D id tensors) with each one's prompt length."""
+
+    def __init__(self, seqs: list[torch.Tensor], prompt_lens: list[int]) -> None:
+        super().__init__(seqs)
+        if len(prompt_lens) != len(seqs):
+            raise ValueError("one prompt length per sequence")
+        self.prompt_lens = [int(p) for p in prompt_lens]
+
+
+def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, seed: int,
+                        device: str, batch: int = 64) -> Corpus:
+    """Sequences the target writes itself: chat prompts, sampled at T 0 / 0.6 / 0.8 / 1.0 (one in
+    four each), generated in left-padded batches; each sequence is its prompt plus the answer up
+    to and including the first end-of-sequence token (``.prompt_lens``: each prompt's length)."""
+    temps = (0.0, 0.6, 0.8, 1.0)
+    prompts = corpus_prompts(n)
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    out: dict[int, torch.Tensor] = {}
+    plen: dict[int, int] = {}
+    t0 = time.time()
+    for g, t in enumerate(temps):
+        idx = [i for i in range(n) if i % len(temps) == g]
+        for c in range(0, len(idx), batch):
+            chunk = idx[c : c + batch]
+            rows = []
+            for i in chunk:
+                ids = tok.apply_chat_template([{"role": "user", "content": prompts[i]}], add_generation_prompt=True)
+                if isinstance(ids, dict) or hasattr(ids, "keys"):
+                    ids = ids["input_ids"]
+                rows.append([int(x) for x in ids])
+            width = max(len(r) for r in rows)
+            x = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+            attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+            torch.manual_seed(seed * 1000 + g * 100 + c)
+            kw = {"do_sample": False} if t == 0 else {"do_sample": True, "temperature": t, "top_p": 0.95}
+            with torch.no_grad():
+                y = target.generate(x, attention_mask=attn, max_new_tokens=max_new, pad_token_id=pad, **kw)
+            for i, r, row in zip(chunk, rows, y[:, width:].tolist(), strict=True):
+                if eos is not None and eos in row:
+                    row = row[: row.index(eos) + 1]
+                out[i] = torch.tensor(r + row, device=device)
+                plen[i] = len(r)
+            print(f"[train-drafter] corpus {len(out)}/{n} sequences written by the target ({time.time() - t0:.0f}s)",
+                  flush=True)
+    return Corpus([out[i] for i in range(n)], [plen[i] for i in range(n)])
+
+
+def _first_anchor(prompt_len: int | None) -> int:
+    """The first position sglang anchors a block at: the prompt's length (its first block's token
+    0 is the target's first answer token); 1 when the prompt is unknown."""
+    return max(1, int(prompt_len or 0))
+
+
+def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any], *, block: int = 8,
+          layers: int = 1, layer_ids: list[int] | None = None, steps: int = 600, anchors_per_seq: int = 16,
+          seqs_per_step: int = 8, lr: float = 3e-4, seed: int = 0, device: str = "cpu",
+          prompt_lens: list[int] | None = None, log=print) -> tuple[DFlashDrafter, dict]:
+    """``prompt_lens`` (default: ``seqs.prompt_lens`` of a ``Corpus``, else none known): blocks are
+    anchored only at or after each prompt's end, where sglang drafts them."""
+    torch.manual_seed(seed)
+    if prompt_lens is None:
+        prompt_lens = getattr(seqs, "prompt_lens", None)
+    plens = [None] * len(seqs) if prompt_lens is None else [int(p) for p in prompt_lens]
+    if len(plens) != len(seqs):
+        raise ValueError("one prompt length per sequence")
+    keep = [i for i, x in enumerate(seqs) if x.shape[0] >= block + 4 and x.shape[0] - block > _first_anchor(plens[i])]
+    seqs, plens = [seqs[i] for i in keep], [plens[i] for i in keep]
+    if len(seqs) < 2:
+        raise ValueError(f"need at least 2 target-written sequences longer than {block + 3} tokens "
+                         "with an answer of more than one block")
+    cfg = drafter_cfg.drafter_config_for(target_cfg, block_size=block, layers=layers, target_layer_ids=layer_ids)
+    layer_ids = cfg["dflash_config"]["target_layer_ids"]
+    mask_id = cfg["dflash_config"]["mask_token_id"]
+    model = DFlashDrafter(shape_for(target_cfg, layers=layers, n_features=len(layer_ids))).to(device)
+    embed = target.get_input_embeddings()
+    head = target.get_output_embeddings()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    t_feat = time.time()
+    with torch.no_grad():
+        feats = [_features(target, s, layer_ids).float() for s in seqs]
+    log(f"[train-drafter] target features of {len(seqs)} sequences ({time.time() - t_feat:.0f}s)")
+    split = max(1, len(seqs) // 10)
+    train_idx, held = list(range(split, len(seqs))), list(range(split))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = torch.Generator(device="cpu").manual_seed(seed)
+    losses = []
+    t0 = time.time()
+    for step in range(steps):
+        picks = torch.randint(0, len(train_idx), (seqs_per_step,), generator=rng).tolist()
+        loss = sum(_block_loss(model, feats[i], seqs[i], embed, head, block, mask_id, anchors_per_seq, rng,
+                               lo=_first_anchor(plens[i])) for i in (train_idx[j] for j in picks)) / seqs_per_step
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for gr in opt.param_groups:  # cosine decay
+            gr["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / max(1, steps)))
+        opt.step()
+        losses.append(float(loss.detach()))
+        if step % max(1, steps // 10) == 0:
+            log(f"[train-drafter] step {step}/{steps} loss {losses[-1]:.3f} ({time.time() - t0:.0f}s)")
+    acc = offline_acceptance(model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id,
+                             prompt_lens=[plens[i] for i in held])
+    acc["accept_length_all_anchors"] = offline_acceptance(
+        model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id)["accept_length"]
+    report = {"seed": seed, "steps": steps, "block_size": block, "layers": layers, "target_layer_ids": layer_ids,
+              "loss_first": sum(losses[:20]) / max(1, len(losses[:20])),
+              "loss_last": sum(losses[-20:]) / max(1, len(losses[-20:])), "offline": acc,
+              "train_seqs": len(train_idx), "held_out_seqs": len(held), "seqs_per_step": seqs_per_step,
+              "train_tokens": int(sum(seqs[i].shape[0] for i in train_idx)), "seconds": time.time() - t0}
+    return model, report
+
+
+def _block_loss(model, feats, seq, embed, head, block, mask_id, n_anchor, rng, lo: int = 1) -> torch.Tensor:
+    T = seq.shape[0]
+    hi = T - block
+    if hi <= lo:
+        raise ValueError("sequence shorter than a block after its first anchor")
+    anchors = torch.randint(lo, hi, (n_anchor,), generator=rng).to(seq.device)
+    ids = torch.full((n_anchor, block), mask_id, dtype=torch.long, device=seq.device)
+    ids[:, 0] = seq[anchors]
+    labels = torch.stack([seq[a + 1 : a + block] for a in anchors.tolist()])
+    with torch.no_grad():
+        e = embed(ids).float()
+    h = model(feats, e, anchors)
+    logits = head(h[:, 1:, :].to(head.weight.dtype)).float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+@torch.no_grad()
+def offline_acceptance(model, feats_list, seqs, embed, head, block, mask_id, prompt_lens=None) -> dict:
+    """Mean chain accept length if the target's next tokens are the held-out text: 1 + the number
+    of leading drafted tokens that equal it (what DFLASH commits per step on that text). With
+    ``prompt_lens``, blocks are anchored only where sglang drafts them (position >= prompt length)."""
+    lens, top1 = [], []
+    plens = [None] * len(seqs) if prompt_lens is None else list(prompt_lens)
+    for feats, seq, plen in zip(feats_list, seqs, plens, strict=True):
+        lo = _first_anchor(plen)
+        if seq.shape[0] - block <= lo:
+            continue
+        anchors = torch.arange(lo, seq.shape[0] - block, 3, device=seq.device)
+        ids = torch.full((anchors.numel(), block), mask_id, dtype=torch.long, device=seq.device)
+        ids[:, 0] = seq[anchors]
+        pred = head(model(feats, embed(ids).float(), anchors)[:, 1:, :].to(head.weight.dtype)).argmax(-1)
+        truth = torch.stack([seq[a + 1 : a + block] for a in anchors.tolist()])
+        match = (pred == truth).int()
+        lead = torch.cumprod(match, dim=1).sum(1)
+        lens += (lead + 1).tolist()
+        top1.append(match[:, 0].float().mean().item())
+    return {"accept_length": sum(lens) / max(1, len(lens)), "first_token_hit": sum(top1) / max(1, len(top1)),
+            "blocks": len(lens)}
+
+
+def export(model: DFlashDrafter, target_cfg: dict[str, Any], out: Path | str, report: dict) -> Path:
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = drafter_cfg.drafter_config_for(target_cfg, block_size=report["block_size"], layers=report["layers"],
+                                         target_layer_ids=report["target_layer_ids"])
+    save_file({k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in model.state_dict().items()},
+              str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    (out / "train.json").write_text(json.dumps(report, indent=1))
+    return out
