@@ -13,7 +13,7 @@ value and a renamed raw file all fail.
 Paths: `a.b.c`, list indexes `a[0]`, keys with dots or slashes in quotes `per_class["bad/bad_bytes"].n`,
 `[*]` for every element of a list (or every value of a mapping), then at most one aggregate at the end:
 `|len`, `|sum`, `|min`, `|max`, `|mean`. `[?key=value]` keeps the elements whose `key` equals `value`
-(compared as text).
+(compared as text); filters chain (`runs[?a=1][?b=x]|len`: both hold).
 
 `unclaimed_numbers` is the other half: in the docs that promise it (README.md and docs/results.md), every
 digit outside code, links, HTML comments, render blocks (bench/render_docs.py) and claimed phrases is an
@@ -94,6 +94,10 @@ def resolve(data: Any, path: str) -> Any:
     items: list[Any] = [data]
     fanned = False
     for kind, arg in steps:
+        if kind == "filter" and fanned:  # a filter after a fan-out keeps the selected elements that match too
+            k, v = arg
+            items = [e for e in items if isinstance(e, dict) and str(e.get(k)) == v]
+            continue
         nxt: list[Any] = []
         for it in items:
             if kind == "key":

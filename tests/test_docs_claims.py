@@ -243,6 +243,7 @@ def test_claim_paths() -> None:
     assert resolve(data, "a.b|len") == 3 and resolve(data, "a.b|sum") == 6 and resolve(data, "a.b|mean") == 2
     assert resolve(data, "rows[*].v|max") == 7 and resolve(data, "rows[?k=x]|len") == 2
     assert resolve(data, "rows[?k=x].v|sum") == 8 and resolve(data, "a|len") == 2
+    assert resolve(data, "rows[?k=x][?v=7]|len") == 1 and resolve(data, "rows[?k=x][?v=5]|len") == 0
     for bad, message in (("a.x", "no key 'x'"), ("a.b[9]", r"no element \[9\]"), ("rows[*].v", "several values"),
                          ("a.b|median", "unknown aggregate"), ("rows[*].k|sum", "needs numbers"), ("a..b", "parse")):
         with pytest.raises(ClaimError, match=message):

@@ -4,7 +4,7 @@
 
 - coherent: the 50 real answers of the gate run against the real target-only SGLang server
   (SmolLM2-135M-Instruct bf16, no speculation, H200, 2026-12-01), read from the gate's own report
-  docs/results/incident-gate-base-2026-12-01.json (`samples`), with temperature, prompt class, seed
+  docs/results/incident-gate-base-2026-12-01.json.gz (`samples`), with temperature, prompt class, seed
   and purpose; labeled coherent because the correct server wrote them (its own loops included);
 - garbled: the engine-corruption outputs of the mutant server of the same incident run (quoted in
   issue #12), and seeded variations with the same classes of damage (glued sub-word soup with
@@ -16,12 +16,13 @@ profiles; bench/gate_families.py adds it to every seed's scoring.
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-REPORT = REPO / "docs" / "results" / "incident-gate-base-2026-12-01.json"
+REPORT = REPO / "docs" / "results" / "incident-gate-base-2026-12-01.json.gz"
 OUT = Path(__file__).with_name("real_outputs.jsonl")
 SOURCE_OK = "sglang-smollm2-bf16 target-only, H200 2026-12-01"
 SOURCE_MUTANT = "sglang-smollm2 mutant server (engine corruption), H200 2026-12-01, quoted in issue #12"
@@ -82,7 +83,7 @@ VARIATIONS = {"glued_soup": v_glued_soup, "determiner_loop": v_determiner_loop, 
 
 
 def rows() -> list[dict[str, object]]:
-    report = json.loads(REPORT.read_text())
+    report = json.loads(gzip.decompress(REPORT.read_bytes()))
     out: list[dict[str, object]] = []
     for i, s in enumerate(report["samples"]):
         out.append({"id": f"sglang-{i:02d}-{s['prompt_id']}-T{s['temperature']:g}-s{s['seed']}-{s['purpose']}",

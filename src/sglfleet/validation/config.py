@@ -88,7 +88,7 @@ class DetectorThresholds(StrictModel):
     near_repeat_min_copies: int = Field(default=3, ge=2)
     near_repeat_min_share: float = Field(default=0.5, gt=0, le=1)
     # a refrain (one line template, 1-2 slots with new words, whole lines, part of the answer) is not a
-    # near-copy: the SmolLM2 gate of 2026-12-01 (docs/results/incident-gate-base-2026-12-01.json) failed two
+    # near-copy: the SmolLM2 gate of 2026-12-01 (docs/results/incident-gate-base-2026-12-01.json.gz) failed two
     # such T=0.8 poems at 61 % / 65 % of their words; every generated near-copy corruption covers 100 %
     refrain_max_share: float = Field(default=0.8, gt=0, le=1)
     refrain_max_slots: int = Field(default=2, ge=1)
