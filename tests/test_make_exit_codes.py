@@ -96,14 +96,14 @@ def test_every_target_that_runs_a_check_keeps_its_exit_code() -> None:
 
 def test_make_loadtest_keeps_a_missed_slo_apart_from_bad_input(tmp_path: Path) -> None:
     with SimServer(free_port(), "--ttft-ms", "50", "--tokens", "4") as slow:
-        missed = make("loadtest", f"HOST={slow.url}", "USERS=1", "DURATION=3", "SLO_TTFT_MS=1",
+        missed = make("loadtest", f"TARGET={slow.url}", "USERS=1", "DURATION=3", "SLO_TTFT_MS=1",
                       f"OUT={tmp_path / 'slo'}")
     assert missed.returncode == 1, missed.stderr[-2000:]
     assert "SLO NOT met" in missed.stdout and "make loadtest: FAILED (exit 1)" in missed.stderr
-    unreachable = make("loadtest", "HOST=http://127.0.0.1:9", "USERS=1", "DURATION=2", f"OUT={tmp_path / 'u'}")
+    unreachable = make("loadtest", "TARGET=http://127.0.0.1:9", "USERS=1", "DURATION=2", f"OUT={tmp_path / 'u'}")
     assert unreachable.returncode == 2 and "error: cannot reach http://127.0.0.1:9" in unreachable.stderr
     missing = make("loadtest")
-    assert missing.returncode == 2 and "error: HOST is required" in missing.stderr
+    assert missing.returncode == 2 and "error: TARGET is required" in missing.stderr
 
 
 def _errors(p: subprocess.CompletedProcess[str]) -> list[str]:
@@ -116,7 +116,7 @@ def _errors(p: subprocess.CompletedProcess[str]) -> list[str]:
     (("deploy-target-only", "IMAGE=reg.example/x:1"), "set HOST="),
     (("rollback",), "set HOST="),
     (("status",), "set HOST="),
-    (("capacity",), "HOST is required"),
+    (("capacity",), "TARGET is required"),
     (("check-text",), "FILE=texts.jsonl is required"),
     (("record-baseline", "TARGET=http://127.0.0.1:9"), "TARGET=... and OUT=baseline.json are required"),
 ])

@@ -69,10 +69,17 @@ def test_gate_config_is_the_gate_knob_and_config_its_deprecated_alias(target: st
     assert len(warnings) == 1 and "GATE_CONFIG" in warnings[0]
 
 
+def test_the_endpoint_is_target_for_every_stage_and_host_as_a_url_still_works_with_one_warning() -> None:
+    old = _make("-n", "loadtest", "HOST=http://h:1")
+    assert old.returncode == 0 and '--host "http://h:1"' in old.stdout
+    assert sum("use TARGET=http://h:1" in ln for ln in old.stderr.splitlines()) == 1
+
+
 def test_loadtest_config_is_the_loadtest_knob() -> None:
-    new = _make("-n", "loadtest", "HOST=http://h:1", "LOADTEST_CONFIG=l.yaml")
+    new = _make("-n", "loadtest", "TARGET=http://h:1", "LOADTEST_CONFIG=l.yaml")
     assert new.returncode == 0 and "--config l.yaml" in new.stdout and "deprecated" not in new.stderr
-    old = _make("-n", "capacity", "HOST=http://h:1", "CONFIG=l.yaml")
+    assert '--host "http://h:1"' in new.stdout
+    old = _make("-n", "capacity", "TARGET=http://h:1", "CONFIG=l.yaml")
     assert "--config l.yaml" in old.stdout and sum("deprecated" in ln for ln in old.stderr.splitlines()) == 1
 
 
