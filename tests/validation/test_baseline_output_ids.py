@@ -20,7 +20,7 @@ def _doc(cfg: GateConfig, ids: object, sampling: bool = True) -> dict:
             for p in load_suite(cfg.suite).prompts:
                 s = Sample(p.id, t, seed, "suite", 8, text="hi", finish_reason="stop",
                            output_ids=ids if isinstance(ids, list) else None,
-                           sampling=cfg.sampling.params_for(p.id, t).as_dict() if sampling else None)
+                           sampling=cfg.sampling_for(p.id, t).as_dict() if sampling else None)
                 rows.extend(samples_record([s]))
                 if not isinstance(ids, list) and ids is not None:
                     rows[-1]["output_ids"] = ids
@@ -48,7 +48,7 @@ def test_sampling_parameters_survive_the_record_and_must_be_the_profiles() -> No
     a file without them, or with another profile's, is refused: the two sides of a prompt would not share a law."""
     cfg = GateConfig()
     got = samples_of(_doc(cfg, None), "b.json", cfg)
-    assert all(s.params() == cfg.sampling.params_for(s.prompt_id, s.temperature) for s in got)
+    assert all(s.params() == cfg.sampling_for(s.prompt_id, s.temperature) for s in got)
     assert len({(s.sampling or {}).get("top_k") for s in got}) > 1  # the default mix varies them
     with pytest.raises(UsageError, match="recorded before they were kept"):
         samples_of(_doc(cfg, None, sampling=False), "b.json", cfg)

@@ -73,3 +73,21 @@ def test_bad_config_is_one_clear_error(tmp_path: Path, text: str, needle: str) -
 def test_missing_config_file() -> None:
     with pytest.raises(UsageError, match="config file not found"):
         load_gate_config("/no/such/file.yaml")
+
+
+def test_every_mix_entry_gets_its_share_of_the_suites_pairs() -> None:
+    """The mix's entries are dealt over the suite's (prompt, T>0) pairs in a hashed order, so none is left
+    without a request (by the hash alone, 24 pairs left one of six entries empty on the H200)."""
+    from collections import Counter
+
+    from sglfleet.validation.suite import load_suite
+
+    for path in [p for p in PROFILES if p.name in ("sglang-smollm2.yaml", "sglang-ddtree.yaml")]:
+        cfg = load_gate_config(path)
+        hot = sorted({t for t in cfg.temperatures if t > 0})
+        pairs = [(p.id, t) for t in hot for p in load_suite(cfg.suite).prompts]
+        got = Counter(repr(cfg.sampling_for(pid, t).as_dict()) for pid, t in pairs)
+        assert len(got) == len(cfg.sampling.mix)
+        assert max(got.values()) - min(got.values()) <= 1
+        # the same pair always gets the same entry: the candidate's and the baseline's requests share a law
+        assert all(cfg.sampling_for(pid, t) == cfg.sampling_for(pid, t) for pid, t in pairs)

@@ -108,7 +108,7 @@ def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[Baseline
                          f"compares against ({shown}{', …' if len(missing) > 4 else ''}): {RERECORD}")
     kept = [s for s in samples if (s.prompt_id, s.temperature, s.seed) in set(need)]
     for s in kept:
-        want = cfg.sampling.params_for(s.prompt_id, s.temperature).as_dict()
+        want = cfg.sampling_for(s.prompt_id, s.temperature).as_dict()
         if s.sampling != want:
             got = "no sampling parameters (recorded before they were kept)" if s.sampling is None else s.sampling
             raise UsageError(f"baseline {path}: {s.prompt_id}@T{s.temperature:g} was sampled with {got}, this "

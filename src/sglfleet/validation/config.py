@@ -12,6 +12,8 @@ See ``validation/profiles/`` for the shipped per-deployment overrides.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,6 +26,14 @@ if TYPE_CHECKING:
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_SUITE = PACKAGE_DIR / "prompts" / "suite-v1.yaml"
+
+
+@functools.lru_cache(maxsize=8)
+def _suite_prompt_ids(path: str, mtime_ns: int) -> tuple[str, ...]:
+    """The suite's prompt ids (read once per file version: the gate asks for every request)."""
+    from sglfleet.validation.suite import load_suite
+
+    return tuple(p.id for p in load_suite(path).prompts)
 
 
 class DetectorThresholds(StrictModel):
@@ -154,15 +164,24 @@ class SamplingConfig(StrictModel):
     interleave: bool = Field(default=True, description="send every phase's requests in one shuffled order")
     extra: dict[str, Any] = Field(default_factory=dict, description="extra request body keys")
 
-    def params_for(self, prompt_id: str, temperature: float) -> Any:
-        """The tokenlaw.SamplingParams of one (prompt, T>0)."""
+    def params_for(self, prompt_id: str, temperature: float,
+                   pairs: Sequence[tuple[str, float]] | None = None) -> Any:
+        """The tokenlaw.SamplingParams of one (prompt, T>0). `pairs`: every (prompt, T>0) of the suite; the pairs,
+        in an order fixed by a hash of each, take the mix's entries in turn, so every entry gets its share (at
+        least one pair when there are as many pairs as entries; by the hash alone, 24 pairs left one of six
+        entries without a request on the H200, 2026-12-04). A pair outside `pairs` (or no `pairs`): its hash."""
         import hashlib
 
         from sglfleet.validation.tokenlaw import SamplingParams
 
+        def key(pid: str, t: float) -> int:
+            return int.from_bytes(hashlib.sha256(f"mix/{pid}/{t:g}".encode()).digest()[:4], "big")
+
         if self.mix:
-            h = hashlib.sha256(f"mix/{prompt_id}/{temperature:g}".encode()).digest()
-            m = self.mix[int.from_bytes(h[:4], "big") % len(self.mix)]
+            ranked = sorted(dict.fromkeys(pairs or ()), key=lambda pt: (key(*pt), pt))
+            where = {pt: i for i, pt in enumerate(ranked)}
+            i = where.get((prompt_id, temperature))
+            m = self.mix[(key(prompt_id, temperature) if i is None else i) % len(self.mix)]
             return SamplingParams(temperature, m.top_p, m.top_k, m.min_p, tuple(m.stop))
         return SamplingParams(temperature, self.top_p or 1.0, self.top_k or 0, self.min_p or 0.0)
 
@@ -470,6 +489,14 @@ class GateConfig(StrictModel):
                                        "[INST], <start_of_turn>): any of them in an answer fails it")
     # finish / usage sanity
     allowed_finish_reasons: list[str] = Field(default_factory=lambda: ["stop", "length"])
+
+    def sampling_for(self, prompt_id: str, temperature: float) -> Any:
+        """The tokenlaw.SamplingParams of one (prompt, T>0) of this gate: the mix shared over the suite's
+        (prompt, T>0) pairs (SamplingConfig.params_for), alike for the candidate and the baseline."""
+        path = Path(self.suite)
+        ids = _suite_prompt_ids(str(path), path.stat().st_mtime_ns)
+        pairs = [(pid, t) for t in sorted({t for t in self.temperatures if t > 0}) for pid in ids]
+        return self.sampling.params_for(prompt_id, temperature, pairs)
 
     @model_validator(mode="after")
     def _limits(self) -> GateConfig:

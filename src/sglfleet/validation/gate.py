@@ -185,7 +185,7 @@ class Gate:
         max_tokens = cfg.max_tokens or p.max_tokens
         s = Sample(p.id, temperature, seed, purpose, max_tokens, category=p.category)
         extra = dict(cfg.sampling.extra)
-        params = cfg.sampling.params_for(p.id, temperature) if temperature > 0 else None
+        params = cfg.sampling_for(p.id, temperature) if temperature > 0 else None
         if params is not None:  # every truncation field explicit: the law the per-token test places tokens in
             extra.update(params.request_fields(self.kind))
             s.sampling = params.as_dict()
