@@ -27,6 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "production-gate.md"
 BLOCK = re.compile(r"(<!-- prodseq: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /prodseq -->)", re.S)
+# bench/prodseq_outside.py's raw file: the tokens outside their request's law per sampling-mix entry
+OUTSIDE = re.compile(r"(<!-- prodseq-outside: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /prodseq-outside -->)", re.S)
 ROLE_ORDER = {"correct": 0, "fault": 1, "unpatched": 2}
 
 
@@ -229,10 +231,26 @@ def render(raw: dict[str, Any], path: str) -> str:
     return "\n".join(parts)
 
 
+def render_outside(raw: dict[str, Any], path: str) -> str:
+    """Per build and sampling-mix entry: answers, tokens, tokens outside the request's law."""
+    labels = sorted({lab for rows in raw["builds"].values() for lab in rows})
+    out = [f"Tokens outside the request's law per sampling-mix entry, placed again by the reference model on the CPU "
+           f"(raw: {path}):", "", "| build | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    for build, rows in raw["builds"].items():
+        cells = [f"{rows[lab]['outside']} of {rows[lab]['tokens']}" if lab in rows else "—" for lab in labels]
+        out.append(f"| {build} | " + " | ".join(cells) + " |")
+    out += ["", f"Command: `{raw['command']}` ({raw['date']}, {raw['machine']}, commit {raw['commit']}); baseline "
+            f"seeds {raw.get('baseline_seeds', 'all')}.", ""]
+    return "\n".join(out)
+
+
 def render_text(text: str) -> str:
     def sub(m: re.Match[str]) -> str:
         return m.group(1) + render(load(REPO / m.group("path")), m.group("path")) + m.group(4)
-    return BLOCK.sub(sub, text)
+
+    def sub_outside(m: re.Match[str]) -> str:
+        return m.group(1) + render_outside(load(REPO / m.group("path")), m.group("path")) + m.group(4)
+    return OUTSIDE.sub(sub_outside, BLOCK.sub(sub, text))
 
 
 def main(argv: list[str] | None = None) -> int:

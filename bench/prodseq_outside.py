@@ -1,0 +1,112 @@
+"""Where the tokens outside their request's law lie, per sampling-mix entry, in gate runs of the H200 production
+sequence (tests/ddtree/prodseq.py): every T>0 suite answer a gate report holds (the ids SGLang said it sampled,
+with the request's own temperature / top-p / top-k / min-p) placed again in the law by the embedded target's own
+numpy forward pass (validation's ReferenceScorer: the same SmolLM2-135M-Instruct, from its GGUF file; the H200 ran
+it in bf16, so a token at the law's very edge may fall either side). The baseline file's target-only answers are
+the control.
+
+Why: on the H200 the DFLASH chain (SGLang 0.5.23's own DFLASH worker) was refused in every run for tokens outside
+the law, while the DDTree builds passed. SGLang 0.5.23's DFLASH verify builds its target probabilities from
+temperature, top-k and top-p only (speculative/dflash_utils.py, build_speculative_verify_target_probs): if that is
+the cause, the chain's outside tokens lie in the requests with min-p and nowhere else.
+
+    python bench/prodseq_outside.py --reports DIR --baseline baseline.json.gz --gates chain-r01,b16-k4-r02 \
+        --out docs/results/prodseq-outside-2026-12-04.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+from bench.history import raw_header  # noqa: E402
+from sglfleet.validation.config import GateConfig  # noqa: E402
+from sglfleet.validation.likelihood import ReferenceScorer  # noqa: E402
+from sglfleet.validation.suite import load_suite  # noqa: E402
+from sglfleet.validation.tokenlaw import ORDERS, SamplingParams  # noqa: E402
+
+SUITE = REPO / "src" / "sglfleet" / "validation" / "prompts" / "suite-v1.yaml"
+
+
+def entry_label(sampling: dict[str, Any]) -> str:
+    parts = [f"top_p {sampling['top_p']:g}" if sampling["top_p"] < 1 else "",
+             f"top_k {sampling['top_k']}" if sampling["top_k"] else "",
+             f"min_p {sampling['min_p']:g}" if sampling["min_p"] else "",
+             "stop " + repr(sampling["stop"]) if sampling.get("stop") else ""]
+    return ", ".join(p for p in parts if p) or "untruncated"
+
+
+def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[str, Any]],
+          progress: str) -> dict[str, dict[str, int]]:
+    """Per mix entry: the tokens placed, those outside the law, and the answers."""
+    out: dict[str, dict[str, int]] = {}
+    hot = [s for s in samples if s["temperature"] > 0 and s.get("output_ids") and s.get("sampling")]
+    for i, s in enumerate(hot, 1):
+        params = SamplingParams(s["temperature"], **s["sampling"])
+        sc = scorer.score(prompts[s["prompt_id"]].messages(), s.get("text") or "", s["temperature"],
+                          prompt_id=s["prompt_id"], seed=s.get("seed"), ids=tuple(s["output_ids"]), params=params)
+        if sc.error:
+            raise SystemExit(f"{progress}: {s['prompt_id']}@T{s['temperature']:g}: {sc.error}")
+        row = out.setdefault(entry_label(s["sampling"]), {"answers": 0, "tokens": 0, "outside": 0})
+        row["answers"] += 1
+        row["tokens"] += len(sc.tok_pit)
+        row["outside"] += sum(p is None for p in sc.tok_pit)
+        print(f"[{progress}] {i}/{len(hot)}", file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reports", required=True, help="the gates/ folder of prodseq-reports.tgz")
+    ap.add_argument("--baseline", required=True, help="the baseline file the gates ran against (.json or .json.gz)")
+    ap.add_argument("--gates", required=True, help="comma-separated gate run names (folders under --reports)")
+    ap.add_argument("--baseline-seeds", type=int, default=0, help="only the baseline answers of its first N seeds "
+                    "(0: all)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    reports = Path(a.reports)
+    names = [n for n in a.gates.split(",") if n]
+    missing = [n for n in names if not (reports / n / "report.json").is_file()]
+    if missing or not Path(a.baseline).is_file():
+        print(f"error: no report.json for {missing} under {reports}" if missing else f"error: no {a.baseline}",
+              file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    prompts = {p.id: p for p in load_suite(SUITE).prompts}
+    cfg = GateConfig()
+    scorer = ReferenceScorer(cfg.judge, cfg.likelihood.window)
+    scorer.order = ORDERS["sglang"]
+    raw = Path(a.baseline).read_bytes()
+    base = json.loads(gzip.decompress(raw) if a.baseline.endswith(".gz") else raw)
+    result: dict[str, Any] = {**raw_header("bench/prodseq_outside.py"), "reports": str(reports),
+                              "baseline_file": a.baseline, "order": "sglang", "scorer": "reference (numpy, GGUF)",
+                              "builds": {}}
+    try:
+        seeds = sorted({s["seed"] for s in base["samples"]})[:a.baseline_seeds or None]
+        result["baseline_seeds"] = seeds
+        result["builds"]["target-only (baseline file)"] = place(
+            scorer, prompts, [s for s in base["samples"] if s["seed"] in seeds], "baseline")
+        for n in names:
+            rep = json.loads((reports / n / "report.json").read_text())
+            result["builds"][n] = place(scorer, prompts, [s for s in rep["samples"] if s.get("purpose") == "suite"], n)
+    finally:
+        scorer.close()
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    for build, rows in result["builds"].items():
+        print(build)
+        for label, r in sorted(rows.items()):
+            print(f"  {label:28s} {r['answers']:3d} answers {r['tokens']:5d} tokens {r['outside']:4d} outside")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
