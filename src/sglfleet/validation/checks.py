@@ -253,7 +253,9 @@ def _stop_strings(ctx: GateContext, t: float | None) -> list[CheckResult]:
                        f"({quote(s.text[max(0, at - 30):at + 30], 60)})")
     stopped = sum(s.finish_reason == "stop" for s in asked)
     msg = "; ".join(bad[:6]) or (f"{len(asked)} answers asked with stop strings ({stopped} ended with "
-                                 "finish_reason stop), none holds one")
+                                 "finish_reason stop), none holds one"
+                                 + ("; none met a stop string, so this check could not have failed" if not stopped
+                                    else ""))
     return [CheckResult("stop_strings", "sanity", Status.FAIL if bad else Status.PASS, msg,
                         evidence={"asked": len(asked), "finish_stop": stopped, "problems": bad})]
 
