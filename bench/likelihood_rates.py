@@ -39,7 +39,8 @@ from bench.history import raw_text  # noqa: E402
 from bench.likelihood_common import ScoreCache, provenance  # noqa: E402
 from sglfleet.pipeline.errors import UsageError, cli_main  # noqa: E402
 from sglfleet.validation.config import load_gate_config  # noqa: E402
-from sglfleet.validation.likelihood import likelihood_test, make_scorer  # noqa: E402
+from sglfleet.validation.likelihood import likelihood_test  # noqa: E402
+from sglfleet.validation.scorers import make_scorer  # noqa: E402
 from sglfleet.validation.suite import load_suite  # noqa: E402
 from sglfleet.validation.synth import corrupt  # noqa: E402
 

@@ -16,15 +16,8 @@ from pydantic import ValidationError
 from sglfleet.pipeline.errors import UsageError
 from sglfleet.pipeline.reports import redact
 from sglfleet.validation.config import GateConfig, LikelihoodConfig
-from sglfleet.validation.likelihood import (
-    AnswerScore,
-    _support_from_logits,
-    likelihood_test,
-    make_scorer,
-    permutation_test,
-    support_from_topk,
-    support_limit,
-)
+from sglfleet.validation.likelihood import likelihood_test, permutation_test, support_limit
+from sglfleet.validation.scorers import AnswerScore, _support_from_logits, make_scorer, support_from_topk
 
 PROMPTS = ("poem", "prose", "code", "factual", "list", "table", "arithmetic", "long")
 LC = LikelihoodConfig(permutations=2000, power_reps=0)

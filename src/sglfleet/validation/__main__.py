@@ -205,7 +205,7 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
     if result.server_kind == "sglang" and doc["samples"]:
         # the baseline server's own prefill log-probs of its T>0 answers: a gate without a live target-only
         # server lets the candidate score (its non-speculative prefill) only after it reproduces these
-        from sglfleet.validation.likelihood import record_scores
+        from sglfleet.validation.scorers import record_scores
 
         doc["scores"] = record_scores(args.target, cfg, result.model, gate.api_key, result.samples,
                                       {p.id: p.messages() for p in gate.suite.prompts})

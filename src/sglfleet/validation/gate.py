@@ -42,7 +42,6 @@ from sglfleet.validation.likelihood import (
     check_trust,
     design_problem,
     likelihood_verdicts,
-    make_scorer,
 )
 from sglfleet.validation.lossless import (
     Comparison,
@@ -59,13 +58,14 @@ from sglfleet.validation.lossless import (
     read_baseline,
 )
 from sglfleet.validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
+from sglfleet.validation.scorers import make_scorer
 from sglfleet.validation.spec import read_spec_metrics
 from sglfleet.validation.suite import Prompt, Suite, load_suite
 
 
 @dataclass(frozen=True)
 class _LikelihoodPlan:
-    scorer: Any  # validation.likelihood.Scorer
+    scorer: Any  # validation.scorers.Scorer
     baseline: list[BaselineSample] | None  # recorded T>0 answers; None: sampled live from baseline_url
     # the candidate scores itself (its non-speculative prefill; no live target-only server): trusted only after
     # it reproduces these recorded log-probs of the baseline's answers (likelihood.check_trust)
