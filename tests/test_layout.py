@@ -22,7 +22,7 @@ TESTBED_ALLOWED = {"src/sglfleet/flow/demo.py"}
 # what a controller imports for `sglfleet deploy --check`, `validate`, `render`, `loadtest` (the lab's are extras)
 CONTROLLER_MODULES = ("sglfleet.cli", "sglfleet.flow.__main__", "sglfleet.flow.promote", "sglfleet.flow.plan",
                       "sglfleet.flow.staged", "sglfleet.validation.__main__", "sglfleet.validation.gate",
-                      "sglfleet.validation.sweep", "sglfleet.rollout.__main__", "sglfleet.rollout.deploy",
+                      "sglfleet.flow.sweep", "sglfleet.rollout.__main__", "sglfleet.rollout.deploy",
                       "sglfleet.loadtests.__main__", "sglfleet.loadtests.runner", "sglfleet.loadtests.capacity",
                       "sglfleet.images.__main__", "sglfleet.patches.__main__")
 LAB_ONLY = ("torch", "triton", "transformers", "accelerate", "safetensors")

@@ -225,7 +225,7 @@ def _hot_case(name: str) -> bool:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sglfleet.validation.sweep import load_sweep_config, run_sweep, sweep_overrides
+    from sglfleet.flow.sweep import load_sweep_config, run_sweep, sweep_overrides
 
     cfg = load_sweep_config(args.grid, sweep_overrides(args.host))
     out = Path(args.out) if args.out else new_run_dir("runs", "sweep")
