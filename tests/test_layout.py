@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "sglfleet"
-PRODUCT = ("patches", "images", "rollout", "flow", "validation", "loadtests", "pipeline")
+PRODUCT = ("patches", "images", "rollout", "flow", "validation", "textscore", "loadtests", "pipeline")
 # the one place the product reaches into the test bed: `make demo` deploys to it
 TESTBED_ALLOWED = {"src/sglfleet/flow/demo.py"}
 # what a controller imports for `sglfleet deploy --check`, `validate`, `render`, `loadtest` (the lab's are extras)

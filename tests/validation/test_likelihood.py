@@ -292,7 +292,7 @@ def test_the_whole_verdict_on_real_samples_of_the_model(scorer) -> None:
 def test_a_llamacpp_candidate_serving_another_file_is_refused(http_peer) -> None:
     from pathlib import Path
 
-    from sglfleet.validation.judge import judge_model_path
+    from sglfleet.textscore.judge import judge_model_path
 
     props = lambda path: (200, "application/json", json.dumps({"model_path": path}).encode())  # noqa: E731
     http_peer.routes["/props"] = props("/models/Meta-Llama-3-8B-Instruct.Q4_K_M.gguf")

@@ -28,14 +28,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sglfleet.pipeline.client import ChatResult, OpenAIClient
 from sglfleet.pipeline.errors import TargetError, UsageError
 from sglfleet.pipeline.reports import Case, write_html, write_json, write_junit
-from sglfleet.validation.backstop import Backstop
+from sglfleet.textscore.backstop import Backstop
+from sglfleet.textscore.detectors import score_text
+from sglfleet.textscore.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
 from sglfleet.validation.baseline import BaselineSample, hot_temperatures
 from sglfleet.validation.baseline import samples_of as baseline_samples_of
 from sglfleet.validation.checks import GateContext, LosslessData, run_checks
 from sglfleet.validation.config import GateConfig, gate_api_key, lossless_requirement, target_client
 from sglfleet.validation.depth import long_copy_case, quality_case, speed_cases
-from sglfleet.validation.detectors import score_text
-from sglfleet.validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
 from sglfleet.validation.likelihood import (
     Answer,
     answer_seed,

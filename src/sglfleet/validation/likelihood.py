@@ -4,7 +4,7 @@ A speculative decoder is correct exactly when, at every temperature, it samples 
 own distribution. At T>0 no single answer proves that, but the target can score every answer: each token's
 log-probability under the target (the target-only SGLang server's `/generate` with input log-probs, or,
 for the embedded llama.cpp target, the in-process numpy forward pass of the same model,
-validation/refmodel.py): the scorers are validation/scorers.py; this module holds the statistics. Per
+textscore/refmodel.py): the scorers are validation/scorers.py; this module holds the statistics. Per
 temperature T:
 
 1. **Support.** p_T = softmax(logits / T). A correct sampler at T with top_p <= 1 (top_p, top-k and min-p
@@ -27,7 +27,7 @@ temperature T:
 3. **Alpha.** `alpha` is the false-fail rate of the whole T>0 verdict: alpha / (number of T>0 temperatures)
    per temperature (Bonferroni), `support_share` of that to the support check, the rest split evenly over
    the statistics (a statistic the scorer cannot give keeps its share unspent).
-4. **Power.** From the baseline's own scored answers and corrupted variants of them (validation/synth.py,
+4. **Power.** From the baseline's own scored answers and corrupted variants of them (textscore/synth.py,
    scored by the same scorer), Monte Carlo draws of a candidate whose answers are corrupted with rate r give
    the rejection probability at this sample count; the verdict reports the smallest r rejected with
    probability >= power_target.
@@ -358,7 +358,7 @@ def make_variants(baseline: list[tuple[AnswerScore, list[dict[str, str]], str]],
     """Corrupted variants of the baseline's own answers (one per family of lc.power_families, where the family
     can corrupt the text), scored by the same scorer at the answer's temperature. baseline: (its score, the
     prompt's messages, its text)."""
-    from sglfleet.validation.synth import corrupt
+    from sglfleet.textscore.synth import corrupt
 
     rng = random.Random(lc.rng_seed if seed is None else seed)
     reqs = []

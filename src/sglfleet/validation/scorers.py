@@ -2,7 +2,7 @@
 per-token fields the likelihood test reads (validation/likelihood.py holds the statistics, none of them here).
 
 Two scorers: `ReferenceScorer`, the in-process numpy forward pass of the embedded llama.cpp target's own model
-(validation/refmodel.py, full logits: p_T exact), and `SGLangScorer`, the target-only SGLang server's `/generate`
+(textscore/refmodel.py, full logits: p_T exact), and `SGLangScorer`, the target-only SGLang server's `/generate`
 with input log-probs (top-k rows: p_T's normaliser from the alternatives seen). `make_scorer` probes one once
 (served model, tokenizer, log-probs) and fails with a UsageError before any gate request when it cannot score;
 `score_all` scores a list of `ScoreRequest`s, batched where the scorer can; `record_scores` is what
@@ -294,7 +294,7 @@ class ReferenceScorer:
     scores_ids = True  # an answer's sampled ids (llama.cpp names them in its log-prob entries) instead of its text
 
     def __init__(self, judge_cfg: Any, window: int) -> None:
-        from sglfleet.validation.judge import FluencyJudge, judge_model_path
+        from sglfleet.textscore.judge import FluencyJudge, judge_model_path
 
         self.model_path = judge_model_path(judge_cfg.model_path)
         self.window = window
