@@ -2,7 +2,8 @@
 
     python bench/detector_diff.py --base REV docs/gate-heldout-seed20261201.json [more.json ...] [--out X.json]
 
-Loads src/sglfleet/validation/detectors.py (validation/detectors.py before the src/ layout) as it was at REV
+Loads src/sglfleet/textscore/detectors.py (src/sglfleet/validation/detectors.py before the textscore package,
+validation/detectors.py before the src/ layout) as it was at REV
 (git show) next to the current one and scores every item
 of the given bench/gate_families.py results with both (text detectors only; the judge is not involved).
 Writes every item whose verdict differs, with its label, and the counts per label: a change meant to catch
@@ -24,22 +25,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-import sglfleet.validation.detectors as current  # noqa: E402
+import sglfleet.textscore.detectors as current  # noqa: E402
 from bench.history import commit, read_json  # noqa: E402
 
-DETECTORS = "src/sglfleet/validation/detectors.py"
+DETECTORS = "src/sglfleet/textscore/detectors.py"
+OLDER = ("src/sglfleet/validation/detectors.py",  # revisions before the textscore package
+         "validation/detectors.py")              # revisions before the src/sglfleet layout
 
 
 def _load_at(rev: str) -> object:
-    for rel in (DETECTORS, "validation/detectors.py"):  # the second: revisions before the src/sglfleet layout
+    for rel in (DETECTORS, *OLDER):
         src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{rel}"], capture_output=True, text=True)
         if src.returncode == 0:
             break
     else:
-        raise SystemExit(f"detector_diff: no validation/detectors.py at {rev!r} (neither {DETECTORS} nor the top "
-                         f"level): {src.stderr.strip()}")
+        raise SystemExit(f"detector_diff: no textscore/detectors.py at {rev!r} (neither {DETECTORS} nor "
+                         f"{' nor '.join(OLDER)}): {src.stderr.strip()}")
     text = src.stdout
-    if rel != DETECTORS:  # its imports name the packages before the sglfleet namespace
+    if rel == OLDER[-1]:  # its imports name the packages before the sglfleet namespace
         text = re.sub(r"^(\s*)from (validation|pipeline)([.\s])", r"\1from sglfleet.\2\3", text, flags=re.M)
     path = Path(tempfile.mkdtemp(prefix="detdiff-")) / "detectors_base.py"
     path.write_text(text)

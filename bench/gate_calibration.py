@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from sglfleet.pipeline.client import OpenAIClient  # noqa: E402
 from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
-from sglfleet.validation.detectors import score_text  # noqa: E402
+from sglfleet.textscore.detectors import score_text  # noqa: E402
 
 PROMPTS = [
     'Describe a sunrise over the mountains.',

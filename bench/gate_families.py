@@ -7,9 +7,9 @@ For one seed it builds, then scores with the gate's default config:
 - *real coherent*: answers of the embedded target (SmolLM2-135M on llama.cpp, started here) to the suite
   prompts and to varied prompts, at every gate temperature (0, 0.6, 0.8, 1.0), sampling seeds derived
   from --seed; labeled coherent because the model wrote them (the model's own T=0 loops are included);
-- *generated coherent*: every coherent-but-tricky family of validation/synth.py (code, JSON, YAML,
+- *generated coherent*: every coherent-but-tricky family of textscore/synth.py (code, JSON, YAML,
   tables, lists, identifiers, numbers, non-English, emoji, legitimate repetition);
-- *corrupted*: every corruption family of validation/synth.py applied to the real answers and to
+- *corrupted*: every corruption family of textscore/synth.py applied to the real answers and to
   generated prose, each judged as a T=0 answer (the one temperature at which the judge may excuse a loop as
   the reference model's own: the hardest case for the gate);
 - the labeled corpus tests/validation/corpus.jsonl (fixed; the same for every seed);
@@ -42,11 +42,11 @@ from sglfleet.pipeline.client import OpenAIClient  # noqa: E402
 from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer  # noqa: E402
 from sglfleet.pipeline.errors import TargetError  # noqa: E402
 from sglfleet.pipeline.reports import utc_now, write_json  # noqa: E402
+from sglfleet.textscore.detectors import score_text  # noqa: E402
+from sglfleet.textscore.judge import FluencyJudge, judge_verdict, threshold_for  # noqa: E402
+from sglfleet.textscore.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt  # noqa: E402
 from sglfleet.validation.config import GateConfig  # noqa: E402
-from sglfleet.validation.detectors import score_text  # noqa: E402
-from sglfleet.validation.judge import FluencyJudge, judge_verdict, threshold_for  # noqa: E402
 from sglfleet.validation.suite import load_suite  # noqa: E402
-from sglfleet.validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt  # noqa: E402
 
 EXTRA_PROMPTS = [
     ("prose", "Describe a sunrise over the mountains."), ("prose", "Explain how a bicycle works."),

@@ -1,5 +1,5 @@
 """Two fluency-judge set-ups side by side in one run. By default the two forward-pass engines: numpy
-(validation/refmodel.py, the default) against llama.cpp's /embedding on its Q8_0 copy (the engine the limits
+(textscore/refmodel.py, the default) against llama.cpp's /embedding on its Q8_0 copy (the engine the limits
 were calibrated on); `--pair llamacpp-as-shipped,llamacpp-q8_0` compares the wheel's Q4_1 file with that copy.
 
     python bench/judge_engine.py [--pair numpy,llamacpp-q8_0] [--items docs/gate-heldout-seed20261212.json]
@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.history import raw_header, read_json  # noqa: E402
+from sglfleet.textscore.judge import FluencyJudge, JudgeScore, threshold_for  # noqa: E402
 from sglfleet.validation.config import JudgeConfig  # noqa: E402
-from sglfleet.validation.judge import FluencyJudge, JudgeScore, threshold_for  # noqa: E402
 
 ENGINES = {"numpy": JudgeConfig(engine="numpy"), "llamacpp-q8_0": JudgeConfig(engine="llamacpp", weights="q8_0"),
            "llamacpp-as-shipped": JudgeConfig(engine="llamacpp", weights="as-shipped")}

@@ -16,7 +16,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from sglfleet.validation.likelihood import AnswerScore, Scorer  # noqa: E402
+from sglfleet.validation.scorers import AnswerScore, Scorer  # noqa: E402
 from sglfleet.validation.suite import Suite  # noqa: E402
 
 

@@ -29,7 +29,8 @@ sys.path.insert(0, str(REPO))
 from bench.likelihood_common import ScoreCache, provenance  # noqa: E402
 from sglfleet.pipeline.errors import UsageError, cli_main  # noqa: E402
 from sglfleet.validation.config import load_gate_config  # noqa: E402
-from sglfleet.validation.likelihood import AnswerScore, likelihood_test, make_scorer  # noqa: E402
+from sglfleet.validation.likelihood import likelihood_test  # noqa: E402
+from sglfleet.validation.scorers import AnswerScore, make_scorer  # noqa: E402
 from sglfleet.validation.suite import load_suite  # noqa: E402
 
 TEMPS = (0.6, 0.8, 1.0)

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         n = sample_pool(a.target, cfg, seeds, out, a.concurrency)
     else:
         from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
-        from sglfleet.validation.judge import _free_port
+        from sglfleet.textscore.judge import _free_port
 
         ecfg = EmbeddedConfig(port=_free_port(), threads=a.threads)
         with EmbeddedServer(ecfg, tempfile.mkdtemp(prefix="lik-pool-")) as srv:

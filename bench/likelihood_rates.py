@@ -17,7 +17,7 @@ reference model; the end-of-turn token scored where the answer stopped). Then:
   a gate run do.
 - **false pass / power on generated corruptions**: draws whose candidate seeds come from the first
   `--variant-seeds` seeds (the baseline's from the rest), with a fraction r of the candidate's
-  answers at every temperature replaced by a corrupted variant of themselves (validation/synth.py families,
+  answers at every temperature replaced by a corrupted variant of themselves (textscore/synth.py families,
   one family per answer, drawn at random), scored by the same scorer: the rejection rate per r (1 minus the
   false-pass rate), per family at r = 1.
 """
@@ -38,10 +38,11 @@ sys.path.insert(0, str(REPO))
 from bench.history import raw_text  # noqa: E402
 from bench.likelihood_common import ScoreCache, provenance  # noqa: E402
 from sglfleet.pipeline.errors import UsageError, cli_main  # noqa: E402
+from sglfleet.textscore.synth import corrupt  # noqa: E402
 from sglfleet.validation.config import load_gate_config  # noqa: E402
-from sglfleet.validation.likelihood import likelihood_test, make_scorer  # noqa: E402
+from sglfleet.validation.likelihood import likelihood_test  # noqa: E402
+from sglfleet.validation.scorers import make_scorer  # noqa: E402
 from sglfleet.validation.suite import load_suite  # noqa: E402
-from sglfleet.validation.synth import corrupt  # noqa: E402
 
 FAMILIES = ("soup_tail", "block_loop", "word_shuffle", "near_repeat", "token_soup", "glued_shuffle",
             "word_stutter", "subword_repeat", "mojibake_tail", "punct_flood")

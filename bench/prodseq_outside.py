@@ -29,7 +29,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]
 
 from bench.history import raw_header  # noqa: E402
 from sglfleet.validation.config import GateConfig  # noqa: E402
-from sglfleet.validation.likelihood import ReferenceScorer  # noqa: E402
+from sglfleet.validation.scorers import ReferenceScorer  # noqa: E402
 from sglfleet.validation.suite import load_suite  # noqa: E402
 from sglfleet.validation.tokenlaw import ORDERS, SamplingParams  # noqa: E402
 

@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.history import read_json  # noqa: E402
+from sglfleet.textscore.detectors import score_text  # noqa: E402
 from sglfleet.validation.config import load_gate_config  # noqa: E402
-from sglfleet.validation.detectors import score_text  # noqa: E402
 
 
 def rates(items: list[dict], key: str) -> dict[str, object]:

@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.history import raw_header, read_json, seed_files  # noqa: E402
+from sglfleet.textscore.judge import CHAT_PREFIX, LOOP_CHECKS, FluencyJudge  # noqa: E402
 from sglfleet.validation.config import GateConfig  # noqa: E402
-from sglfleet.validation.judge import CHAT_PREFIX, LOOP_CHECKS, FluencyJudge  # noqa: E402
 
 EXCUSABLE = {*LOOP_CHECKS, "fluency"}
 TEMPS = (0.6, 0.8, 1.0)

@@ -29,4 +29,4 @@ def test_same_revision_flips_nothing_and_bad_input_is_exit_2(tmp_path: Path) -> 
     p = _run("--base", "HEAD", str(tmp_path / "bad.json"))
     assert p.returncode == 2 and "not a gate_families result" in p.stderr
     p = _run("--base", "no-such-revision-xyz", str(f))
-    assert p.returncode != 0 and "no validation/detectors.py at" in p.stderr
+    assert p.returncode != 0 and "no textscore/detectors.py at" in p.stderr

@@ -16,13 +16,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "sglfleet"
-PRODUCT = ("patches", "images", "rollout", "flow", "validation", "loadtests", "pipeline")
+PRODUCT = ("patches", "images", "rollout", "flow", "validation", "textscore", "loadtests", "pipeline")
 # the one place the product reaches into the test bed: `make demo` deploys to it
 TESTBED_ALLOWED = {"src/sglfleet/flow/demo.py"}
 # what a controller imports for `sglfleet deploy --check`, `validate`, `render`, `loadtest` (the lab's are extras)
 CONTROLLER_MODULES = ("sglfleet.cli", "sglfleet.flow.__main__", "sglfleet.flow.promote", "sglfleet.flow.plan",
                       "sglfleet.flow.staged", "sglfleet.validation.__main__", "sglfleet.validation.gate",
-                      "sglfleet.validation.sweep", "sglfleet.rollout.__main__", "sglfleet.rollout.deploy",
+                      "sglfleet.flow.sweep", "sglfleet.rollout.__main__", "sglfleet.rollout.deploy",
                       "sglfleet.loadtests.__main__", "sglfleet.loadtests.runner", "sglfleet.loadtests.capacity",
                       "sglfleet.images.__main__", "sglfleet.patches.__main__")
 LAB_ONLY = ("torch", "triton", "transformers", "accelerate", "safetensors")

@@ -1,6 +1,6 @@
 """A speculative inference engine for SmolLM2-135M-Instruct on CPU, with injectable faults of the incident's class.
 
-The target is validation/refmodel.py's numpy Llama forward pass over the GGUF file's weights dequantized to
+The target is textscore/refmodel.py's numpy Llama forward pass over the GGUF file's weights dequantized to
 float32 (the same cache the judge maps), run incrementally over a KV cache. Speculative decoding works as
 DDTree / DFLASH does: the drafter (testbed/corruptible/drafter.py) proposes a tree of `budget` tokens below
 the root (the last committed token, whose KV is not computed yet); ONE target pass verifies the w = budget + 1
@@ -223,9 +223,9 @@ class Engine:
     def __init__(self, cfg: EngineConfig) -> None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        from sglfleet.validation.gguf_tokenizer import cached_tokenizer
-        from sglfleet.validation.judge import judge_cache_dir, judge_model_path
-        from sglfleet.validation.refmodel import ReferenceLM, cached_weights
+        from sglfleet.textscore.gguf_tokenizer import cached_tokenizer
+        from sglfleet.textscore.judge import judge_cache_dir, judge_model_path
+        from sglfleet.textscore.refmodel import ReferenceLM, cached_weights
 
         self.cfg = cfg
         src = judge_model_path(cfg.model_path)

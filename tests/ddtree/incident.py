@@ -63,7 +63,7 @@ GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml
 
 
 class GateServer(sm.Server):
-    """A server rendered by the sweep's sglang kind (validation.sweep_sglang, the commands CI checks
+    """A server rendered by the sweep's sglang kind (flow.sweep_sglang, the commands CI checks
     with sglang's parser): tokenizer on, OpenAI endpoints, CUDA graphs."""
 
     def __init__(self, name: str, variant: str | None, budget: int | None, topk: int, port: int, argv: list[str],
@@ -82,8 +82,8 @@ class GateServer(sm.Server):
 
 
 def plan() -> list[GateServer]:
-    from sglfleet.validation.sweep import load_sweep_config
-    from sglfleet.validation.sweep_sglang import cell_command, server_command
+    from sglfleet.flow.sweep import load_sweep_config
+    from sglfleet.flow.sweep_sglang import cell_command, server_command
 
     cfg = load_sweep_config(str(GRID)).sglang.model_copy(
         update={"model_path": sm.MODEL["path"], "draft_model_path": sm.MODEL["draft"], "python": sys.executable})

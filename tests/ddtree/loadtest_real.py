@@ -2,7 +2,7 @@
 the target alone and DDTree (budget 16, top-k 4, the trained drafter), one after the other on the one GPU.
 
 Servers are rendered and started by the sweep's sglang kind (validation/grids/sglang-smollm2.yaml:
-validation.sweep_sglang.server_command / cell_command, pipeline.server_proc.ServerProcess), so the
+flow.sweep_sglang.server_command / cell_command, pipeline.server_proc.ServerProcess), so the
 commands are the ones CI checks with sglang's parser. Needs the environment of
 tests/ddtree/gpu_session.sh (`loadtest` step): the patched sglang + plugin on PYTHONPATH and Locust's
 wheels (.carry/locust-py, tests/ddtree/make_locust_carry.sh) installed.
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from sglfleet.validation.sweep import load_sweep_config  # noqa: E402
-from sglfleet.validation.sweep_sglang import cell_command, cell_server, server_command  # noqa: E402
+from sglfleet.flow.sweep import load_sweep_config  # noqa: E402
+from sglfleet.flow.sweep_sglang import cell_command, cell_server, server_command  # noqa: E402
 
 GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds .carry/gate-py/: the pure-Python packages `python -m sglfleet.validation run` needs that the GPU
-# machine's image lacks (wordfreq with the lists of validation.detectors.LANGS only, ftfy, langcodes, locate), copied from
+# machine's image lacks (wordfreq with the lists of textscore.detectors.LANGS only, ftfy, langcodes, locate), copied from
 # this checkout's .venv (make setup). pydantic and orjson come with .carry/sglang/p2; httpx, rich,
 # jinja2, PyYAML and matplotlib are in the image. Run from the repo root.
 set -euo pipefail

@@ -184,8 +184,8 @@ def log_tail(path: Path, n: int = TAIL) -> str:
 
 def plan(dummy_drafter: bool = False) -> list[Srv]:
     """The target-only server and the nine candidates, as the grid's sglang kind renders them."""
-    from sglfleet.validation.sweep import load_sweep_config
-    from sglfleet.validation.sweep_sglang import cell_command, server_command
+    from sglfleet.flow.sweep import load_sweep_config
+    from sglfleet.flow.sweep_sglang import cell_command, server_command
 
     cfg = load_sweep_config(str(GRID)).sglang.model_copy(
         update={"model_path": sm.MODEL["path"], "draft_model_path": sm.MODEL["draft"], "python": sys.executable})

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from test_ddtree_args import parse, patched_sglang  # noqa: F401 - the module-scoped fixture
 
+from sglfleet.flow.sweep import load_sweep_config
+from sglfleet.flow.sweep_sglang import cell_command, server_command
 from sglfleet.pipeline.errors import UsageError
-from sglfleet.validation.sweep import load_sweep_config
-from sglfleet.validation.sweep_sglang import cell_command, server_command
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"

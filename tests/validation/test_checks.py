@@ -1,4 +1,4 @@
-"""The gate as a registry of checks (validation/checks.py) and the zero-tolerance backstop (validation/backstop.py)."""
+"""The gate as a registry of checks (validation/checks.py) and the zero-tolerance backstop (textscore/backstop.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sglfleet.validation.backstop import backstop_findings
+from sglfleet.textscore.backstop import backstop_findings
+from sglfleet.textscore.detectors import score_text
 from sglfleet.validation.checks import REGISTRY, GateContext, Status, run_checks
 from sglfleet.validation.config import GateConfig
-from sglfleet.validation.detectors import score_text
 from sglfleet.validation.samples import Sample
 
 HERE = Path(__file__).parent

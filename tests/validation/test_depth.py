@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sglfleet.flow.sweep import SweepConfig, _embedded_cell_config, load_sweep_config
 from sglfleet.pipeline.errors import UsageError
 from sglfleet.validation.depth import copy_passage, copy_scores, is_correct, load_quality_set
-from sglfleet.validation.sweep import SweepConfig, _embedded_cell_config, load_sweep_config
 
 REPO = Path(__file__).resolve().parents[2]
 

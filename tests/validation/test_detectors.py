@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from sglfleet.textscore.detectors import score_text, word_stats
 from sglfleet.validation.config import DetectorThresholds
-from sglfleet.validation.detectors import score_text, word_stats
 
 CORPUS = [json.loads(line) for line in Path(__file__).with_name("corpus.jsonl").read_text().splitlines()]
 

@@ -14,10 +14,9 @@ import pytest
 
 from sglfleet.pipeline.embedded import EmbeddedServer
 from sglfleet.pipeline.errors import UsageError
-from sglfleet.validation.config import GateConfig, JudgeConfig
-from sglfleet.validation.detectors import Finding, score_text
-from sglfleet.validation.gguf_tokenizer import cached_tokenizer
-from sglfleet.validation.judge import (
+from sglfleet.textscore.detectors import Finding, score_text
+from sglfleet.textscore.gguf_tokenizer import cached_tokenizer
+from sglfleet.textscore.judge import (
     LOOP_CHECKS,
     FluencyJudge,
     JudgeScore,
@@ -30,8 +29,9 @@ from sglfleet.validation.judge import (
     threshold_for,
     windowed,
 )
-from sglfleet.validation.refmodel import ReferenceLM, cached_weights
-from sglfleet.validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt, prose
+from sglfleet.textscore.refmodel import ReferenceLM, cached_weights
+from sglfleet.textscore.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt, prose
+from sglfleet.validation.config import GateConfig, JudgeConfig
 
 SEEDS = (101, 102)
 
@@ -85,7 +85,7 @@ def test_log_probs_match_the_engine(judge: FluencyJudge, embedded_target: Embedd
 
 @pytest.mark.integration
 def test_numpy_forward_matches_llamacpp_token_by_token(judge: FluencyJudge) -> None:
-    """validation/refmodel.py's forward pass against llama.cpp's on the same file, every token of coherent and
+    """textscore/refmodel.py's forward pass against llama.cpp's on the same file, every token of coherent and
     corrupted texts after a prompt: per-token NLL and the greedy gap agree within llama.cpp's 8-bit activation
     noise, and so does the statistic the gate uses (worst window). A wrong rotary layout, mask, head grouping or
     norm moves the mean difference by nats, not hundredths."""
@@ -127,7 +127,7 @@ def _tokenizer_texts() -> list[str]:
 
 @pytest.mark.integration
 def test_in_process_tokenizer_is_llamacpps_token_for_token(judge: FluencyJudge, tmp_path: Path) -> None:
-    """validation/gguf_tokenizer.py rebuilds the GGUF file's byte-level BPE (digits split one by one, control
+    """textscore/gguf_tokenizer.py rebuilds the GGUF file's byte-level BPE (digits split one by one, control
     tokens whole): the same ids and pieces as llama.cpp's /tokenize on every text kind. The default judge runs
     with it and no child process. A wrong pre-tokenizer (digits, the GPT-2 split) or a control token matched as
     text changes ids here."""

@@ -16,15 +16,8 @@ from pydantic import ValidationError
 from sglfleet.pipeline.errors import UsageError
 from sglfleet.pipeline.reports import redact
 from sglfleet.validation.config import GateConfig, LikelihoodConfig
-from sglfleet.validation.likelihood import (
-    AnswerScore,
-    _support_from_logits,
-    likelihood_test,
-    make_scorer,
-    permutation_test,
-    support_from_topk,
-    support_limit,
-)
+from sglfleet.validation.likelihood import likelihood_test, permutation_test, support_limit
+from sglfleet.validation.scorers import AnswerScore, _support_from_logits, make_scorer, support_from_topk
 
 PROMPTS = ("poem", "prose", "code", "factual", "list", "table", "arithmetic", "long")
 LC = LikelihoodConfig(permutations=2000, power_reps=0)
@@ -299,7 +292,7 @@ def test_the_whole_verdict_on_real_samples_of_the_model(scorer) -> None:
 def test_a_llamacpp_candidate_serving_another_file_is_refused(http_peer) -> None:
     from pathlib import Path
 
-    from sglfleet.validation.judge import judge_model_path
+    from sglfleet.textscore.judge import judge_model_path
 
     props = lambda path: (200, "application/json", json.dumps({"model_path": path}).encode())  # noqa: E731
     http_peer.routes["/props"] = props("/models/Meta-Llama-3-8B-Instruct.Q4_K_M.gguf")

@@ -13,13 +13,8 @@ import numpy as np
 import pytest
 
 from sglfleet.validation.config import LikelihoodConfig
-from sglfleet.validation.likelihood import (
-    AnswerScore,
-    _scores_from_logits,
-    likelihood_test,
-    pit_from_topk,
-    pit_of_row,
-)
+from sglfleet.validation.likelihood import likelihood_test
+from sglfleet.validation.scorers import AnswerScore, _scores_from_logits, pit_from_topk, pit_of_row
 
 V = 48          # vocabulary of the toy model
 T = 0.8

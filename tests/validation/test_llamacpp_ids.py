@@ -51,7 +51,7 @@ def test_the_real_server_names_the_ids_it_sampled(embedded_target: EmbeddedServe
     """At T=0.8 with one alternative asked: the ids decode to exactly the text, one per token drawn; the same
     seed without log-probs samples the same text (asking for them does not change the sampler)."""
     from sglfleet.validation.config import GateConfig
-    from sglfleet.validation.likelihood import make_scorer
+    from sglfleet.validation.scorers import make_scorer
 
     client = OpenAIClient(embedded_target.url)
     msgs = [{"role": "user", "content": "Name three rivers of Europe, one line each."}]

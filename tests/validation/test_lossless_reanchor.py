@@ -121,10 +121,10 @@ CLEAN_REF = "The sea is deep."
 
 def gate_with(table: dict[str, list], ref_text: str = CLEAN_REF) -> tuple[dict, dict, dict]:
     """The gate's T=0 verdict on one looping answer after a near-tie, in oracle mode (a baseline is there)."""
-    from sglfleet.validation.backstop import backstop_findings
+    from sglfleet.textscore.backstop import backstop_findings
+    from sglfleet.textscore.detectors import score_text
     from sglfleet.validation.checks import GateContext, LosslessData, run_checks
     from sglfleet.validation.config import GateConfig
-    from sglfleet.validation.detectors import score_text
     from sglfleet.validation.gate import Gate, Sample
 
     cfg = GateConfig(judge={"enabled": False}, determinism={"enabled": False}, variation={"enabled": False},

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sglfleet.textscore.detectors import score_text
 from sglfleet.validation.config import DetectorThresholds, load_gate_config
-from sglfleet.validation.detectors import score_text
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parents[1] / "src" / "sglfleet" / "validation" / "profiles"

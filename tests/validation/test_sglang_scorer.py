@@ -1,4 +1,4 @@
-"""sglfleet.validation.likelihood.SGLangScorer against a peer that speaks SGLang 0.5.23's scoring protocol, backed by
+"""sglfleet.validation.scorers.SGLangScorer against a peer that speaks SGLang 0.5.23's scoring protocol, backed by
 the embedded target's reference model (real SGLang needs a GPU: the scorer ran on the H200, docs/gpu-runs.md).
 
 The peer follows sglang/srt/managers/scheduler_components/logprob_result_processor.py: input log-probs start
@@ -18,7 +18,7 @@ import pytest
 
 from sglfleet.pipeline.errors import UsageError
 from sglfleet.validation.config import GateConfig
-from sglfleet.validation.likelihood import ScoreRequest, SGLangScorer, make_scorer, render_chat, score_all
+from sglfleet.validation.scorers import ScoreRequest, SGLangScorer, make_scorer, render_chat, score_all
 
 MSG = [{"role": "user", "content": "Write a short poem about the ocean."}]
 ANSWER = "The ocean hums a song of blue,\nof tides that come and go."

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from sglfleet.flow.sweep import SweepConfig, load_sweep_config, run_sweep
+from sglfleet.flow.sweep_sglang import SGLangConfig, cell_command, server_command
 from sglfleet.pipeline.errors import TargetError, UsageError
-from sglfleet.validation.sweep import SweepConfig, load_sweep_config, run_sweep
-from sglfleet.validation.sweep_sglang import SGLangConfig, cell_command, server_command
 
 REPO = Path(__file__).resolve().parents[2]
 GRID = REPO / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"
@@ -193,7 +193,7 @@ def test_a_baseline_that_does_not_come_up_stops_the_sweep_with_its_log(tmp_path:
 def test_advice_names_what_to_serve() -> None:
     """The sweep's one-line advice: the passing cell; without one, no speculation when the correct cells
     lost only on speed (the H200 sweep of 2026-12-01: DDTree at 0.36-0.38x of a 135M target); else nothing."""
-    from sglfleet.validation.sweep import advise
+    from sglfleet.flow.sweep import advise
 
     def row(cell: str, status: str, failed: list[str], tok_s: float, speedup: float) -> dict[str, Any]:
         return {"cell": cell, "status": status, "failed_checks": failed, "tok_s": tok_s, "speedup": speedup}

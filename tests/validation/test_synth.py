@@ -13,8 +13,8 @@ import unicodedata
 
 import pytest
 
-from sglfleet.validation.detectors import score_text
-from sglfleet.validation.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt, generate, prose
+from sglfleet.textscore.detectors import score_text
+from sglfleet.textscore.synth import COHERENT_FAMILIES, CORRUPTION_FAMILIES, corrupt, generate, prose
 
 SEEDS = (101, 102, 103)
 JUDGE_FAMILIES = {"word_shuffle", "soup_tail"}
@@ -87,7 +87,7 @@ _AFTER = {"the", "a", "an", "of", "to", "and", "in", "is", "was", "for", "with",
 def test_short_answers_with_one_word_order_anomaly_fail(seed: int) -> None:
     """A one-sentence answer shuffled so a determiner lands before a function word ("of Paris. The is
     capital France", held-out seed 20261203) has room for one anomaly only: one is enough there."""
-    from sglfleet.validation.synth import _sentence
+    from sglfleet.textscore.synth import _sentence
 
     rng = random.Random(seed)
     checked = 0
@@ -171,7 +171,7 @@ def test_a_full_stop_shuffled_into_a_short_answer_fails(seed: int) -> None:
     answer a full stop followed by an operator or a lowercase word is a word-order anomaly. Generated:
     sums and one-sentence answers, shuffled until the stop lands inside; and short answers whose stops
     are abbreviations, list markers, decimals or an ellipsis pass."""
-    from sglfleet.validation.synth import _sentence
+    from sglfleet.textscore.synth import _sentence
 
     rng = random.Random(seed)
     checked = 0

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from sglfleet.validation.config import LikelihoodConfig
-from sglfleet.validation.likelihood import AnswerScore, check_trust, token_verdict
+from sglfleet.validation.likelihood import check_trust, token_verdict
+from sglfleet.validation.scorers import AnswerScore
 from sglfleet.validation.tokenlaw import (
     FAMILIES,
     ORDERS,
@@ -255,7 +256,7 @@ def test_the_candidate_is_trusted_as_scorer_only_when_it_reproduces_the_baseline
 def test_the_sglang_scorers_rows_place_tokens_as_the_full_row_does() -> None:
     """The SGLang scorer builds each position's law from the server's top-k rows (log p_1, id) and the sampled
     token's own log p_1: where the nucleus fits in the listed candidates its PITs are the full row's."""
-    from sglfleet.validation.likelihood import SGLangScorer
+    from sglfleet.validation.scorers import SGLangScorer
 
     rng = np.random.default_rng(11)
     sc = SGLangScorer("http://127.0.0.1:9", 64, 16, 5.0)
@@ -336,7 +337,7 @@ def test_only_tokens_the_server_said_it_drew_are_placed_in_the_law() -> None:
     """An end-of-turn token the scorer appends after an answer that stopped is no observed draw (llama.cpp may have
     ended on another end-of-generation token: on 2026-12-04 an appended <|im_end|> lay 0.029 of p_T past a min-p
     cut and failed a correct build); an answer scored on its re-tokenized text has no observed draws at all."""
-    from sglfleet.validation.likelihood import drawn_count
+    from sglfleet.validation.scorers import drawn_count
 
     assert drawn_count((5, 6, 7), [5, 6, 7, 2]) == 3  # the appended end of turn is left out
     assert drawn_count((5, 6, 2), [5, 6, 2]) == 3  # the server named its end token: a draw

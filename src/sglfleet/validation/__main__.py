@@ -20,8 +20,8 @@ from rich.console import Console
 
 from sglfleet.pipeline.errors import EXIT_FAIL, EXIT_OK, UsageError, cli_main
 from sglfleet.pipeline.reports import new_run_dir, utc_now, write_json
+from sglfleet.textscore.detectors import score_text
 from sglfleet.validation.config import GateConfig, load_gate_config
-from sglfleet.validation.detectors import score_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -128,7 +128,7 @@ def cmd_check_text(args: argparse.Namespace) -> int:
                          '{"id": ..., "text": ...}')
     judge = None
     if cfg.judge.enabled and any("error" not in it for it in items):
-        from sglfleet.validation.judge import FluencyJudge
+        from sglfleet.textscore.judge import FluencyJudge
 
         judge = FluencyJudge(cfg.judge).start()
     any_bad, errors = False, []
@@ -142,7 +142,7 @@ def cmd_check_text(args: argparse.Namespace) -> int:
             findings = score_text(it["text"], cfg.thresholds)
             row: dict[str, Any] = {"id": it["id"], "ok": True, "reasons": []}
             if judge is not None:
-                from sglfleet.validation.judge import judge_verdict, threshold_for
+                from sglfleet.textscore.judge import judge_verdict, threshold_for
 
                 sc = judge.score(it["text"], it.get("prompt"))
                 cls = it.get("prompt_class") or it.get("category")
@@ -205,7 +205,7 @@ def cmd_record_baseline(args: argparse.Namespace) -> int:
     if result.server_kind == "sglang" and doc["samples"]:
         # the baseline server's own prefill log-probs of its T>0 answers: a gate without a live target-only
         # server lets the candidate score (its non-speculative prefill) only after it reproduces these
-        from sglfleet.validation.likelihood import record_scores
+        from sglfleet.validation.scorers import record_scores
 
         doc["scores"] = record_scores(args.target, cfg, result.model, gate.api_key, result.samples,
                                       {p.id: p.messages() for p in gate.suite.prompts})
@@ -225,7 +225,7 @@ def _hot_case(name: str) -> bool:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sglfleet.validation.sweep import load_sweep_config, run_sweep, sweep_overrides
+    from sglfleet.flow.sweep import load_sweep_config, run_sweep, sweep_overrides
 
     cfg = load_sweep_config(args.grid, sweep_overrides(args.host))
     out = Path(args.out) if args.out else new_run_dir("runs", "sweep")

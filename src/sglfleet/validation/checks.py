@@ -18,7 +18,7 @@ Who decides (the gate's *mode*, per temperature, shown in every report):
 - `detectors`: no target-only baseline could be consulted at that temperature (a non-speculative deployment
   without a recorded baseline): the named text detectors and the fluency judge decide. This mode is weaker
   and labelled so in every report.
-In both modes the backstop (validation/backstop.py: invalid UTF-8, control characters, leaked chat-template
+In both modes the backstop (textscore/backstop.py: invalid UTF-8, control characters, leaked chat-template
 tokens, empty answers) is zero tolerance, and in oracle mode the detectors explain a failing answer (what
 kind of garbage, quoted) without deciding.
 """
@@ -32,8 +32,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from sglfleet.pipeline.reports import Case
+from sglfleet.textscore.detectors import DETECTORS
 from sglfleet.validation.config import GateConfig
-from sglfleet.validation.detectors import DETECTORS
 from sglfleet.validation.samples import Sample, quote
 
 if TYPE_CHECKING:

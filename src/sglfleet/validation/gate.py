@@ -28,21 +28,20 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sglfleet.pipeline.client import ChatResult, OpenAIClient
 from sglfleet.pipeline.errors import TargetError, UsageError
 from sglfleet.pipeline.reports import Case, write_html, write_json, write_junit
-from sglfleet.validation.backstop import Backstop
+from sglfleet.textscore.backstop import Backstop
+from sglfleet.textscore.detectors import score_text
+from sglfleet.textscore.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
 from sglfleet.validation.baseline import BaselineSample, hot_temperatures
 from sglfleet.validation.baseline import samples_of as baseline_samples_of
 from sglfleet.validation.checks import GateContext, LosslessData, run_checks
 from sglfleet.validation.config import GateConfig, gate_api_key, lossless_requirement, target_client
 from sglfleet.validation.depth import long_copy_case, quality_case, speed_cases
-from sglfleet.validation.detectors import score_text
-from sglfleet.validation.judge import FluencyJudge, judge_verdict, prepare_judge, threshold_for
 from sglfleet.validation.likelihood import (
     Answer,
     answer_seed,
     check_trust,
     design_problem,
     likelihood_verdicts,
-    make_scorer,
 )
 from sglfleet.validation.lossless import (
     Comparison,
@@ -59,13 +58,14 @@ from sglfleet.validation.lossless import (
     read_baseline,
 )
 from sglfleet.validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
+from sglfleet.validation.scorers import make_scorer
 from sglfleet.validation.spec import read_spec_metrics
 from sglfleet.validation.suite import Prompt, Suite, load_suite
 
 
 @dataclass(frozen=True)
 class _LikelihoodPlan:
-    scorer: Any  # validation.likelihood.Scorer
+    scorer: Any  # validation.scorers.Scorer
     baseline: list[BaselineSample] | None  # recorded T>0 answers; None: sampled live from baseline_url
     # the candidate scores itself (its non-speculative prefill; no live target-only server): trusted only after
     # it reproduces these recorded log-probs of the baseline's answers (likelihood.check_trust)
@@ -180,7 +180,10 @@ class Gate:
             self._judge_ready = True
 
     # ------------------------------------------------------------------ requests
-    def _generate(self, p: Prompt, temperature: float, seed: int | None, purpose: str) -> Sample:
+    def _generate(self, client: OpenAIClient, p: Prompt, temperature: float, seed: int | None, purpose: str
+                  ) -> Sample:
+        """One request to `client` (the target's, or the live baseline's for purpose "baseline" and its T>0
+        suite answers): the server kind asked for is the target's (a baseline serves the same model)."""
         cfg = self.cfg
         max_tokens = cfg.max_tokens or p.max_tokens
         s = Sample(p.id, temperature, seed, purpose, max_tokens, category=p.category)
@@ -198,7 +201,7 @@ class Gate:
         ids_only = (n_alts is None and self.kind == "llamacpp" and temperature > 0 and purpose == "suite"
                     and cfg.likelihood.enabled)
         try:
-            r: ChatResult = self.client.chat(
+            r: ChatResult = client.chat(
                 p.messages(), max_tokens=max_tokens, temperature=temperature,
                 top_p=None, top_k=None,  # in `extra` at T>0 (params.request_fields)
                 seed=self._request_seed(p, temperature, seed, purpose), stream=True, extra=extra or None,
@@ -230,23 +233,25 @@ class Gate:
         return seed
 
     def _t0_logprobs(self, p: Prompt, temperature: float, purpose: str) -> int | None:
-        """Alternatives per token asked on a T=0 request: a baseline's answers (lossless near-ties), and the
+        """Alternatives per token asked on a T=0 request: a live baseline's answers (`lossless.top_logprobs`: the
+        lossless check's near-ties), the suite's answers when `t0_logprobs` is set (record-baseline), and the
         determinism prompts' suite answer and repeats (validation/determinism.py); None otherwise."""
         if temperature != 0:
             return None
-        want = self.t0_logprobs if purpose in ("suite", "baseline") else None
+        want = (self.cfg.lossless.top_logprobs if purpose == "baseline" else
+                self.t0_logprobs if purpose == "suite" else None)
         dc = self.cfg.determinism
         if dc.enabled and p.id in dc.prompt_ids and purpose in ("suite", "determinism-seq", "determinism-conc"):
             want = max(want or 0, dc.top_logprobs)
         return want
 
-    def _run_all(self, jobs: Sequence[tuple[Prompt, float, int | None, str]], progress: Progress, label: str,
-                 workers: int | None = None) -> list[Sample]:
+    def _run_all(self, client: OpenAIClient, jobs: Sequence[tuple[Prompt, float, int | None, str]],
+                 progress: Progress, label: str, workers: int | None = None) -> list[Sample]:
         task = progress.add_task(label, total=len(jobs))
         out: list[Sample] = []
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers or self.cfg.concurrency) as pool:
-            for s in pool.map(lambda j: self._generate(*j), jobs):
+            for s in pool.map(lambda j: self._generate(client, *j), jobs):
                 out.append(s)
                 progress.advance(task)
                 if not self.console.is_terminal:  # CI logs: one line per answer instead of a live bar
@@ -324,21 +329,21 @@ class Gate:
             import random
 
             random.Random(cfg.seed).shuffle(jobs)
-        samples = self._run_all(jobs, progress, "suite")
+        samples = self._run_all(self.client, jobs, progress, "suite")
         if cfg.determinism.enabled:
             for pid in cfg.determinism.prompt_ids:
                 p = self.suite.get(pid)
                 seq = [(p, 0.0, cfg.seed, "determinism-seq")] * cfg.determinism.repeats
-                samples += self._run_all(seq, progress, f"determinism {pid} sequential", workers=1)
+                samples += self._run_all(self.client, seq, progress, f"determinism {pid} sequential", workers=1)
                 conc = [(p, 0.0, cfg.seed, "determinism-conc")] * cfg.determinism.concurrent
-                samples += self._run_all(conc, progress, f"determinism {pid} concurrent",
+                samples += self._run_all(self.client, conc, progress, f"determinism {pid} concurrent",
                                          workers=cfg.determinism.concurrent)
         if cfg.variation.enabled:
             v = cfg.variation
             jobs = [(self.suite.get(pid), v.temperature, s, "variation") for pid in v.prompt_ids for s in v.seeds]
             if v.check_seed_reproducible:
                 jobs += [(self.suite.get(pid), v.temperature, v.seeds[0], "reproduce") for pid in v.prompt_ids]
-            samples += self._run_all(jobs, progress, "variation")
+            samples += self._run_all(self.client, jobs, progress, "variation")
         return samples
 
     def _summary(self, ctx: GateContext, cases: list[Case], passed: bool, model: str, duration_s: float
@@ -498,15 +503,11 @@ class Gate:
 
     def _baseline_hot_answers(self, progress: Progress) -> list[BaselineSample]:
         """T>0 suite answers of the live baseline deployment, with `likelihood.baseline_seeds`."""
-        base = self._baseline_client()
         cfg = self.cfg
-        saved, self.client = self.client, base
-        try:
-            got = self._run_all([(p, t, seed, "suite") for t in hot_temperatures(cfg)
-                                 for seed in cfg.likelihood.baseline_seeds for p in self.suite.prompts],
-                                progress, "baseline T>0")
-        finally:
-            self.client = saved
+        got = self._run_all(self._baseline_client(), [(p, t, seed, "suite") for t in hot_temperatures(cfg)
+                                                      for seed in cfg.likelihood.baseline_seeds
+                                                      for p in self.suite.prompts],
+                            progress, "baseline T>0")
         errs = [s for s in got if s.error]
         if errs:
             raise TargetError(f"baseline {cfg.baseline_url} failed: {errs[0].error}")
@@ -613,15 +614,10 @@ class Gate:
         return base
 
     def _baseline_answers(self, progress: Progress) -> dict[str, str]:
-        """T=0 suite answers of the live baseline deployment."""
-        base = self._baseline_client()
-        saved, self.client = self.client, base
-        saved_lp, self.t0_logprobs = self.t0_logprobs, self.cfg.lossless.top_logprobs
-        try:
-            got = self._run_all([(p, 0.0, self.cfg.seed, "baseline") for p in self.suite.prompts], progress,
-                                "baseline T=0")
-        finally:
-            self.client, self.t0_logprobs = saved, saved_lp
+        """T=0 suite answers of the live baseline deployment, with `lossless.top_logprobs` alternatives per token
+        (purpose "baseline": _t0_logprobs)."""
+        got = self._run_all(self._baseline_client(), [(p, 0.0, self.cfg.seed, "baseline") for p in self.suite.prompts],
+                            progress, "baseline T=0")
         errs = [s for s in got if s.error]
         if errs:
             raise TargetError(f"baseline {self.cfg.baseline_url} failed: {errs[0].error}")

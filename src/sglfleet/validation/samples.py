@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglfleet.validation.detectors import Finding
+from sglfleet.textscore.detectors import Finding
 from sglfleet.validation.lossless import EncodedLogprobs
 
 
@@ -34,7 +34,7 @@ class Sample:
     fluency: dict[str, Any] | None = None
     reference_own: str | None = None  # why the judge excused this T=0 answer's loop findings (judge_verdict)
     logprobs: EncodedLogprobs | None = None  # T=0 answers of a baseline being recorded (validation/lossless.py)
-    backstop: list[Finding] = field(default_factory=list)  # what no correct engine emits (validation/backstop.py)
+    backstop: list[Finding] = field(default_factory=list)  # what no correct engine emits (textscore/backstop.py)
     score: Any = None  # the answer scored under the target model (validation/likelihood.py), T>0 in oracle mode
     output_ids: list[int] | None = None  # the token ids the server sampled, where it says them (SGLang)
     sampling: dict[str, Any] | None = None  # T>0: the top_p / top_k / min_p it was sampled with (0 / 1: off)

@@ -22,7 +22,7 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sglfleet.validation.detectors import Finding
+from sglfleet.textscore.detectors import Finding
 
 BACKSTOP_CHECKS = ("invalid_utf8", "control_char", "special_token", "empty")
 

