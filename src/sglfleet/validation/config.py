@@ -79,6 +79,12 @@ class SamplingConfig(StrictModel):
     interleave: bool = Field(default=True, description="send every phase's requests in one shuffled order")
     extra: dict[str, Any] = Field(default_factory=dict, description="extra request body keys")
 
+    def plain(self, temperature: float) -> Any:
+        """The tokenlaw.SamplingParams of top_p / top_k / min_p as given, no mix (requests outside the suite)."""
+        from sglfleet.validation.tokenlaw import SamplingParams
+
+        return SamplingParams(temperature, self.top_p or 1.0, self.top_k or 0, self.min_p or 0.0)
+
     def params_for(self, prompt_id: str, temperature: float,
                    pairs: Sequence[tuple[str, float]] | None = None) -> Any:
         """The tokenlaw.SamplingParams of one (prompt, T>0). `pairs`: every (prompt, T>0) of the suite; the pairs,
@@ -98,7 +104,7 @@ class SamplingConfig(StrictModel):
             i = where.get((prompt_id, temperature))
             m = self.mix[(key(prompt_id, temperature) if i is None else i) % len(self.mix)]
             return SamplingParams(temperature, m.top_p, m.top_k, m.min_p, tuple(m.stop))
-        return SamplingParams(temperature, self.top_p or 1.0, self.top_k or 0, self.min_p or 0.0)
+        return self.plain(temperature)
 
     @property
     def min_top_p(self) -> float:

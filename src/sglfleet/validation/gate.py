@@ -188,7 +188,11 @@ class Gate:
         max_tokens = cfg.max_tokens or p.max_tokens
         s = Sample(p.id, temperature, seed, purpose, max_tokens, category=p.category)
         extra = dict(cfg.sampling.extra)
-        params = cfg.sampling_for(p.id, temperature) if temperature > 0 else None
+        # the suite's T>0 requests (the candidate's and the baseline's) carry the production-like mix the per-token
+        # test places their tokens in; the variation check's seeded requests test seeds only: the profile's plain
+        # parameters (a low-entropy mix entry made the small embedded model loop there, a detector failure, 2026-12-04)
+        params = None if temperature <= 0 else (cfg.sampling_for(p.id, temperature) if purpose == "suite"
+                                                else cfg.sampling.plain(temperature))
         if params is not None:  # every truncation field explicit: the law the per-token test places tokens in
             extra.update(params.request_fields(self.kind))
             s.sampling = params.as_dict()
