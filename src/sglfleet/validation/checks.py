@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from sglfleet.pipeline.reports import Case
 from sglfleet.textscore.detectors import DETECTORS
 from sglfleet.validation.config import GateConfig
+from sglfleet.validation.lossless import lossless_case, lossless_missing_case
 from sglfleet.validation.samples import Sample, quote
 
 if TYPE_CHECKING:
@@ -285,8 +286,6 @@ def _backstop(ctx: GateContext, t: float | None) -> list[CheckResult]:
 # ------------------------------------------------------------------------------------------- coherence
 @register("lossless_t0", "speculative")
 def _lossless(ctx: GateContext, t: float | None) -> list[CheckResult]:
-    from sglfleet.validation.gate import lossless_case, lossless_missing_case
-
     if ctx.lossless is None:
         return [_from_case(lossless_missing_case(ctx.cfg, ctx.speculative), None, None)]
     ld = ctx.lossless

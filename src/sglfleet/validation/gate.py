@@ -34,7 +34,7 @@ from sglfleet.textscore.judge import FluencyJudge, judge_verdict, prepare_judge,
 from sglfleet.validation.baseline import BaselineSample, hot_temperatures
 from sglfleet.validation.baseline import samples_of as baseline_samples_of
 from sglfleet.validation.checks import GateContext, LosslessData, run_checks
-from sglfleet.validation.config import GateConfig, gate_api_key, lossless_requirement, target_client
+from sglfleet.validation.config import GateConfig, gate_api_key, target_client
 from sglfleet.validation.depth import long_copy_case, quality_case, speed_cases
 from sglfleet.validation.likelihood import (
     Answer,
@@ -43,7 +43,7 @@ from sglfleet.validation.likelihood import (
     design_problem,
     likelihood_verdicts,
 )
-from sglfleet.validation.lossless import (
+from sglfleet.validation.lossless import (  # noqa: F401  (re-exported)
     Comparison,
     Continuation,
     Continue,
@@ -54,6 +54,8 @@ from sglfleet.validation.lossless import (
     decode_logprobs,
     encode_logprobs,
     end_tokens_of,
+    lossless_case,
+    lossless_missing_case,
     near_tie_rule,
     read_baseline,
 )
@@ -694,25 +696,6 @@ def seeds_ignored_reason(kind: str | None, server_info: dict[str, Any] | None) -
     return None
 
 
-def lossless_missing_case(cfg: GateConfig, speculative: bool) -> Case:
-    """lossless_t0 when there is nothing to compare against: skipped with its reason, waived, or failed.
-
-    A speculative deployment is never promoted without the lossless check unless its config waives it
-    explicitly (`lossless.waiver: "<reason>"`); the waiver is shown in every report.
-    """
-    problem = lossless_requirement(cfg, speculative)
-    if problem:
-        return Case("lossless_t0", "speculative", False, problem, {"speculative": True})
-    if speculative and cfg.lossless.waiver:
-        return Case("lossless_t0", "speculative", True, f"WAIVED by config (lossless.waiver): {cfg.lossless.waiver}",
-                    {"waiver": {"check": "lossless_t0", "reason": cfg.lossless.waiver}}, skipped=True)
-    if not cfg.lossless.enabled:
-        return Case("lossless_t0", "speculative", True, "disabled by config (lossless.enabled: false); the deployment "
-                    "is not speculative", skipped=True)
-    return Case("lossless_t0", "speculative", True, "no baseline (lossless.baseline / --baseline / baseline_url) and "
-                "the deployment is not speculative: nothing to compare T=0 answers against", skipped=True)
-
-
 def _stopped(finish_reason: str | None, sampling: dict[str, Any] | None = None) -> bool | None:
     """Whether the answer ended on the model's end-of-turn token (scored after it). An answer requested with stop
     strings may have stopped on one of them instead, which no server reports alike: scored without an end on both
@@ -725,42 +708,6 @@ def _stopped(finish_reason: str | None, sampling: dict[str, Any] | None = None) 
 def _t0_suite(samples: list[Sample]) -> dict[str, Sample]:
     """The T=0 suite answer of each prompt (the one lossless_t0 compares)."""
     return {s.prompt_id: s for s in samples if not s.error and s.purpose == "suite" and s.temperature == 0}
-
-
-def lossless_case(ref: dict[str, str], cfg: GateConfig, source: str, comps: dict[str, Comparison],
-                  reanchor: dict[str, Any], ref_logprobs: dict[str, list[Any]] | None = None) -> Case:
-    """T=0 answers must equal those of the non-speculative deployment (file or live), up to near-ties
-    of the baseline where its token log-probs were recorded, each re-anchored on a target-only server
-    where one can continue (`comps` and `reanchor` from Gate._lossless_paths; validation/lossless.py)."""
-    lps = ref_logprobs or {}
-    tol = near_tie_rule(cfg.lossless, list(lps.values()))
-    diffs = [f"{pid}: {c.detail}" for pid, c in comps.items() if not c.ok]
-    ties = [f"{pid}: {c.detail}" for pid, c in comps.items() if c.verdict in ("near_tie", "reanchored")]
-    identical = sum(1 for c in comps.values() if c.verdict == "identical")
-    whole = sum(1 for c in comps.values() if c.verdict == "reanchored")
-    same = 1 - len(diffs) / max(1, len(ref))
-    ok = not diffs if cfg.lossless.require_identical else same >= cfg.lossless.min_identical_fraction
-    if not lps:
-        basis = "exact comparison (no recorded log-probs)"
-    elif tol.exact:
-        basis = f"exact comparison (near-tie limit {tol.describe()})"
-    else:
-        basis = (f"near-ties up to {tol.describe()} from the baseline's log-probs ({len(lps)} of {len(ref)} "
-                 "answers recorded with them)")
-    ra = reanchor
-    if ties and ra.get("url") and not ra.get("off"):
-        basis += f"; re-anchored on {ra['url']}"
-    elif ties and ra.get("off"):
-        basis += f"; not re-anchored: {ra['off']}"
-    msg = "; ".join(diffs[:5]) if diffs else (
-        f"{identical} of {len(ref)} T=0 answers identical to the baseline, {len(ties)} differ from a near-tie on"
-        + (f" ({whole} of them re-anchored to their end: the target's own greedy text)" if ties else "")
-        + f" ({source}; {basis})")
-    return Case("lossless_t0", "speculative", ok, msg,
-                {"identical_fraction": same, "identical": identical, "near_ties": ties, "diffs": diffs,
-                 "baseline": source, "basis": basis, "reanchored": whole, "reanchor": ra,
-                 "per_prompt": {pid: {"verdict": c.verdict, "char": c.char, "piece": c.token, "gap_nats": c.gap_nats,
-                                      "reanchors": c.reanchors} for pid, c in comps.items()}})
 
 
 def judge_samples(samples: list[Sample], cfg: GateConfig, prompts: dict[str, str], console: Console) -> float:
