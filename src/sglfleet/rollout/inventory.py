@@ -103,7 +103,10 @@ class Inventory:
 
 
 def load_inventory(path: str | Path) -> Inventory:
-    p = Path(path)
+    """The inventory at `path` (a relative path may name the package's own, ansible/inventories/example)."""
+    from sglfleet import paths
+
+    p = paths.resolve(path)
     if not p.exists():
         raise UsageError(f"inventory not found: {p}")
     proc = subprocess.run(
