@@ -37,11 +37,8 @@ SUITE = REPO / "src" / "sglfleet" / "validation" / "prompts" / "suite-v1.yaml"
 
 
 def entry_label(sampling: dict[str, Any]) -> str:
-    parts = [f"top_p {sampling['top_p']:g}" if sampling["top_p"] < 1 else "",
-             f"top_k {sampling['top_k']}" if sampling["top_k"] else "",
-             f"min_p {sampling['min_p']:g}" if sampling["min_p"] else "",
-             "stop " + repr(sampling["stop"]) if sampling.get("stop") else ""]
-    return ", ".join(p for p in parts if p) or "untruncated"
+    """A mix entry's name: its SamplingParams label less the temperature."""
+    return SamplingParams(1.0, **sampling).label.partition(", ")[2] or "untruncated"
 
 
 def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[str, Any]],

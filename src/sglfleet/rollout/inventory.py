@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sglfleet import paths
 from sglfleet.pipeline.errors import UsageError
 from sglfleet.rollout import ANSIBLE_DIR
 from sglfleet.rollout.collections import COLLECTIONS_DIR
@@ -104,8 +105,6 @@ class Inventory:
 
 def load_inventory(path: str | Path) -> Inventory:
     """The inventory at `path` (a relative path may name the package's own, ansible/inventories/example)."""
-    from sglfleet import paths
-
     p = paths.resolve(path)
     if not p.exists():
         raise UsageError(f"inventory not found: {p}")
