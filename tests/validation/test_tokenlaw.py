@@ -20,6 +20,7 @@ from sglfleet.validation.tokenlaw import (
     FAMILIES,
     ORDERS,
     Alphas,
+    PowerInput,
     SamplingParams,
     binomial_upper,
     ks_critical,
@@ -28,6 +29,7 @@ from sglfleet.validation.tokenlaw import (
     law_of,
     order_of,
     pit,
+    power_statement,
     row_from_logits,
     row_from_topk,
     token_power,
@@ -199,7 +201,11 @@ def test_the_power_statement_finds_a_small_greedy_share_at_gate_size() -> None:
     fam = pw["families"]
     assert set(fam) == set(FAMILIES) and pw["estimated"]
     assert fam["greedy"]["min_rate"] is not None and fam["greedy"]["min_rate"] <= 0.1
-    assert fam["greedy"]["rejection_rate"]["0.005"] < 0.5  # tiny shares are not claimed
+    assert fam["greedy"]["rejection_rate"]["0.001"] < 0.5  # tiny shares are not claimed
+    # the bisection brackets the share: every tried share at or above it is refused at the target, none below it
+    tried = {float(r): got for r, got in fam["greedy"]["rejection_rate"].items()}
+    assert all(got >= 0.9 for r, got in tried.items() if r >= fam["greedy"]["min_rate"] * (1 + 1e-9))
+    assert any(got < 0.9 and r > fam["greedy"]["min_rate"] / 1.1 for r, got in tried.items())
     # the deviation in total-variation units: each family's distance from the law, and what the share makes of it
     for f in FAMILIES:
         assert 0 < fam[f]["mean_tv_of_law"] <= 1
@@ -342,3 +348,38 @@ def test_only_tokens_the_server_said_it_drew_are_placed_in_the_law() -> None:
     assert drawn_count((5, 6, 7), [5, 6, 7, 2]) == 3  # the appended end of turn is left out
     assert drawn_count((5, 6, 2), [5, 6, 2]) == 3  # the server named its end token: a draw
     assert drawn_count(None, [5, 6, 7, 2]) == 0
+
+
+def _draws(rng: np.random.Generator, params: list[SamplingParams], n: int) -> np.ndarray:
+    out = []
+    for k in range(n):
+        p = params[k % len(params)]
+        row = row_from_logits(rng.normal(0, 2.5, V), p.temperature)
+        out.append(wrong_draws(row, law_of(row, p, ORDERS["sglang"]), p, ORDERS["sglang"], rng))
+    return np.asarray(out)
+
+
+def test_a_family_that_is_the_law_itself_is_no_deviation_and_an_unrefusable_one_bounds_the_statement() -> None:
+    """At T=1 with no truncation every family but greedy and flat IS the law (untruncated, kept at T=1): no
+    deviation, left out of the statement. A family refused at no share leaves its whole distance unrefused."""
+    rng = np.random.default_rng(4)
+    pw = token_power(_draws(rng, [SamplingParams(1.0)], 1500), 3000, 0.0, 3000, 0, A, 0.9, 40, 2)
+    fam = pw["families"]
+    assert fam["untruncated"]["no_deviation"] and fam["kept_at_t1"]["no_deviation"]
+    assert fam["untruncated"]["min_rate"] is None and "untruncated" not in pw["unrefused_families"]
+    assert pw["min_mean_tv_all_families"] == max(fam[f]["min_mean_tv"] for f in ("greedy", "flat"))
+    # 3 tokens: not even all of them greedy is refused; the statement is then the family's whole distance
+    small = token_power(_draws(rng, [SamplingParams(1.0)], 300), 3, 0.0, 30, 0, A, 0.9, 40, 2)
+    assert "greedy" in small["unrefused_families"] and small["min_rate_all_families"] is None
+    assert small["min_mean_tv_all_families"] >= small["families"]["greedy"]["mean_tv_of_law"]
+
+
+def test_tests_of_several_temperatures_together_refuse_a_smaller_share_than_each_alone() -> None:
+    rng = np.random.default_rng(5)
+    xs = [PowerInput(_draws(rng, [SamplingParams(t, top_p=0.95)], 1200), 1500, 0.0, 3000, 0, A)
+          for t in (0.6, 0.8, 1.0)]
+    alone = [power_statement([x], 0.9, 60, 3) for x in xs]
+    together = power_statement(xs, 0.9, 60, 3)
+    assert together["n_tokens"] == 4500
+    for f in ("greedy", "flat"):
+        assert together["families"][f]["min_rate"] < min(a["families"][f]["min_rate"] for a in alone)

@@ -300,6 +300,24 @@ def _lossless(ctx: GateContext, t: float | None) -> list[CheckResult]:
     return [_from_case(c, None, ORACLE)]
 
 
+def _token_power_text(tpw: dict[str, Any]) -> str:
+    """The per-token power statement in words: per wrong law, the smallest share of tokens drawn from it refused
+    with the target probability and the mean total-variation distance from p_T it makes."""
+    parts = []
+    for f, d in tpw["families"].items():
+        if d.get("no_deviation"):
+            continue
+        if d.get("min_mean_tv") is not None:
+            parts.append(f"{f} {d['min_rate']:.1%} (mean TV {d['min_mean_tv']:.3f})")
+        else:
+            parts.append(f"{f} not refused even at 100% (mean TV {d.get('mean_tv_of_law', float('nan')):.3f})")
+    worst = tpw.get("min_mean_tv_all_families")
+    return (f"the smallest share of tokens drawn from a wrong law refused with probability >= {tpw['target']:.0%}, "
+            f"and the mean total-variation distance from the target's law it makes: {', '.join(parts)}"
+            + (f"; every law farther than {worst:.3f} from p_T in one of these directions is refused"
+               if worst is not None else ""))
+
+
 @register("likelihood", "coherence", hot_only)
 def _likelihood(ctx: GateContext, t: float | None) -> list[CheckResult]:
     assert t is not None
@@ -320,11 +338,11 @@ def _likelihood(ctx: GateContext, t: float | None) -> list[CheckResult]:
     tok = v.per_token or {}
     tpw = tok.get("power") or {}
     if tpw.get("estimated"):
-        shown = ", ".join(f"{f} {d['min_rate']:.1%} (mean TV {d['min_mean_tv']:.3f})" if d.get("min_mean_tv")
-                          is not None else f"{f} none tried" for f, d in tpw["families"].items())
-        power += (f"; per-token power ({tpw['n_tokens']} tokens): the smallest share of tokens drawn from a wrong "
-                  f"law refused with probability >= {tpw['target']:.0%}, and the mean total-variation distance "
-                  f"from the target's law it makes: {shown}")
+        power += f"; per-token power ({tpw['n_tokens']} tokens): {_token_power_text(tpw)}"
+        both = tpw.get("all_temperatures") or {}
+        if both.get("estimated") and both.get("min_mean_tv_all_families") is not None:
+            power += (f"; with every T>0 temperature's test ({both['n_tokens']} tokens), a sampler that far off at "
+                      f"every temperature is refused from a mean TV of {both['min_mean_tv_all_families']:.3f}")
     on_ids = v.on_ids or {}
     drawn = (f" ({on_ids.get('candidate', 0)} + {on_ids.get('baseline', 0)} on the ids the servers sampled, the "
              "rest on their text)" if any(on_ids.values()) else " (on their text)")

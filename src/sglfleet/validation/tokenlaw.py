@@ -545,48 +545,119 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
     return v
 
 
-def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out_b: int, alphas: Alphas,
-                target: float, reps: int, seed: int, allow_mean: float = 0.0,
-                rates: Sequence[float] = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
-                ) -> dict[str, Any]:
-    """Monte Carlo power of `decide` at this gate's size: a candidate whose tokens are each drawn, with
-    probability r, from a wrong law (`draws`: rows of wrong_draws over the baseline's tokens, NaN outside the
-    support) and otherwise correctly (u uniform). Per family: the rejection rate at each r and the smallest r
-    refused with probability >= target; the mean total-variation distance at that r is r times the family's
-    mean distance from the law (reported by the caller)."""
+@dataclass(frozen=True)
+class PowerInput:
+    """One temperature's share of a power statement: the wrong laws' draws over the baseline's tokens (rows of
+    wrong_draws: the families' PITs, NaN outside the support, then their total-variation distances) and what
+    `decide` needs at the gate's own size."""
+
+    draws: np.ndarray
+    n_cand: int
+    allow: float
+    n_base: int
+    n_out_b: int
+    alphas: Alphas
+    allow_mean: float = 0.0
+
+
+# below this mean total-variation distance a family is no deviation from the law at all (kept_at_t1 at T=1, or
+# untruncated for requests with no truncation): nothing can refuse it and nothing needs to
+TV_FLOOR = 1e-4
+
+
+def _refused_once(x: PowerInput, col: np.ndarray, r: float, rng: np.random.Generator) -> bool:
+    m = int(rng.binomial(x.n_cand, r))
+    picked = col[rng.integers(col.size, size=m)]
+    u = np.concatenate([rng.random(x.n_cand - m), picked[~np.isnan(picked)]])
+    return not decide(u, int(np.isnan(picked).sum()), x.n_base, x.n_out_b, x.allow, x.alphas, x.allow_mean)[0]
+
+
+def _rejection(inputs: Sequence[PowerInput], j: int, r: float, reps: int, rng: np.random.Generator) -> float:
+    """The probability that a candidate whose tokens come from family j with probability r, at every temperature
+    of `inputs` at once, is refused by at least one of their tests (Monte Carlo)."""
+    hits = 0
+    for _ in range(reps):
+        refused = [_refused_once(x, x.draws[:, j], r, rng) for x in inputs]
+        hits += any(refused)
+    return hits / reps
+
+
+def power_statement(inputs: Sequence[PowerInput], target: float, reps: int, seed: int, lo: float = 1e-3,
+                    steps: int = 9) -> dict[str, Any]:
+    """What the per-token tests of `inputs` refuse together, by Monte Carlo at the gate's own token counts: per
+    family of FAMILIES, the smallest share r of tokens drawn from that wrong law (at every temperature of
+    `inputs`) refused with probability >= target, found by bisection on log r between `lo` and 1 (`steps`
+    halvings: about 4% apart at the end), and the mean total-variation distance from p_T it makes (r times the
+    family's mean distance over the candidate's tokens). A family whose mean distance is below TV_FLOOR is no
+    deviation (`no_deviation`, left out); one not refused even at r = 1 is named in `unrefused_families` and counts
+    with its whole distance (no law in its direction lies farther from p_T). The statement over all families,
+    `min_mean_tv_all_families`, is the largest of those distances: every sampler law farther than that from p_T in
+    one of these directions is refused with the target probability."""
     rng = np.random.default_rng(seed)
-    out: dict[str, Any] = {"reps": reps, "target": target, "n_tokens": n_cand, "families": {}}
-    if draws.size == 0 or n_cand == 0:
+    xs = [x for x in inputs if x.draws.size and x.n_cand]
+    n_tok = sum(x.n_cand for x in xs)
+    out: dict[str, Any] = {"reps": reps, "target": target, "n_tokens": n_tok, "families": {}}
+    if not xs:
         return {**out, "estimated": False}
     nf = len(FAMILIES)
-    tv = draws[:, nf:2 * nf].mean(axis=0) if draws.shape[1] >= 2 * nf else np.full(nf, np.nan)
+    weights = np.asarray([x.n_cand for x in xs], dtype=np.float64) / n_tok
+    worst: list[float] = []
+    unrefused: list[str] = []
+    rates: list[float | None] = []
     for j, fam in enumerate(FAMILIES):
-        col = draws[:, j]
-        table = {}
-        for r in rates:
-            rejected = 0
-            for _ in range(reps):
-                m = rng.binomial(n_cand, r)
-                picked = col[rng.integers(col.size, size=m)]
-                u = np.concatenate([rng.random(n_cand - m), picked[~np.isnan(picked)]])
-                n_out = int(np.isnan(picked).sum())
-                ok = decide(u, n_out, n_base, n_out_b, allow, alphas, allow_mean)[0]
-                rejected += not ok
-            table[f"{r:g}"] = rejected / reps
-        hit = [r for r in rates if table[f"{r:g}"] >= target]
-        mean_tv = float(tv[j])
-        out["families"][fam] = {"rejection_rate": table, "min_rate": hit[0] if hit else None,
-                                "mean_tv_of_law": mean_tv,
-                                "min_mean_tv": hit[0] * mean_tv if hit and math.isfinite(mean_tv) else None}
-    worst = [f["min_rate"] for f in out["families"].values()]
-    tvs = [f["min_mean_tv"] for f in out["families"].values()]
+        tvs = [float(x.draws[:, nf + j].mean()) if x.draws.shape[1] >= 2 * nf else math.nan for x in xs]
+        mean_tv = float(np.dot(weights, tvs))
+        rec: dict[str, Any] = {"mean_tv_of_law": mean_tv, "rejection_rate": {}}
+        if math.isfinite(mean_tv) and mean_tv < TV_FLOOR:
+            rec.update(min_rate=None, min_mean_tv=None, no_deviation=True)
+            out["families"][fam] = rec
+            continue
+
+        def rej(r: float, j: int = j, rec: dict[str, Any] = rec) -> float:
+            got = _rejection(xs, j, r, reps, rng)
+            rec["rejection_rate"][f"{r:.4g}"] = got
+            return got
+
+        if rej(1.0) < target:
+            rec.update(min_rate=None, min_mean_tv=None)
+            unrefused.append(fam)
+            worst.append(mean_tv)
+            rates.append(None)
+        else:
+            a, b = math.log(lo), 0.0  # rej(e^b) >= target; bisect for the smallest such r
+            if rej(lo) >= target:
+                b = a
+            else:
+                for _ in range(steps):
+                    mid = 0.5 * (a + b)
+                    if rej(math.exp(mid)) >= target:
+                        b = mid
+                    else:
+                        a = mid
+            r = math.exp(b)
+            rec.update(min_rate=r, min_mean_tv=r * mean_tv if math.isfinite(mean_tv) else None)
+            worst.append(rec["min_mean_tv"] if rec["min_mean_tv"] is not None else math.nan)
+            rates.append(r)
+        out["families"][fam] = rec
     out["estimated"] = True
-    out["min_rate_all_families"] = None if any(w is None for w in worst) else max(worst)
-    # the deviation refused in every family, as the mean total-variation distance of the sampler's law from p_T
-    out["min_mean_tv_all_families"] = None if any(t is None for t in tvs) else max(tvs)
+    known = [r for r in rates if r is not None]
+    out["min_rate_all_families"] = max(known) if known and len(known) == len(rates) else None
+    # the deviation refused in every family, as the mean total-variation distance of the sampler's law from p_T; a
+    # family not refused even with every token drawn from it (`unrefused_families`) counts with its whole distance:
+    # no law in that direction lies farther from p_T
+    out["min_mean_tv_all_families"] = max(worst) if worst and all(math.isfinite(w) for w in worst) else None
+    out["unrefused_families"] = unrefused
     return out
 
 
-__all__ = ["FAMILIES", "ORDERS", "Alphas", "Law", "Row", "SamplingParams", "TokenVerdict", "binomial_upper", "decide",
-           "ks_critical", "ks_p", "ks_uniform", "law_of", "noise_allowance", "order_of", "pit", "row_from_logits",
-           "row_from_topk", "token_power", "token_test", "uniform_of", "wrong_draws"]
+def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out_b: int, alphas: Alphas,
+                target: float, reps: int, seed: int, allow_mean: float = 0.0) -> dict[str, Any]:
+    """power_statement for one temperature's test."""
+    return power_statement([PowerInput(draws, n_cand, allow, n_base, n_out_b, alphas, allow_mean)], target, reps,
+                           seed)
+
+
+__all__ = ["FAMILIES", "ORDERS", "TV_FLOOR", "Alphas", "Law", "PowerInput", "Row", "SamplingParams", "TokenVerdict",
+           "binomial_upper", "decide", "ks_critical", "ks_p", "ks_uniform", "law_of", "noise_allowance", "order_of",
+           "pit", "power_statement", "row_from_logits", "row_from_topk", "token_power", "token_test", "uniform_of",
+           "wrong_draws"]
