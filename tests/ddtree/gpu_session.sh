@@ -179,7 +179,8 @@ case $step in
     fi
     keep=(); [ -n "${KEEP:-}" ] && keep=(--keep)
     timeout "${LIMIT:-575}" python3 tests/ddtree/prodseq.py gates --drafter /tmp/smollm2-dflash \
-      --deadline "${DEADLINE:-545}" --workers "${WORKERS:-10}" ${keep[@]+"${keep[@]}"} 2>&1 | tee "$OUT/prodseq.log" | tail -60 ;;
+      --deadline "${DEADLINE:-545}" --workers "${WORKERS:-10}" --runs "${RUNS:-20}" --fault-runs "${FAULT_RUNS:-3}" \
+      ${keep[@]+"${keep[@]}"} 2>&1 | tee "$OUT/prodseq.log" | tail -60 ;;
   seeded)
     # tests/ddtree/seeded_identity.py: target-only, the correct DDTree b16/k4 and its step_shared_random fault, all
     # with --enable-deterministic-inference, the same seeded T>0 requests to each (carry .carry/gguf/p3 and

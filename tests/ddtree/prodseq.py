@@ -80,6 +80,8 @@ PROFILE = SRC / "src" / "sglfleet" / "validation" / "profiles" / "sglang-smollm2
 GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"
 FAULTS = ("verify_temperature_one", "verify_no_top_p", "row_shift", "min_p_on_t1", "step_shared_random")
 BASE_PORT = 31300
+# a later session's runs take seeds no earlier session used (PRODSEQ_RUN_OFFSET=100: run r seeds 10000 * (r + 100) + j)
+RUN_OFFSET = int(os.environ.get("PRODSEQ_RUN_OFFSET", "0"))
 TAIL = 2500
 
 
@@ -212,10 +214,10 @@ def run_profile(r: int) -> tuple[Path, list[int]]:
     import yaml
 
     doc = yaml.safe_load(PROFILE.read_text())
-    if r == 1:
+    if r == 1 and not RUN_OFFSET:
         return PROFILE, list(doc["gate"]["likelihood"]["seeds"])
     n = len(doc["gate"]["likelihood"]["seeds"])
-    seeds = [10000 * r + j for j in range(1, n + 1)]
+    seeds = [10000 * (r + RUN_OFFSET) + j for j in range(1, n + 1)]
     doc["gate"]["likelihood"]["seeds"] = seeds
     path = STATE / "profiles" / f"run-{r:02d}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -323,7 +325,16 @@ def likelihood_numbers(case: dict[str, Any]) -> dict[str, Any]:
         out["per_token"]["power"] = {
             "estimated": pw.get("estimated", bool(pw.get("families"))), "target": pw.get("target"),
             "n_tokens": pw.get("n_tokens"), "min_rate_all_families": _num(pw.get("min_rate_all_families")),
-            "families": {f: _num((v or {}).get("min_rate")) for f, v in (pw.get("families") or {}).items()}}
+            "families": {f: _num((v or {}).get("min_rate")) for f, v in (pw.get("families") or {}).items()},
+            "min_mean_tv_all_families": _num(pw.get("min_mean_tv_all_families")),
+            "unrefused_families": pw.get("unrefused_families"),
+            "mean_tv_of_law": {f: _num((v or {}).get("mean_tv_of_law")) for f, v in (pw.get("families") or {}).items()}}
+        both = pw.get("all_temperatures") or {}
+        if both:
+            out["per_token"]["power"]["all_temperatures"] = {
+                "n_tokens": both.get("n_tokens"),
+                "min_mean_tv_all_families": _num(both.get("min_mean_tv_all_families")),
+                "families": {f: _num((v or {}).get("min_rate")) for f, v in (both.get("families") or {}).items()}}
     trust = st.get("scorer_trust")
     if isinstance(trust, dict):
         out["scorer_trust"] = {k: _num(v) for k, v in trust.items()}
