@@ -324,7 +324,39 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
     return "\n".join(lines)
 
 
+def render_token_power_size(raw: dict[str, Any], path: str) -> str:
+    """The per-token test's power against the gate's size (bench/token_power_size.py): per candidate tokens per
+    temperature, the smallest mean total-variation distance refused with the target probability, per temperature
+    alone and for every temperature's test together, and the worst family's smallest refused share."""
+    temps = list(raw["sizes"][0]["per_temperature"]) if raw.get("sizes") else []
+    head = " | ".join(f"T{t}" for t in temps)
+    lines = [f"| candidate tokens per temperature | {head} | every temperature together | hardest family "
+             "(share of tokens, together) |", "|---|" + "---|" * (len(temps) + 2)]
+
+    def tv(st: dict[str, Any]) -> str:
+        v = st.get("min_mean_tv_all_families")
+        bad = st.get("unrefused_families") or []
+        return ("—" if v is None else f"{v:.3f}") + (f" ({', '.join(bad)} unrefused)" if bad else "")
+
+    for row in raw.get("sizes") or []:
+        both = row["all_temperatures"]
+        fams = {f: d for f, d in both["families"].items() if d.get("min_mean_tv") is not None}
+        hard = max(fams, key=lambda f: fams[f]["min_mean_tv"]) if fams else None
+        hard_s = f"{hard} ({fams[hard]['min_rate']:.1%})" if hard else "—"
+        cells = " | ".join(tv(row["per_temperature"][t]) for t in temps)
+        lines.append(f"| {_num(row['tokens_per_temperature'])} | {cells} | {tv(both)} | {hard_s} |")
+    rows = raw.get("rows_per_temperature") or {}
+    lines += ["", f"Rows: the baseline's own tokens ({', '.join(f'T{t}: {n}' for t, n in rows.items())}), "
+              f"{raw.get('reps')} Monte Carlo draws per share tried, power target {raw.get('target'):.0%}, alphas "
+              f"KS {raw['alphas']['ks']:.2g} / mean {raw['alphas']['mean']:.2g} / outside "
+              f"{raw['alphas']['outside']:.2g} per temperature.", "",
+              f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', {}).get('cpus', '?')} cores, commit "
+              f"{raw.get('commit', '?')}; command: `{raw.get('command', '?')}`"]
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "token-power-size": render_token_power_size,
     "corruptible-gate": render_corruptible_gate,
     "likelihood-rates": render_likelihood_rates,
     "ddtree-step": render_ddtree_step,

@@ -8,17 +8,20 @@ tokens per temperature (the wrong laws' draws resampled from the baseline's rows
 per temperature alone and for every temperature's test together. It sizes a profile: how many candidate tokens
 per temperature a gate needs for a given smallest refused mean total-variation distance.
 
-    OPENBLAS_NUM_THREADS=1 python bench/token_power_size.py --baseline BASELINE.json \
-        --config src/sglfleet/validation/profiles/embedded.yaml --tokens 2500,5000,7500,10000 \
-        --out docs/results/token-power-size-2026-12-05.json
+    OPENBLAS_NUM_THREADS=1 python bench/token_power_size.py \
+        --baseline testbed/fixtures/embedded-baseline-samples-2026-12-04.json.gz \
+        --config src/sglfleet/validation/profiles/embedded.yaml --tokens 2500,5000,7500,10000,12500,15000 \
+        --reps 200 --out docs/results/token-power-size-2026-12-05.json
 
-The rows are the embedded 135M model's at the profile's sampling mix; another model's rows (a sharper or a
+The rows are the embedded 135M model's (llama.cpp, 24 answers per temperature, each with the parameters of its
+mix entry); another model's rows (a sharper or a
 flatter law) give other numbers, which is why every gate report states its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -57,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg = load_gate_config(a.config)
-        doc = json.loads(Path(a.baseline).read_text())
+        raw = Path(a.baseline).read_bytes()
+        doc = json.loads(gzip.decompress(raw) if a.baseline.endswith(".gz") else raw)
         # every T>0 answer with the parameters it was sampled with (its own law; the profile's mix need not match)
         rows = [BaselineSample(str(r["prompt_id"]), float(r["temperature"]), r.get("seed"), str(r["text"]),
                                r.get("finish_reason"), _ids(r.get("output_ids")), _sampling(r.get("sampling")))
