@@ -29,7 +29,9 @@ by ``pos * theta^(-2i/d)``. Source dim ``t`` goes to ``m * t`` for ``t < d0/2`` 
 frequency is ``theta^(-2 m i / (m d0)) = theta^(-2i/d0)``, the same number with the same
 ``rope_theta`` (the exponent ``2mi / (m d0)`` is even bit-identical in float: both divisions round
 the same exact ratio). Every rope setting is kept as it is; only scalings that are a function of
-the frequency alone are accepted (default, linear, llama3). The other dims of a used head are zero
+the frequency alone are accepted (default, linear, llama3). (``rope_theta' = theta^m`` with pair
+``i`` at ``i`` works too in exact arithmetic, ``theta^(-2mi/d1) = theta^(-2i/d0)``, but its
+frequency table is computed from another base and agrees only to rounding.) The other dims of a used head are zero
 in q, k and v. Attention scales scores by ``1/sqrt(d)``: the target's q_proj rows are multiplied by
 ``sqrt(m)`` so that ``q.k / sqrt(d1)`` equals the source's ``q.k / sqrt(d0)`` (k untouched).
 
@@ -67,6 +69,14 @@ drafter with ``rms_norm_eps`` 0 is refused (a zero head would normalise to NaN).
 Not exact, by design: the output dtype (default bfloat16) rounds the rescaled gains and the
 ``sqrt(m)`` / ``s`` scaled projection rows (relative 2^-9 per weight in bf16); everything is
 computed in float32 from the source. Float summation order differs with the zero padding.
+Measured on SmolLM2-135M (bf16 weights), float32 compute, 20-odd tokens at positions ~1000: a
+float32 output (hidden 1024, 32 layers, 32 / 8 heads of 128) within 3e-6 of the source's logits
+(relative to the largest); the bfloat16 output at Llama-3-8B's shape within 0.5%, the same argmax
+at every position, and its (random) 2-layer drafter's logits within 0.1%.
+
+Output directories are written whole or not at all (temp dirs renamed at the end); an existing
+``--out`` / ``--drafter-out`` is replaced. Peak memory is one shard (4 GiB) plus one layer in
+float32 plus the source: about 7 GB for SmolLM2 -> Llama-3-8B's shape.
 """
 
 from __future__ import annotations
@@ -147,7 +157,7 @@ class Plan:
         return self.eps * self.r
 
     def record(self, path: Path | str) -> dict[str, Any]:
-        return {"path": str(path), **self.src.config_fields(), "rms_norm_eps": self.eps,
+        return {"path": str(Path(path).resolve()), **self.src.config_fields(), "rms_norm_eps": self.eps,
                 "layer_map": list(self.layer_map), "q_head_map": list(self.q_map), "kv_head_map": list(self.kv_map),
                 "head_dim_map": list(self.dims)}
 
@@ -471,6 +481,17 @@ def _copy_tokenizer(src: Path, dst: Path) -> list[str]:
     return copied
 
 
+def _readable(d: Path) -> None:
+    """The modes a plain mkdir / open would give (mkdtemp makes the directory private)."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    d.chmod(0o777 & ~umask)
+    for f in d.iterdir():
+        f.chmod(0o666 & ~umask)
+
+
 def _set_dtype(cfg: dict[str, Any], dtype: str) -> None:
     keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["torch_dtype"]
     for k in keys:
@@ -598,6 +619,7 @@ def inflate(src: Path | str, out: Path | str, shape: Shape, *, drafter_src: Path
             dshards.close()
             (d_dir / "config.json").write_text(json.dumps(dcfg, indent=1))
         for tmp, o in tmps:
+            _readable(tmp)
             if o.exists():
                 shutil.rmtree(o)
             tmp.rename(o)

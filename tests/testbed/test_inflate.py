@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -88,6 +89,10 @@ def test_inflated_target_computes_the_same_logits(source: Path, tmp_path: Path, 
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1 and not list(out.glob("*.tmp"))
     assert (out / "tokenizer_config.json").read_text() == (source / "tokenizer_config.json").read_text()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {f.stat().st_mode & 0o777 for f in out.iterdir()} == {0o666 & ~umask}  # not mkdtemp's private modes
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask
     for j in set(range(shape.layers)) - set(layer_map):  # identity layers: still full size, writing nothing
         layer = big.model.layers[j]
         assert layer.mlp.down_proj.weight.shape == (shape.hidden, shape.intermediate)
