@@ -1,6 +1,8 @@
 """python -m testbed.models convert [--gguf FILE] --out DIR   (default GGUF: the embedded SmolLM2-135M)
 python -m testbed.models check-drafter --target DIR --drafter DIR [--block-size N]
-python -m testbed.models train-drafter --target DIR --out DIR [--steps N --seqs N --device cuda|cpu]"""
+python -m testbed.models train-drafter --target DIR --out DIR [--steps N --seqs N --device cuda|cpu]
+python -m testbed.models inflate --src DIR --out DIR [--hidden 4096 --layers 32 --heads 32 --kv-heads 8
+    --intermediate 14336 --head-dim 128] [--drafter-src DIR --drafter-out DIR] [--dtype bfloat16]"""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import argparse
 import sys
 
 from sglfleet.pipeline.errors import UsageError
+
+from .inflate import DTYPES, LLAMA3_8B
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--layers", type=int, default=1)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="cuda")
+    i = sub.add_parser("inflate", help="a small Llama checkpoint (and its DFlash drafter) at a larger compute "
+                       "shape (default Llama-3-8B's), the same logits")
+    i.add_argument("--src", required=True, help="Hugging Face Llama checkpoint dir")
+    i.add_argument("--out", required=True)
+    i.add_argument("--hidden", type=int, default=LLAMA3_8B["hidden"])
+    i.add_argument("--layers", type=int, default=LLAMA3_8B["layers"])
+    i.add_argument("--heads", type=int, default=LLAMA3_8B["heads"])
+    i.add_argument("--kv-heads", type=int, default=LLAMA3_8B["kv_heads"])
+    i.add_argument("--intermediate", type=int, default=LLAMA3_8B["intermediate"])
+    i.add_argument("--head-dim", type=int, help="default: hidden / heads")
+    i.add_argument("--drafter-src", help="DFlash drafter dir for --src (train-drafter output)")
+    i.add_argument("--drafter-out")
+    i.add_argument("--dtype", default="bfloat16", choices=DTYPES)
     a = ap.parse_args(argv)
     from . import drafter, gguf_to_hf
 
@@ -38,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         return _train(a)
 
     try:
+        if a.cmd == "inflate":
+            return _inflate(a)
         if a.cmd == "check-drafter":
             info = drafter.check_dirs(a.target, a.drafter, block_size=a.block_size)
             print(f"ok: block {info.block_size}, target layers {list(info.target_layer_ids)}")
@@ -48,6 +67,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {a.out}: {cfg['architectures'][0]}, {cfg['num_hidden_layers']} layers, vocab {cfg['vocab_size']}")
+    return 0
+
+
+def _inflate(a: argparse.Namespace) -> int:
+    from . import inflate
+
+    if a.heads < 1:
+        raise UsageError(f"--heads must be a positive integer, got {a.heads}")
+    shape = inflate.Shape(hidden=a.hidden, layers=a.layers, heads=a.heads, kv_heads=a.kv_heads,
+                          intermediate=a.intermediate, head_dim=a.head_dim or a.hidden // a.heads)
+    cfg = inflate.inflate(a.src, a.out, shape, drafter_src=a.drafter_src, drafter_out=a.drafter_out, dtype=a.dtype)
+    src = cfg["inflated_from"]
+    print(f"wrote {a.out}: hidden {src['hidden_size']} -> {cfg['hidden_size']}, layers {src['num_hidden_layers']} "
+          f"-> {cfg['num_hidden_layers']} (layer map {src['layer_map']}), heads {src['num_attention_heads']}/"
+          f"{src['num_key_value_heads']} x {src['head_dim']} -> {cfg['num_attention_heads']}/"
+          f"{cfg['num_key_value_heads']} x {cfg['head_dim']}, intermediate {src['intermediate_size']} -> "
+          f"{cfg['intermediate_size']}, {a.dtype}")
+    if a.drafter_out:
+        print(f"wrote {a.drafter_out}: the drafter, target layers re-pointed through the layer map")
     return 0
 
 
