@@ -378,9 +378,14 @@ class Engine:
             top = [(int(i), float(lp[i])) for i in idx]
         return TokenOut(tok, float(lp[tok]), top)
 
-    def generate(self, req: Request, on_tokens: Callable[[list[TokenOut]], None] | None = None) -> Generation:
+    def generate(self, req: Request, on_tokens: Callable[[list[TokenOut]], None] | None = None,
+                 on_walk: Callable[[list[int], list[list[int]], list[int], dict[int, np.ndarray]], None] | None = None
+                 ) -> Generation:
         """Decode one request (speculatively unless the engine is target-only), calling `on_tokens` with every
-        batch of emitted tokens as it is committed. Raises ValueError for a request that does not fit."""
+        batch of emitted tokens as it is committed. on_walk(path, children, tokens, rows), if given, sees every
+        verify step's acceptance walk: the visited nodes (each emits one token), the tree, and the visited nodes'
+        logits rows (bench/corruptible_fault_strength.py measures the sampler faults' laws on them). Raises
+        ValueError for a request that does not fit."""
         import time
 
         cfg = self.cfg
@@ -442,6 +447,8 @@ class Engine:
 
                 path, bonus = accept_tree(tree.children(), tree.tokens, node_dist, rng,
                                           residual=cfg.fault != "no_residual", fault=cfg.fault)
+                if on_walk is not None:
+                    on_walk(path, tree.children(), list(tree.tokens), rows)
                 self._commit(slot, n_past, path)
                 n_past += len(path)
                 if cfg.speculative:

@@ -138,3 +138,44 @@ def accept_tree(children: Sequence[Sequence[int]], tokens: Sequence[int], dist: 
             return path, sample(p, rng, held)
         path.append(nxt)
         u = nxt
+
+
+def emitted_law(p: np.ndarray, child_tokens: Sequence[int], residual: bool = True,
+                held_last: bool = False) -> np.ndarray:
+    """The exact law of the one token the T>0 walk emits at a node whose distribution is p and whose drafted
+    children carry `child_tokens` (tried in order, point-mass drafts): the first accepted child, or the bonus
+    drawn when every child is rejected. residual=False is `no_residual` (p is kept after a rejection);
+    held_last is `heldout_b` (the bonus drawn by inverse CDF with the uniform that decided the last rejection,
+    which lies in [p'(x), 1) for the residual p' the last child x was tested against). With residual=True and
+    held_last=False the law is p itself (recursive rejection sampling is exact): tests/testbed check both."""
+    out = np.zeros_like(p, dtype=np.float64)
+    cur = np.asarray(p, dtype=np.float64)
+    stay = 1.0            # the probability that every child so far was rejected
+    last_a: float | None = None
+    for x in child_tokens:
+        px = float(cur[x])
+        out[x] += stay * px  # accept with probability min(1, p'(x) / q(x)) = p'(x), q a point mass
+        stay *= 1.0 - px
+        last_a = px
+        if residual:
+            r = cur.copy()
+            r[x] = 0.0
+            s = r.sum()
+            cur = r / s if s > 0 else cur
+        if stay <= 0:
+            return out
+    if held_last and last_a is not None:
+        # sample(): token i takes the uniforms in [C_{i-1}, C_i) of the cumulative sum; here u ~ U[last_a, 1)
+        c = np.cumsum(cur) / cur.sum()
+        lo = np.concatenate([[0.0], c[:-1]])
+        bonus = np.clip(np.minimum(c, 1.0) - np.maximum(lo, last_a), 0.0, None) / max(1e-300, 1.0 - last_a)
+        bonus[-1] += max(0.0, 1.0 - float(bonus.sum()))  # sample() clamps u * C past the end to the last index
+        out += stay * bonus
+    else:
+        out += stay * cur
+    return out
+
+
+def total_variation(a: np.ndarray, b: np.ndarray) -> float:
+    return 0.5 * float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).sum())
+

@@ -28,11 +28,13 @@ from testbed.corruptible.engine import (
 )
 from testbed.corruptible.sampling import (
     accept_tree,
+    emitted_law,
     node_probs,
     point_mass,
     sample,
     speculative_accept,
     target_probs,
+    total_variation,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,6 +169,27 @@ def test_heldout_fault_walk_departs_from_the_target(fault: str) -> None:
     # greedy: the faults leave the T=0 walk alone
     for f in (None, fault):
         assert accept_tree(kids, tree.tokens, lambda u: logits[u], None, fault=f) == ([0, 1, 3], 0)
+
+
+@pytest.mark.parametrize("fault", [None, "no_residual", "heldout_b"])
+def test_emitted_law_is_the_walks_law(fault: str | None) -> None:
+    """emitted_law (the exact law of the token a walk emits at a node, used to measure a fault's strength) against
+    the walk itself: 40,000 first tokens of a root with three drafted children, one of them the most likely."""
+    p = target_probs(np.log([0.32, 0.22, 0.18, 0.12, 0.08, 0.05, 0.03]), 0.8, 0.95)
+    kids_tokens = [0, 3, 5]
+    tree = Tree([9, *kids_tokens], [-1, 0, 0, 0], [0, 1, 1, 1])
+    rng = np.random.default_rng(20261205)
+    counts = np.zeros(p.size, dtype=np.int64)
+    for _ in range(40000):
+        path, bonus = accept_tree(tree.children(), tree.tokens, lambda _u: p, rng, residual=fault != "no_residual",
+                                  fault=fault)
+        counts[tree.tokens[path[1]] if len(path) > 1 else bonus] += 1
+    law = emitted_law(p, kids_tokens, residual=fault != "no_residual", held_last=fault == "heldout_b")
+    assert abs(law.sum() - 1) < 1e-12 and _fit_p(counts, law) > 1e-3
+    if fault is None:
+        assert np.allclose(law, p, atol=1e-12)  # recursive rejection sampling is exact
+    else:
+        assert total_variation(law, p) > 0.01 and _fit_p(counts, p) < 1e-6
 
 
 def test_accept_tree_is_exact_for_a_tree_of_deterministic_drafts() -> None:

@@ -1,0 +1,142 @@
+"""How far each sampler fault of the corruptible engine moves a token's law: its strength, in the units of the
+gate's per-token power statement (issue 41: is a fault that passes the gate too weak to be refused at the gate's
+size, or is the gate blind to it?).
+
+The correct speculative engine (testbed/corruptible) answers the suite's T>0 prompts with the profile's sampling
+mix, as a gate's suite requests do. At every node its acceptance walk visits (each emits one token) the bench
+takes the node's logits row and drafted children and computes, exactly, the law of the emitted token under each
+sampler fault (testbed/corruptible/sampling.py emitted_law: no_residual, heldout_b; the verify pass's law for
+verify_temperature and heldout_a) and its total-variation distance from the request's own law p_T; the walk
+faults also as if the drafter had proposed the target's own top-k there (`@oracle`: how strong the same fault is
+under a drafter whose drafts are usually accepted; the test bed's are accepted 7 % of the time). A prefill
+token is drawn from p_T by every engine (distance 0). The mean over all emitted tokens is the fault's mean
+total-variation distance, the number the gate's power statement is stated in (validation/tokenlaw.py).
+
+    OPENBLAS_NUM_THREADS=1 python bench/corruptible_fault_strength.py --temperatures 0.6,0.8,1.0 \
+        --seeds 1234,2345 --out docs/results/corruptible-fault-strength-2026-12-05.json
+
+The laws are measured along the correct engine's own walks: a faulted engine walks other paths, which changes
+which rows are visited, not how far each row's law is moved (first order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from likelihood_common import REPO, provenance
+
+sys.path.insert(0, str(REPO / "src"))
+
+from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation.config import load_gate_config
+from sglfleet.validation.likelihood import answer_seed
+from sglfleet.validation.suite import load_suite
+from testbed.corruptible.engine import SAMPLER_FAULTS, Engine, EngineConfig, Request
+from testbed.corruptible.sampling import emitted_law, node_probs, total_variation
+
+DEFAULT_CONFIG = REPO / "testbed" / "corruptible" / "gate-profile.yaml"
+
+
+# the walk faults measured again as if the drafter proposed the target's own top-k at every node (a drafter as good
+# as a trained DFlash one is at its best): how strong the same fault is where drafts are usually accepted
+ORACLE = ("no_residual", "heldout_b")
+KEYS = (*SAMPLER_FAULTS, *(f"{f}@oracle" for f in ORACLE))
+
+
+def fault_laws(row: np.ndarray, kids: list[int], t: float, top_p: float | None, top_k: int | None,
+               min_p: float | None, oracle_k: int) -> dict[str, float]:
+    """Each sampler fault's distance from p_T at one visited node (kids: its drafted children's tokens)."""
+    want = node_probs(row, t, top_p, top_k, None, min_p)
+    out = {}
+    for f in SAMPLER_FAULTS:
+        walk = node_probs(row, 1.0 if f == "verify_temperature" else t, top_p, top_k, f, min_p)
+        law = emitted_law(walk, kids, residual=f != "no_residual", held_last=f == "heldout_b")
+        out[f] = total_variation(law, want)
+    best = [int(x) for x in np.argsort(-want, kind="stable")[:oracle_k]]
+    for f in ORACLE:
+        law = emitted_law(want, best, residual=f != "no_residual", held_last=f == "heldout_b")
+        out[f"{f}@oracle"] = total_variation(law, want)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default=str(DEFAULT_CONFIG), help="the gate profile whose suite and mix are asked")
+    ap.add_argument("--temperatures", default="0.8", help="T>0 temperatures (default: the test bed's)")
+    ap.add_argument("--seeds", default="1234,2345", help="answers per prompt and temperature, by seed")
+    ap.add_argument("--budget", type=int, default=None, help="engine budget (default: the engine's)")
+    ap.add_argument("--topk", type=int, default=None)
+    ap.add_argument("--max-tokens", type=int, default=None, help="default: the profile's")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    try:
+        temps = [float(x) for x in a.temperatures.split(",") if x.strip()]
+        seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
+        if not temps or not seeds or min(temps) <= 0:
+            raise ValueError("need T > 0 and at least one seed")
+        cfg = load_gate_config(a.config)
+        ecfg = EngineConfig(**{k: v for k, v in (("budget", a.budget), ("topk", a.topk)) if v is not None})
+    except (ValueError, OSError, UsageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    engine = Engine(ecfg)
+    suite = load_suite(cfg.suite)
+    sums: dict[str, dict[str, float]] = {f"{t:g}": dict.fromkeys(KEYS, 0.0) for t in temps}
+    tokens: dict[str, int] = dict.fromkeys(sums, 0)
+    per_answer: list[dict[str, Any]] = []
+    t0 = time.time()
+    for t in temps:
+        for p in suite.prompts:
+            mix = cfg.sampling_for(p.id, t)
+            top_p = mix.top_p if mix.top_p < 1 else None
+            top_k = mix.top_k or None
+            min_p = mix.min_p or None
+            for seed in seeds:
+                ids = engine.encode(engine.render(p.messages()))
+                acc = dict.fromkeys(KEYS, 0.0)
+                walked = [0]
+
+                def on_walk(path: list[int], children: list[list[int]], toks: list[int],
+                            rows: dict[int, np.ndarray], acc: dict[str, float] = acc, walked: list[int] = walked,
+                            t: float = t, top_p: float | None = top_p, top_k: int | None = top_k,
+                            min_p: float | None = min_p) -> None:
+                    for u in path:
+                        for f, d in fault_laws(rows[u], [toks[c] for c in children[u]], t, top_p, top_k,
+                                               min_p, ecfg.topk).items():
+                            acc[f] += d
+                        walked[0] += 1
+
+                req = Request(ids, a.max_tokens or cfg.max_tokens or p.max_tokens, t, top_p, top_k,
+                              answer_seed(seed, p.id, t), None, min_p)
+                gen = engine.generate(req, on_walk=on_walk)
+                n = walked[0] + 1  # the prefill's token: p_T under every fault
+                key = f"{t:g}"
+                for f in KEYS:
+                    sums[key][f] += acc[f]
+                tokens[key] += n
+                per_answer.append({"prompt_id": p.id, "temperature": t, "seed": seed, "sampling": mix.as_dict(),
+                                   "emitted": len(gen.tokens), "walked_tokens": n,
+                                   "accept_length": round(len(gen.tokens) / max(1, gen.verify_steps + 1), 3),
+                                   "mean_tv": {f: round(acc[f] / n, 6) for f in KEYS}})
+                print(f"T={t:g} {p.id} seed {seed}: {len(gen.tokens)} tokens, mean TV "
+                      + ", ".join(f"{f} {acc[f] / n:.4f}" for f in KEYS)
+                      + f" ({time.time() - t0:.0f} s)", flush=True)
+    out: dict[str, Any] = {**provenance(sys.argv), "config": a.config, "engine": ecfg.model_dump(),
+                           "temperatures": temps, "seeds": seeds,
+                           "mean_tv": {k: {f: v / max(1, tokens[k]) for f, v in fs.items()} for k, fs in sums.items()},
+                           "tokens": tokens, "answers": per_answer}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out["mean_tv"], indent=1))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
