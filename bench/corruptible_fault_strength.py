@@ -34,8 +34,9 @@ from likelihood_common import REPO, provenance
 sys.path.insert(0, str(REPO / "src"))
 
 from sglfleet.pipeline.errors import UsageError
+from sglfleet.validation import tokenlaw
 from sglfleet.validation.config import load_gate_config
-from sglfleet.validation.likelihood import answer_seed
+from sglfleet.validation.likelihood import _token_alphas, answer_seed
 from sglfleet.validation.suite import load_suite
 from testbed.corruptible.engine import SAMPLER_FAULTS, Engine, EngineConfig, Request
 from testbed.corruptible.sampling import emitted_law, node_probs, total_variation
@@ -50,18 +51,52 @@ KEYS = (*SAMPLER_FAULTS, *(f"{f}@oracle" for f in ORACLE))
 
 
 def fault_laws(row: np.ndarray, kids: list[int], t: float, top_p: float | None, top_k: int | None,
-               min_p: float | None, oracle_k: int) -> dict[str, float]:
-    """Each sampler fault's distance from p_T at one visited node (kids: its drafted children's tokens)."""
+               min_p: float | None, oracle_k: int, rng: np.random.Generator, k: int
+               ) -> dict[str, tuple[float, np.ndarray]]:
+    """Each sampler fault at one visited node (kids: its drafted children's tokens): the emitted law's distance
+    from p_T, and the PITs under p_T (descending-probability order, randomized, NaN outside the law: as the gate
+    places a token, validation/tokenlaw.py) of k tokens drawn from that law, each with its own uniform."""
     want = node_probs(row, t, top_p, top_k, None, min_p)
-    out = {}
+    laws = {}
     for f in SAMPLER_FAULTS:
         walk = node_probs(row, 1.0 if f == "verify_temperature" else t, top_p, top_k, f, min_p)
-        law = emitted_law(walk, kids, residual=f != "no_residual", held_last=f == "heldout_b")
-        out[f] = total_variation(law, want)
-    best = [int(x) for x in np.argsort(-want, kind="stable")[:oracle_k]]
+        laws[f] = emitted_law(walk, kids, residual=f != "no_residual", held_last=f == "heldout_b")
+    order = np.argsort(-want, kind="stable")
     for f in ORACLE:
-        law = emitted_law(want, best, residual=f != "no_residual", held_last=f == "heldout_b")
-        out[f"{f}@oracle"] = total_variation(law, want)
+        laws[f"{f}@oracle"] = emitted_law(want, [int(x) for x in order[:oracle_k]], residual=f != "no_residual",
+                                          held_last=f == "heldout_b")
+    before = np.empty_like(want)
+    before[order] = np.cumsum(want[order]) - want[order]  # p_T mass strictly ahead of each token in that order
+    out = {}
+    for f, law in laws.items():
+        c = np.cumsum(law)
+        x = np.minimum(np.searchsorted(c, rng.random(k) * c[-1], side="right"), law.size - 1)
+        u = before[x] + rng.random(k) * want[x]
+        u[want[x] <= 0] = np.nan
+        out[f] = (total_variation(law, want), u)
+    return out
+
+
+def power_by_size(pool: dict[str, np.ndarray], sizes: list[int], alphas: tokenlaw.Alphas, reps: int,
+                  rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Per gate size (candidate tokens at one temperature, a clean baseline twice as large): the probability that
+    the per-token test (tokenlaw.decide, the shipped alphas) refuses an engine with each fault, every token drawn
+    from the fault's law: n PITs taken without replacement from the fault's pool of draws. Sizes beyond a pool
+    are not stated."""
+    out = []
+    for n in sizes:
+        row: dict[str, Any] = {"tokens": n, "refused": {}}
+        for f, u in pool.items():
+            if n > u.size:
+                row["refused"][f] = None
+                continue
+            hits = 0
+            for _ in range(reps):
+                pick = u[rng.choice(u.size, size=n, replace=False)]
+                inside = pick[~np.isnan(pick)]
+                hits += not tokenlaw.decide(inside, int(pick.size - inside.size), 2 * n, 0, 0.0, alphas)[0]
+            row["refused"][f] = hits / reps
+        out.append(row)
     return out
 
 
@@ -73,9 +108,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=None, help="engine budget (default: the engine's)")
     ap.add_argument("--topk", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=None, help="default: the profile's")
+    ap.add_argument("--sizes", default="800,2500,5000,12500,25000,50000",
+                    help="gate sizes (candidate tokens per temperature) the power against each fault is stated at")
+    ap.add_argument("--reps", type=int, default=200, help="Monte Carlo gates per size and fault")
+    ap.add_argument("--draws-per-token", type=int, default=64,
+                    help="tokens drawn from each fault's law at every emitted position (the power's pool)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     try:
+        sizes = sorted({int(x) for x in a.sizes.split(",") if x.strip()})
+        if not sizes or min(sizes) < 1:
+            raise ValueError("--sizes must be positive integers")
         temps = [float(x) for x in a.temperatures.split(",") if x.strip()]
         seeds = [int(x) for x in a.seeds.split(",") if x.strip()]
         if not temps or not seeds or min(temps) <= 0:
@@ -90,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     sums: dict[str, dict[str, float]] = {f"{t:g}": dict.fromkeys(KEYS, 0.0) for t in temps}
     tokens: dict[str, int] = dict.fromkeys(sums, 0)
     per_answer: list[dict[str, Any]] = []
+    draws: dict[str, dict[str, list[np.ndarray]]] = {k: {f: [] for f in KEYS} for k in sums}
+    rng = np.random.default_rng(20261205)
     t0 = time.time()
     for t in temps:
         for p in suite.prompts:
@@ -107,15 +152,19 @@ def main(argv: list[str] | None = None) -> int:
                             t: float = t, top_p: float | None = top_p, top_k: int | None = top_k,
                             min_p: float | None = min_p) -> None:
                     for u in path:
-                        for f, d in fault_laws(rows[u], [toks[c] for c in children[u]], t, top_p, top_k,
-                                               min_p, ecfg.topk).items():
+                        got = fault_laws(rows[u], [toks[c] for c in children[u]], t, top_p, top_k, min_p,
+                                         ecfg.topk, rng, a.draws_per_token)
+                        for f, (d, us) in got.items():
                             acc[f] += d
+                            draws[f"{t:g}"][f].append(us)
                         walked[0] += 1
 
                 req = Request(ids, a.max_tokens or cfg.max_tokens or p.max_tokens, t, top_p, top_k,
                               answer_seed(seed, p.id, t), None, min_p)
                 gen = engine.generate(req, on_walk=on_walk)
                 n = walked[0] + 1  # the prefill's token: p_T under every fault
+                for f in KEYS:
+                    draws[f"{t:g}"][f].append(rng.random(a.draws_per_token))
                 key = f"{t:g}"
                 for f in KEYS:
                     sums[key][f] += acc[f]
@@ -127,13 +176,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"T={t:g} {p.id} seed {seed}: {len(gen.tokens)} tokens, mean TV "
                       + ", ".join(f"{f} {acc[f] / n:.4f}" for f in KEYS)
                       + f" ({time.time() - t0:.0f} s)", flush=True)
+    alphas = _token_alphas(cfg.likelihood, 3)  # the shipped profiles' three T>0 temperatures
+    power = {k: power_by_size({f: np.concatenate(v) for f, v in fs.items()}, sizes, alphas, a.reps, rng)
+             for k, fs in draws.items()}
     out: dict[str, Any] = {**provenance(sys.argv), "config": a.config, "engine": ecfg.model_dump(),
                            "temperatures": temps, "seeds": seeds,
                            "mean_tv": {k: {f: v / max(1, tokens[k]) for f, v in fs.items()} for k, fs in sums.items()},
-                           "tokens": tokens, "answers": per_answer}
+                           "tokens": tokens, "power_alphas": {"ks": alphas.ks, "mean": alphas.mean,
+                                                              "outside": alphas.outside},
+                           "power": power, "answers": per_answer}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["mean_tv"], indent=1))
+    for k, rows in power.items():
+        for r in rows:
+            print(f"T={k} {r['tokens']} tokens: refused "
+                  + ", ".join(f"{f} {v:.2f}" if v is not None else f"{f} -" for f, v in r["refused"].items()))
     print(f"wrote {a.out}")
     return 0
 

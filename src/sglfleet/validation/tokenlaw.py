@@ -583,7 +583,7 @@ def _rejection(inputs: Sequence[PowerInput], j: int, r: float, reps: int, rng: n
 
 
 def power_statement(inputs: Sequence[PowerInput], target: float, reps: int, seed: int, lo: float = 1e-3,
-                    steps: int = 9) -> dict[str, Any]:
+                    steps: int = 9, families: Sequence[str] = FAMILIES) -> dict[str, Any]:
     """What the per-token tests of `inputs` refuse together, by Monte Carlo at the gate's own token counts: per
     family of FAMILIES, the smallest share r of tokens drawn from that wrong law (at every temperature of
     `inputs`) refused with probability >= target, found by bisection on log r between `lo` and 1 (`steps`
@@ -599,12 +599,12 @@ def power_statement(inputs: Sequence[PowerInput], target: float, reps: int, seed
     out: dict[str, Any] = {"reps": reps, "target": target, "n_tokens": n_tok, "families": {}}
     if not xs:
         return {**out, "estimated": False}
-    nf = len(FAMILIES)
+    nf = len(families)
     weights = np.asarray([x.n_cand for x in xs], dtype=np.float64) / n_tok
     worst: list[float] = []
     unrefused: list[str] = []
     rates: list[float | None] = []
-    for j, fam in enumerate(FAMILIES):
+    for j, fam in enumerate(families):
         tvs = [float(x.draws[:, nf + j].mean()) if x.draws.shape[1] >= 2 * nf else math.nan for x in xs]
         mean_tv = float(np.dot(weights, tvs))
         rec: dict[str, Any] = {"mean_tv_of_law": mean_tv, "rejection_rate": {}}
