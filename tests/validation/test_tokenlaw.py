@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from sglfleet.validation.config import LikelihoodConfig
-from sglfleet.validation.likelihood import check_trust, token_verdict
+from sglfleet.validation.likelihood import check_trust, gate_token_power, token_verdict
 from sglfleet.validation.scorers import AnswerScore
 from sglfleet.validation.tokenlaw import (
     FAMILIES,
@@ -383,3 +383,28 @@ def test_tests_of_several_temperatures_together_refuse_a_smaller_share_than_each
     assert together["n_tokens"] == 4500
     for f in ("greedy", "flat"):
         assert together["families"][f]["min_rate"] < min(a["families"][f]["min_rate"] for a in alone)
+
+
+def test_the_gate_states_its_power_for_every_temperature_together() -> None:
+    """gate_token_power: the per-token tests of three temperatures' answers as one statement, on the gate's own
+    token counts; a temperature without per-token scores leaves no statement."""
+    rng = np.random.default_rng(8)
+    lc = LikelihoodConfig(token_power_reps=30)
+
+    def side(n: int, base: int) -> list[AnswerScore]:
+        out = []
+        for s in range(n):
+            sc = _scored("p", base + s, list(-rng.random(200)), list(rng.random(200)))
+            out.append(AnswerScore(**{**sc.__dict__, "wrong": tuple(
+                (float(rng.random()) * 0.3, float(rng.random()), float(rng.random()), 0.5 + 0.5 * float(rng.random()),
+                 0.4, 0.02, 0.1, 0.5) for _ in range(200))}))
+        return out
+
+    sides = [(side(3, 0), side(6, 100)) for _ in range(3)]
+    st = gate_token_power(sides, lc)
+    assert st is not None and st["estimated"] and st["n_tokens"] == 3 * 600
+    alone = token_verdict(sides[0][0], sides[0][1], lc, 3)
+    assert alone is not None
+    assert st["families"]["greedy"]["min_rate"] < alone.power["families"]["greedy"]["min_rate"]
+    bare = [(c, [AnswerScore(**{**b.__dict__, "tok_pit": None}) for b in base]) for c, base in sides]
+    assert gate_token_power(bare, lc) is None
