@@ -355,7 +355,33 @@ def render_token_power_size(raw: dict[str, Any], path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_corruptible_fault_strength(raw: dict[str, Any], path: str) -> str:
+    """Each sampler fault's strength (mean total-variation distance of the emitted token's law from p_T) and the
+    per-token test's probability of refusing it at several gate sizes (bench/corruptible_fault_strength.py)."""
+    temps = list(raw["mean_tv"])
+    sizes = [r["tokens"] for r in raw["power"][temps[0]]]
+    lines = ["| fault | T | mean TV from p_T | " + " | ".join(f"refused at {_num(n)} tokens" for n in sizes) + " |",
+             "|---|---|---|" + "---|" * len(sizes)]
+    for f in raw["mean_tv"][temps[0]]:
+        for t in temps:
+            cells = []
+            for r in raw["power"][t]:
+                v = r["refused"].get(f)
+                cells.append("—" if v is None else f"{v:.0%}")
+            lines.append(f"| {f} | {t} | {raw['mean_tv'][t][f]:.4f} | " + " | ".join(cells) + " |")
+    toks = ", ".join(f"T{t}: {_num(n)}" for t, n in raw["tokens"].items())
+    lines += ["", f"Tokens walked by the correct engine: {toks} ({len(raw['answers'])} answers, seeds "
+              f"{raw['seeds']}); engine budget {raw['engine']['budget']}, top-k {raw['engine']['topk']}. Refusal: "
+              f"the per-token test at the shipped alphas (KS {raw['power_alphas']['ks']:.2g}, mean "
+              f"{raw['power_alphas']['mean']:.2g}, outside {raw['power_alphas']['outside']:.2g}) over gates whose "
+              "every token comes from the fault's law; — where the fault's pool of draws is smaller than the gate.",
+              "", f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', {}).get('cpus', '?')} cores, commit "
+              f"{raw.get('commit', '?')}; command: `{raw.get('command', '?')}`"]
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "corruptible-fault-strength": render_corruptible_fault_strength,
     "token-power-size": render_token_power_size,
     "corruptible-gate": render_corruptible_gate,
     "likelihood-rates": render_likelihood_rates,
