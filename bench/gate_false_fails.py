@@ -71,6 +71,9 @@ def refresh(raw_path: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--first-run", type=int, default=0,
+                    help="the first run's index: its seeds are 900000 + 1000 * index + j, so a later batch that starts "
+                         "past an earlier one's last index shares no sampler stream with it")
     ap.add_argument("--config", default=str(REPO / "src" / "sglfleet" / "validation" / "profiles" / "embedded.yaml"))
     ap.add_argument("--target", help="a running target (default: the embedded model, started here)")
     ap.add_argument("--baseline", help="a recorded baseline file (default: recorded here from the target)")
@@ -81,8 +84,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.refresh:
         return refresh(Path(args.refresh))
-    if args.runs < 1:
-        print("error: --runs must be at least 1", file=sys.stderr)
+    if args.runs < 1 or args.first_run < 0:
+        print("error: --runs must be at least 1 and --first-run at least 0", file=sys.stderr)
         return 2
     profile = yaml.safe_load(Path(args.config).read_text())
     runs = Path(args.runs_dir) / time.strftime("%Y%m%dT%H%M%S")
@@ -115,7 +118,7 @@ def main() -> int:
         gate = profile.get("gate") or {}
         lik = gate.get("likelihood") or {}
         per_side = len(lik.get("seeds") or [1234, 2345, 3456])
-        for k in range(args.runs):
+        for k in range(args.first_run, args.first_run + args.runs):
             seeds = [900_000 + 1000 * k + j for j in range(per_side)]  # fresh, and disjoint from the baseline's
             cfg = {**profile, "gate": {**gate, "likelihood": {**lik, "seeds": seeds}}}
             out = runs / f"run{k:02d}"
