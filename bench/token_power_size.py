@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if tv is None:
             print(f"error: T={t:g}: no per-token rows", file=sys.stderr)
             return 1
-        base_inputs[t] = power_input(tv, scored[t], alphas)
+        base_inputs[t] = power_input(tv.as_dict(), scored[t], alphas)
     out: dict[str, Any] = {**provenance(sys.argv), "baseline": a.baseline, "config": a.config, "order": a.order,
                            "reps": a.reps, "target": lc.token_power_target,
                            "alphas": {"ks": alphas.ks, "mean": alphas.mean, "outside": alphas.outside},

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import functions_from, series_tree
 from sglang_ddtree.config import DDTreeArgError, max_tree_nodes, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,14 +58,7 @@ def test_bad_arguments_are_one_clear_error(change: dict, message: str) -> None:
 
 @pytest.fixture(scope="module")
 def patched_sglang(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sglfleet.patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series
-
-    upstream = fetch_sglang("0.5.23", DEFAULT_CACHE)
-    root = tmp_path_factory.mktemp("sglang-patched")
-    subprocess.run(["cp", "-a", str(upstream / "sglang"), str(root)], check=True)
-    rep = apply_series(load_series(ROOT / "src" / "sglfleet" / "patches" / "sglang-0.5.23"), root)
-    assert rep.ok, rep
-    return root
+    return series_tree(tmp_path_factory.mktemp("sglang-patched"))
 
 
 def parse(root: Path, argvs: list[list[str]]) -> list[dict]:
@@ -106,9 +100,7 @@ def _decode_reserve(root: Path):
     function, and the expression prepare_for_decode assigns to ``reserve``."""
     src = (root / "sglang" / "srt" / "speculative" / "dflash_info_v2.py").read_text()
     mod = ast.parse(src)
-    fn = next(n for n in mod.body if isinstance(n, ast.FunctionDef) and n.name == "dflash_decode_reserve")
-    ns: dict = {"Optional": __import__("typing").Optional}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), "dflash_info_v2.py", "exec"), ns)
+    ns = functions_from(src, ("dflash_decode_reserve",), {"Optional": __import__("typing").Optional})
     cls = next(n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == "DFlashDraftInputV2")
     prep = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "prepare_for_decode")
     assigned = [ast.get_source_segment(src, a.value) for a in ast.walk(prep)

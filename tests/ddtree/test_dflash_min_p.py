@@ -12,9 +12,6 @@ survivors, min-p).
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import subprocess
 import typing
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,45 +22,28 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
+from conftest import functions_from, series_tree  # noqa: E402
+
 from sglfleet.validation.tokenlaw import ORDERS, SamplingParams, law_of, row_from_logits  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-SERIES = ROOT / "src" / "sglfleet" / "patches" / "sglang-0.5.23"
 WANTED = ("_dflash_npu_top_k_top_p_renorm_prob", "_dflash_top_k_renorm_prob", "_dflash_top_p_renorm_prob",
           "_dflash_min_p_renorm_prob", "build_speculative_verify_target_probs")
 
 
-def _tree(tmp: Path, *, upto: str | None) -> Path:
-    """sglang 0.5.23 from PyPI with the series applied (all of it, or up to and without `upto`)."""
-    from sglfleet.patches import DEFAULT_CACHE, apply_series, fetch_sglang, load_series
-
-    series = load_series(SERIES)
-    if upto is not None:
-        series = dataclasses.replace(series, patches=tuple(p for p in series.patches if p.name < upto))
-    upstream = fetch_sglang("0.5.23", DEFAULT_CACHE)
-    subprocess.run(["cp", "-a", str(upstream / "sglang"), str(tmp)], check=True)
-    rep = apply_series(series, tmp)
-    assert rep.ok, rep
-    return tmp
-
-
 def _verify_law(root: Path) -> typing.Callable[..., typing.Any]:
     """build_speculative_verify_target_probs and the helpers it calls, compiled from the tree's own source."""
-    src = (root / "sglang" / "srt" / "speculative" / "dflash_utils.py").read_text()
-    sampler = (root / "sglang" / "srt" / "layers" / "sampler.py").read_text()
-    body = [n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name in WANTED]
-    body += [n for n in ast.parse(sampler).body
-             if isinstance(n, ast.FunctionDef) and n.name == "top_p_normalize_probs_torch"]
     ns: dict[str, typing.Any] = {"torch": torch, "F": F, "Optional": typing.Optional, "Any": typing.Any,
                                  "is_npu": lambda: False, "top_k_renorm_prob": None, "top_p_renorm_prob": None}
-    exec(compile(ast.Module(body=body, type_ignores=[]), "dflash_utils.py", "exec"), ns)
+    srt = root / "sglang" / "srt"
+    functions_from((srt / "layers" / "sampler.py").read_text(), ("top_p_normalize_probs_torch",), ns)
+    functions_from((srt / "speculative" / "dflash_utils.py").read_text(), WANTED, ns)
     return typing.cast(typing.Callable[..., typing.Any], ns["build_speculative_verify_target_probs"])
 
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return {"patched": _tree(tmp_path_factory.mktemp("patched"), upto=None),
-            "unpatched": _tree(tmp_path_factory.mktemp("unpatched"), upto="0017")}
+    return {"patched": series_tree(tmp_path_factory.mktemp("patched")),
+            "unpatched": series_tree(tmp_path_factory.mktemp("unpatched"), upto="0017")}
 
 
 # one batch, rows with mixed parameters, as production batches them (never top-k with top-p: module docstring

@@ -401,10 +401,13 @@ def test_the_gate_states_its_power_for_every_temperature_together() -> None:
         return out
 
     sides = [(side(3, 0), side(6, 100)) for _ in range(3)]
-    st = gate_token_power(sides, lc)
+    tests = [token_verdict(c, b, lc.model_copy(update={"token_power_reps": 0}), 3) for c, b in sides]
+    st = gate_token_power([(tv.as_dict() if tv else None, b) for tv, (_, b) in zip(tests, sides, strict=True)], lc)
     assert st is not None and st["estimated"] and st["n_tokens"] == 3 * 600
     alone = token_verdict(sides[0][0], sides[0][1], lc, 3)
     assert alone is not None
     assert st["families"]["greedy"]["min_rate"] < alone.power["families"]["greedy"]["min_rate"]
     bare = [(c, [AnswerScore(**{**b.__dict__, "tok_pit": None}) for b in base]) for c, base in sides]
-    assert gate_token_power(bare, lc) is None
+    none = [token_verdict(c, b, lc, 3) for c, b in bare]
+    assert gate_token_power([(tv.as_dict() if tv else None, b) for tv, (_, b) in zip(none, bare, strict=True)],
+                            lc) is None

@@ -182,32 +182,30 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
                              limit=lc.token_noise_limit, cand_excess=[e for a in cand for e in a.tok_excess],
                              exact_cut=exact_cut)
     if lc.token_power_reps:
-        tv.power = tokenlaw.power_statement([power_input(tv, base, alphas)], lc.token_power_target,
+        tv.power = tokenlaw.power_statement([power_input(tv.as_dict(), base, alphas)], lc.token_power_target,
                                             lc.token_power_reps, lc.rng_seed)
     return tv
 
 
-def power_input(tv: tokenlaw.TokenVerdict, base: list[AnswerScore], alphas: tokenlaw.Alphas) -> tokenlaw.PowerInput:
+def power_input(tv: dict[str, Any], base: list[AnswerScore], alphas: tokenlaw.Alphas) -> tokenlaw.PowerInput:
     """One temperature's test as the power statement needs it: the wrong laws' draws over the baseline's tokens
-    and the test's own sizes, allowances and alphas."""
+    and the test's own sizes and allowances (`tv`: its TokenVerdict as a dict, as the verdict keeps it)."""
     draws = np.asarray([w for a in base for w in a.wrong or ()], dtype=np.float64)
     draws = draws.reshape(-1, draws.shape[1] if draws.ndim == 2 else 2 * len(tokenlaw.FAMILIES))
-    return tokenlaw.PowerInput(draws, tv.n_candidate + tv.outside_candidate, tv.noise_allowance, tv.n_baseline,
-                               tv.outside_baseline, alphas, tv.mean_allowance)
+    return tokenlaw.PowerInput(draws, tv["n_candidate"] + tv["outside_candidate"], tv["noise_allowance"],
+                               tv["n_baseline"], tv["outside_baseline"], alphas, tv["mean_allowance"])
 
 
-def gate_token_power(sides: list[tuple[list[AnswerScore], list[AnswerScore]]], lc: Any) -> dict[str, Any] | None:
+def gate_token_power(sides: list[tuple[dict[str, Any] | None, list[AnswerScore]]], lc: Any) -> dict[str, Any] | None:
     """The power of the gate's per-token tests together: a sampler drawing a share of its tokens from a wrong law
     at every T>0 temperature is refused when any temperature's test refuses it (tokenlaw.power_statement over all
-    of them). None when a temperature has no per-token test."""
-    n_t = len(sides)
-    inputs = []
-    for cand, base in sides:
-        tv = token_verdict(cand, base, lc.model_copy(update={"token_power_reps": 0}), n_t)
-        if tv is None:
-            return None
-        inputs.append(power_input(tv, base, _token_alphas(lc, n_t)))
-    return tokenlaw.power_statement(inputs, lc.token_power_target, lc.token_power_reps, lc.rng_seed + 1)
+    of them). `sides`: per temperature, its per-token test (as the verdict keeps it; None: the temperature has
+    none, and then there is no statement) and the baseline's scores."""
+    if any(tv is None for tv, _ in sides):
+        return None
+    alphas = _token_alphas(lc, len(sides))
+    return tokenlaw.power_statement([power_input(tv, base, alphas) for tv, base in sides if tv is not None],
+                                    lc.token_power_target, lc.token_power_reps, lc.rng_seed + 1)
 
 
 def support_limit(lc: Any, n_tokens: int, top_p: float, a_support: float, vocab: int) -> tuple[float, float]:
@@ -503,11 +501,11 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
                     for side, rows in (("candidate", candidate), ("baseline", baseline))}
         out.append(v)
     lc = getattr(cfg, "likelihood", cfg)
-    if len(sides) > 1 and lc.token_power_reps and all(v.per_token for v in out):
-        together = gate_token_power([(cand, base) for _, _, base, cand in sides], lc)
-        for v in out:
-            if together is not None and isinstance((v.per_token or {}).get("power"), dict):
-                v.per_token["power"]["all_temperatures"] = together  # type: ignore[index]
+    tests = [v.per_token for v in out]
+    together = gate_token_power([(tv, base) for tv, (_, _, base, _) in zip(tests, sides, strict=True)], lc) if (
+        len(sides) > 1 and lc.token_power_reps) else None
+    for tv in tests if together is not None else ():
+        tv["power"]["all_temperatures"] = together  # type: ignore[index]
     return out
 
 
