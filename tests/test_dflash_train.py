@@ -243,3 +243,23 @@ def test_blocks_are_anchored_only_where_sglang_drafts_them(target, monkeypatch) 
     assert los and set(los) == {p}
     assert report["offline"]["blocks"] == len(range(p, seqs[0].shape[0] - B, 3))  # one held-out sequence
     assert "accept_length_all_anchors" in report["offline"]
+
+
+def test_corpus_prompts_are_distinct_and_refuse_more_than_the_pool() -> None:
+    pool = dflash_train.prompt_pool()
+    assert len(set(pool)) == len(pool) >= 2400  # no prompt twice (the fixed poem prompt was also a task)
+    assert dflash_train.corpus_prompts(len(pool)) == pool
+    assert dflash_train.corpus_prompts(320)[:20] == list(dflash_train.PROMPTS)
+    for n in (0, len(pool) + 1):
+        with pytest.raises(ValueError, match="distinct prompts"):
+            dflash_train.corpus_prompts(n)
+
+
+@pytest.mark.parametrize("flag", [["--seqs", "1"], ["--seqs", "999999"], ["--seqs-per-step", "0"], ["--anchors", "0"],
+                                  ["--lr", "0"], ["--gen-batch", "0"], ["--steps", "0"]])
+def test_train_drafter_refuses_bad_numbers_before_loading_anything(flag, tmp_path, capsys) -> None:
+    from testbed.models.__main__ import main
+
+    rc = main(["train-drafter", "--target", str(tmp_path / "none"), "--out", str(tmp_path / "o"), *flag])
+    assert rc == 2 and "out of range" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--layers", type=int, default=1)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="cuda")
+    t.add_argument("--seqs-per-step", type=int, default=8, help="sequences per optimizer step")
+    t.add_argument("--anchors", type=int, default=16, help="blocks anchored per sequence and step")
+    t.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (cosine decay to 0)")
+    t.add_argument("--gen-batch", type=int, default=64, help="prompts the target answers at once")
     i = sub.add_parser("inflate", help="a small Llama checkpoint (and its DFlash drafter) at a larger compute "
                        "shape (default Llama-3-8B's), the same logits")
     i.add_argument("--src", required=True, help="Hugging Face Llama checkpoint dir")
@@ -98,6 +102,17 @@ def _train(a: argparse.Namespace) -> int:
 
     from . import dflash_train
 
+    pool = len(dflash_train.prompt_pool())
+    bad = [f"--{k.replace('_', '-')} {v}" for k, v in (("steps", a.steps), ("seqs_per_step", a.seqs_per_step),
+                                                          ("anchors", a.anchors), ("gen_batch", a.gen_batch),
+                                                          ("max_new", a.max_new)) if v < 1]
+    if not 2 <= a.seqs <= pool:
+        bad.append(f"--seqs {a.seqs} (2 to {pool}: the corpus's distinct prompts)")
+    if not a.lr > 0:
+        bad.append(f"--lr {a.lr}")
+    if bad:
+        print(f"error: {', '.join(bad)}: out of range (counts are positive integers, --lr > 0)", file=sys.stderr)
+        return 2
     cfg_path = Path(a.target) / "config.json"
     if not cfg_path.is_file():
         print(f"error: {a.target}: no config.json (a Hugging Face checkpoint directory)", file=sys.stderr)
@@ -108,9 +123,11 @@ def _train(a: argparse.Namespace) -> int:
         return 2
     tok = AutoTokenizer.from_pretrained(a.target)
     target = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16).to(a.device).eval()
-    seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed, device=a.device)
+    seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed, device=a.device,
+                                            batch=a.gen_batch)
     model, report = dflash_train.train(target, seqs, target_cfg, block=a.block_size, layers=a.layers,
-                                       steps=a.steps, seed=a.seed, device=a.device)
+                                       steps=a.steps, seed=a.seed, device=a.device, anchors_per_seq=a.anchors,
+                                       seqs_per_step=a.seqs_per_step, lr=a.lr)
     out = dflash_train.export(model, target_cfg, a.out, report)
     print(json.dumps({"out": str(out), **report["offline"], "loss_last": report["loss_last"]}))
     return 0

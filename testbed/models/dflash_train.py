@@ -205,10 +205,27 @@ _TASKS = (
 )
 
 
+# how a task is asked: the first (none) keeps the pool's first 320 prompts what they were before
+_FRAMES = (
+    "", " Keep it brief.", " Use simple words.", " Answer in a cheerful tone.", " Write it for a newspaper.",
+    " Make it sound like an old sailor telling it.", " Use exactly three sentences.", " Add one surprising detail.",
+)
+
+
+def prompt_pool() -> list[str]:
+    """Every distinct chat prompt of the corpus: the fixed ones, then every task about every topic in
+    every framing (2,400 more, less the one a fixed prompt already asks), the unframed ones first."""
+    return list(dict.fromkeys([*PROMPTS, *(task.format(t=t) + f for f in _FRAMES for t in _TOPICS for task in _TASKS)]))
+
+
 def corpus_prompts(n: int) -> list[str]:
-    """``n`` chat prompts: the fixed ones, then every task about every topic (300 more)."""
-    pool = list(PROMPTS) + [task.format(t=t) for t in _TOPICS for task in _TASKS]
-    return [pool[i % len(pool)] for i in range(n)]
+    """``n`` distinct chat prompts. A prompt asked twice writes the same text at T=0, which would
+    weight it twice and could put a copy of a training sequence in the held-out set that measures
+    acceptance, so more prompts than the pool holds are refused."""
+    pool = prompt_pool()
+    if not 1 <= n <= len(pool):
+        raise ValueError(f"--seqs {n}: between 1 and {len(pool)} (the distinct prompts of the corpus)")
+    return pool[:n]
 
 
 class Corpus(list):

@@ -26,6 +26,8 @@
 #                                                      target-only stopped; every candidate gated with --baseline
 #                                                      FILE only. KEEP=1 leaves the candidates serving for the next
 #                                                      prodseq call on the same warm machine, which goes on
+#   real      .carry/ddtree-srv                        issue 39: the 135M target and drafter inflated to Llama-3-8B's
+#                                                      cost, served and measured (bench/ddtree_real.py)
 #   kernel-level tree-verify proof (tests/ddtree/gpu_proof.sh; .carry/proof from tests/ddtree/make_proof_carry.sh),
 #   on a machine of its own or after the steps above:
 #   proof-setup  .carry/sglang/p1 .carry/proof          sglang unpacked as unpatched / patched / mutant + p1's wheels
@@ -37,7 +39,7 @@
 # bash tests/ddtree/make_server_carry.sh;
 # bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
 set -uo pipefail
-step=${1:?step: install1|install2|install3|train|drafter|gguf1|warm|trainwarm|prodseq|gate30|seeded|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
+step=${1:?step: install1|install2|install3|train|drafter|gguf1|warm|trainwarm|prodseq|real|gate30|seeded|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # pieces of the SmolLM2 GGUF ride along with the install calls (tests/ddtree/split_gguf.sh): each call copies
 # the ones it carries into /tmp/gguf, and the gate30 step joins them
@@ -101,8 +103,11 @@ case $step in
     cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf || exit 1
     PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
     PYTHONPATH=$PYTHONPATH:.:./src timeout 560 python3 -m testbed.models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
-      --device cuda --layers 2 --seqs "${SEQS:-512}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-1500}" > /tmp/train.log 2>&1
-    echo "train rc=$?" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/" ;;
+      --device cuda --layers "${LAYERS:-2}" --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-4000}" \
+      --seqs-per-step "${SPS:-32}" --anchors "${ANCHORS:-16}" --gen-batch "${GENBATCH:-256}" > /tmp/train.log 2>&1
+    rc=$?; echo "train rc=$rc" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/"
+    # the drafter comes back for later sessions (carry it as .carry/drafter)
+    [ "$rc" = 0 ] && tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-" ;;
   drafter)
     # a drafter an earlier gate30 returned (drafter.tar.part-*), carried as .carry/drafter, for gate30 to unpack
     mkdir -p /tmp/drafter-parts && cp .carry/drafter/drafter.tar.part-* /tmp/drafter-parts/ && ls /tmp/drafter-parts ;;
@@ -181,6 +186,20 @@ case $step in
     timeout "${LIMIT:-575}" python3 tests/ddtree/prodseq.py gates --drafter /tmp/smollm2-dflash \
       --deadline "${DEADLINE:-545}" --workers "${WORKERS:-10}" --runs "${RUNS:-20}" --fault-runs "${FAULT_RUNS:-3}" \
       ${keep[@]+"${keep[@]}"} 2>&1 | tee "$OUT/prodseq.log" | tail -60 ;;
+  real)
+    # issue 39: SmolLM2-135M and its trained drafter inflated to Llama-3-8B's cost, served and measured
+    # (bench/ddtree_real.py), carrying .carry/ddtree-srv after install1..3 and drafter (+ gguf/p3 on a machine
+    # that has no /tmp/smollm2 yet). Servers a KEEP=1 prodseq call left up are stopped first.
+    # shellcheck disable=SC1091
+    source tests/ddtree/device-env.sh
+    pkill -f sglang.launch_server && sleep 8
+    ensure_target || exit 1
+    if [ ! -f /tmp/smollm2-dflash/model.safetensors ]; then
+      cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - || { echo "no drafter" >&2; exit 2; }
+    fi
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+    timeout "${LIMIT:-560}" python3 bench/ddtree_real.py --deadline "${DEADLINE:-520}" ${BUDGETS:+--budgets "$BUDGETS"} \
+      2>&1 | tee "$OUT/ddtree-real.log" | tail -60 ;;
   seeded)
     # tests/ddtree/seeded_identity.py: target-only, the correct DDTree b16/k4 and its step_shared_random fault, all
     # with --enable-deterministic-inference, the same seeded T>0 requests to each (carry .carry/gguf/p3 and

@@ -1,0 +1,301 @@
+"""DDTree with the trained drafter on SmolLM2-135M inflated to Llama-3-8B's cost, on the H200 (issue 39).
+
+The model is SmolLM2-135M-Instruct's function at Llama-3-8B's compute shape: ``python -m testbed.models
+inflate`` pads it to hidden 4096, 32 layers, 32 / 8 heads, MLP 14336 (zeros and identity layers, the
+vocabulary kept), so every server pays an 8B model's matmuls, KV cache and attention while its text is
+SmolLM2's. The project's DFlash drafter (trained on SmolLM2-written text, ``python -m testbed.models
+train-drafter``) is inflated the same way. It is not Llama-3-8B and its text is a 135M model's.
+
+Runs on the GPU machine after tests/ddtree/gpu_session.sh install1..install3 and ``drafter``, with the
+SmolLM2 target converted to /tmp/smollm2 and the drafter unpacked to /tmp/smollm2-dflash
+(``gpu_session.sh real`` does both). Starts, all at once on the one GPU, real ``python -m
+sglang.launch_server`` (0.5.23, the whole patch series) servers: the original 135M target (for the
+function check), the inflated target alone, the DFLASH chain (block 8) and DDTree at each budget (server
+top-k 8, top-k 4 by request), CUDA graphs on. Then:
+
+1. function: the 135M and the inflated target's greedy answers to the gate's suite, with their top-2
+   log-probs at every position (a divergence at a near-tie is rounding, elsewhere a broken inflation);
+2. speed, ONE server at a time (the others idle): the gate's 8 suite prompts (chat template), up to
+   ``--new`` tokens, T=0 and T=0.8, one stream (the prompts in turn) and 4 streams (two rounds of 4);
+   DDTree at top-k 4 and 8; the worker's per-stage CUDA-event profile per cell.
+
+Decode tok/s: completion tokens after each request's first chunk over the time after it, summed over a
+cell's requests (one stream) or rounds (4 streams: tokens after each stream's first chunk over the span
+from the first stream's first chunk to the last stream's last). Writes $OUT/ddtree-real.json and
+$OUT/logs.tgz.
+
+    python3 bench/ddtree_real.py [--budgets 16,8,31] [--new 256] [--deadline 520]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "ddtree"))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+import ddtree_step as ds  # noqa: E402
+import serve_matrix as sm  # noqa: E402
+
+OUT = sm.OUT
+SMALL = Path("/tmp/smollm2")
+SMALL_DRAFT = Path("/tmp/smollm2-dflash")
+BIG = Path("/tmp/smol8b")
+BIG_DRAFT = Path("/tmp/smol8b-dflash")
+SUITE = ROOT / "src" / "sglfleet" / "validation" / "prompts" / "suite-v1.yaml"
+
+
+def inflate() -> dict[str, Any]:
+    """The inflated target and drafter, made here from the 135M checkpoint (once per warm machine)."""
+    t = time.time()
+    if not (BIG / "config.json").is_file() or not (BIG_DRAFT / "config.json").is_file():
+        for d in (BIG, BIG_DRAFT):
+            shutil.rmtree(d, ignore_errors=True)
+        env = dict(os.environ, PYTHONPATH=":".join([os.environ.get("PYTHONPATH", ""), str(ROOT), str(ROOT / "src")]))
+        r = subprocess.run([sys.executable, "-m", "testbed.models", "inflate", "--src", str(SMALL), "--out", str(BIG),
+                            "--drafter-src", str(SMALL_DRAFT), "--drafter-out", str(BIG_DRAFT)],
+                           cwd=ROOT, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"inflate failed (rc {r.returncode}): {r.stdout[-1500:]}{r.stderr[-1500:]}")
+    from testbed.models.drafter import check_dirs
+
+    check_dirs(BIG, BIG_DRAFT, block_size=ds.BLOCK)
+    size = sum(f.stat().st_size for f in BIG.glob("*.safetensors"))
+    return {"seconds": round(time.time() - t, 1), "target_bytes": size,
+            "target_config": json.loads((BIG / "config.json").read_text()),
+            "drafter_config": json.loads((BIG_DRAFT / "config.json").read_text())}
+
+
+def suite_prompts() -> list[dict[str, Any]]:
+    from transformers import AutoTokenizer
+
+    from sglfleet.validation.suite import load_suite
+
+    tok = AutoTokenizer.from_pretrained(str(SMALL))
+    out = []
+    for p in load_suite(SUITE).prompts:
+        ids = tok.apply_chat_template(p.messages(), add_generation_prompt=True)
+        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        out.append({"id": p.id, "ids": [int(t) for t in ids]})
+    return out
+
+
+class RealServer(ds.StepServer):
+    """ddtree_step's server with real weights: the inflated target (or the 135M one) and the trained drafter."""
+
+    def __init__(self, name: str, kind: str, budget: int | None, port: int, mem: float, model: Path = BIG):
+        super().__init__(name, kind, budget, port, mem)
+        self.model = model
+
+    def cmd(self) -> list[str]:
+        c = super().cmd()
+        c[c.index("--model-path") + 1] = str(self.model)
+        return c
+
+
+def greedy_with_top2(s: sm.Server, ps: list[dict[str, Any]], new: int) -> list[dict[str, Any]]:
+    def one(p: dict[str, Any]) -> dict[str, Any]:
+        try:
+            r = s.post("/generate", {"input_ids": p["ids"], "return_logprob": True, "top_logprobs_num": 2,
+                                     "sampling_params": {"max_new_tokens": new, "temperature": 0}}, timeout=300)
+            meta = r.get("meta_info", {})
+            top2 = [[(lp, tid) for lp, tid, *_ in row] for row in meta.get("output_top_logprobs", [])]
+            return {"id": p["id"], "output_ids": r.get("output_ids"), "top2": top2}
+        except Exception as e:  # recorded, compared as a failure
+            return {"id": p["id"], "error": repr(e)[:400]}
+
+    with cf.ThreadPoolExecutor(len(ps)) as ex:
+        return list(ex.map(one, ps))
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(ref: list[dict[str, Any]], got: dict[str, list[int]], tie: float = 0.05) -> list[dict[str, Any]]:
+    """Per prompt: identical, or the first divergence and the reference's top-2 log-prob gap there."""
+    rows = []
+    for r in ref:
+        if "error" in r or r["id"] not in got:
+            rows.append({"id": r["id"], "error": r.get("error", "no answer")})
+            continue
+        i = first_divergence(r["output_ids"], got[r["id"]])
+        row: dict[str, Any] = {"id": r["id"], "tokens": len(r["output_ids"]), "identical": i is None}
+        if i is not None:
+            row["diverge_at"] = i
+            if i < len(r["top2"]) and len(r["top2"][i]) == 2:
+                gap = r["top2"][i][0][0] - r["top2"][i][1][0]
+                row["top2_gap"] = gap
+                row["near_tie"] = gap <= tie
+        rows.append(row)
+    return rows
+
+
+def stream_cell(s: RealServer, ps: list[dict[str, Any]], params: dict[str, Any], streams: int) -> dict[str, Any]:
+    rounds = [ps[i:i + streams] for i in range(0, len(ps), streams)] if streams > 1 else [[p] for p in ps]
+    reqs: list[dict[str, Any]] = []
+    toks = secs = 0.0
+    for rnd in rounds:
+        with cf.ThreadPoolExecutor(len(rnd)) as ex:
+            res = list(ex.map(lambda p: _stream(s, p, params), rnd))
+        ok = [r for r in res if "error" not in r and r.get("first") is not None]
+        if ok:
+            toks += sum(r["decode_tokens"] for r in ok)
+            secs += max(r["last"] for r in ok) - min(r["first"] for r in ok)
+        reqs += res
+    acc = [r["meta"].get("spec_accept_length") for r in reqs if r.get("meta", {}).get("spec_accept_length")]
+    return {"streams": streams, "tok_s": toks / secs if secs > 0 else None, "decode_tokens": toks,
+            "decode_s": secs, "accept_length": sum(acc) / len(acc) if acc else None,
+            "errors": [r["error"] for r in reqs if "error" in r], "requests": reqs}
+
+
+def _stream(s: RealServer, p: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    try:
+        r = s.stream(p["ids"], params, timeout=300)
+    except Exception as e:
+        return {"id": p["id"], "error": repr(e)[:400]}
+    # stream() keeps relative times; the round's span needs absolute ones
+    end = time.perf_counter()
+    r["last"] = end - (r["wall_s"] - (r["ttft_s"] or 0) - r["decode_s"]) if r["ttft_s"] is not None else None
+    r["first"] = r["last"] - r["decode_s"] if r["last"] is not None else None
+    r["id"] = p["id"]
+    return r
+
+
+def cells_for(s: RealServer) -> list[dict[str, Any]]:
+    out = []
+    for temp in (0.0, 0.8):
+        for streams in (1, 4):
+            if s.kind != "ddtree":
+                out.append({"temperature": temp, "streams": streams, "cp": {}})
+                continue
+            for k in (4, 8):
+                tag = f"t{temp}-k{k}-s{streams}"
+                out.append({"temperature": temp, "streams": streams, "topk": k,
+                            "cp": {"ddtree_test_topk": k, "ddtree_profile_tag": tag}})
+    return out
+
+
+def run_server(s: RealServer, ps: list[dict[str, Any]], ref: dict[str, list[int]], new: int,
+               deadline: float) -> list[dict[str, Any]]:
+    warm = {"max_new_tokens": 32, "temperature": 0}
+    stream_cell(s, ps[:4], warm, 4)  # graphs, allocator and JIT paths of this server warm
+    cells = []
+    for c in cells_for(s):
+        if time.time() > deadline:
+            cells.append({**{k: v for k, v in c.items() if k != "cp"}, "skipped": "deadline"})
+            continue
+        params: dict[str, Any] = {"max_new_tokens": new, "temperature": c["temperature"]}
+        if c["cp"]:
+            params["custom_params"] = c["cp"]
+        cell = stream_cell(s, ps, params, c["streams"])
+        if c["temperature"] == 0:
+            got = {r["id"]: r["output_ids"] for r in cell["requests"] if "output_ids" in r}
+            cmp = compare([{"id": k, "output_ids": v, "top2": []} for k, v in ref.items()], got)
+            cell["identical_to_target"] = f"{sum(1 for x in cmp if x.get('identical'))}/{len(cmp)}"
+            cell["divergences"] = [x for x in cmp if not x.get("identical")]
+        cells.append({**{k: v for k, v in c.items() if k != "cp"}, "custom_params": c["cp"], **cell})
+        print(f"{s.name:12s} T{c['temperature']} s{c['streams']} k{c.get('topk', '-')} tok/s {cell['tok_s'] or 0:7.1f} "
+              f"accept {cell['accept_length'] or 0:.2f} same {cell.get('identical_to_target', '-')} "
+              f"err {len(cell['errors'])}", flush=True)
+    if s.kind == "ddtree":  # a request under another tag makes the worker write its profile
+        stream_cell(s, ps[:1], {**warm, "custom_params": {"ddtree_profile_tag": "flush"}}, 1)
+        time.sleep(0.5)
+    return cells
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budgets", default="16,8,31", help="DDTree budgets, measured in this order")
+    ap.add_argument("--new", type=int, default=256, help="max new tokens per request")
+    ap.add_argument("--deadline", type=float, default=520.0, help="seconds; stop starting measurements after")
+    ap.add_argument("--mem", type=float, default=0.88)
+    a = ap.parse_args()
+    budgets = [int(b) for b in a.budgets.split(",") if b]
+    if not budgets or any(b < 1 for b in budgets) or a.new < 1:
+        print("error: --budgets must list budgets >= 1 and --new be >= 1", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    deadline = t0 + a.deadline
+    (OUT / "logs").mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(ds.PROF, ignore_errors=True)
+    made = inflate()
+    print(f"inflated in {made['seconds']}s: {made['target_bytes'] / 1e9:.1f} GB", flush=True)
+    sm.MODEL.update(path=str(BIG), draft=str(BIG_DRAFT), load=[], real=True, draft_load=[])
+    sm.build_variant("patched")
+    plug = sm.install_plugins()
+    port = iter(range(31500, 31600))
+    servers = [RealServer("small", "target", None, next(port), a.mem, model=SMALL),
+               RealServer("target", "target", None, next(port), a.mem)]
+    servers += [RealServer(f"ddtree-b{budgets[0]}", "ddtree", budgets[0], next(port), a.mem),
+                RealServer("chain-b8", "chain", None, next(port), a.mem)]
+    servers += [RealServer(f"ddtree-b{b}", "ddtree", b, next(port), a.mem) for b in budgets[1:]]
+    for s in servers:
+        s.start(plug)
+        time.sleep(2.0)
+    ps = suite_prompts()
+    while time.time() < deadline and not all(s.up_s or s.error for s in servers):
+        for s in servers:
+            s.poll_up()
+        time.sleep(2)
+    print(f"up at {time.time() - t0:.0f}s: {[(s.name, s.up_s and round(s.up_s), bool(s.error)) for s in servers]}",
+          flush=True)
+    small, big = servers[0], servers[1]
+    function: dict[str, Any] = {}
+    results: dict[str, list[dict[str, Any]]] = {}
+    if big.up_s:
+        ref = greedy_with_top2(big, ps, a.new)
+        function["target"] = ref
+        if small.up_s:
+            function["small"] = greedy_with_top2(small, ps, a.new)
+            got = {r["id"]: r["output_ids"] for r in function["small"] if "output_ids" in r}
+            function["small_vs_target"] = compare(ref, got)
+            print(f"135M vs inflated: {function['small_vs_target']}", flush=True)
+        if small.proc is not None:  # its memory and CPU are not the measured servers'
+            small.proc.terminate()
+        refmap = {r["id"]: r["output_ids"] for r in ref if "output_ids" in r}
+        for s in servers[1:]:
+            if not s.up_s or time.time() > deadline - 15:
+                continue
+            try:
+                results[s.name] = run_server(s, ps, refmap, a.new, deadline)
+            except Exception as e:
+                s.error = f"measuring: {e!r}"[:500]
+    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": sm._machine(),
+           "command": " ".join(sys.argv), "model": "SmolLM2-135M-Instruct inflated to Llama-3-8B's shape "
+           "(testbed.models inflate); drafter: the project's DFlash drafter, inflated the same way",
+           "inflate": made, "block": ds.BLOCK, "new_tokens": a.new, "prompts": [{"id": p["id"], "len": len(p["ids"])}
+                                                                                 for p in ps],
+           "function": function, "wall_s": time.time() - t0,
+           "servers": [{"name": s.name, "kind": s.kind, "budget": s.budget, "up_s": s.up_s, "error": s.error,
+                        "cmd": s.cmd(), "cells": results.get(s.name, []), "profiles": ds.read_profiles(s)}
+                       for s in servers]}
+    (OUT / "ddtree-real.json").write_text(json.dumps(doc))
+    sm.stop_all(servers)
+    subprocess.run(["tar", "-C", str(OUT), "-czf", str(OUT / "logs.tgz"), "logs"], check=False)
+    shutil.rmtree(OUT / "logs", ignore_errors=True)
+    print(f"done in {time.time() - t0:.0f}s; failed: {[s.name for s in servers if s.error]}", flush=True)
+    for s in servers:
+        if s.error:
+            print(s.name, s.error[-800:], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
