@@ -181,7 +181,7 @@ def test_stop_strings_fail_an_answer_that_holds_its_stop_string_and_skip_without
 def test_an_answer_asked_with_stop_strings_is_scored_without_an_end_of_turn_token() -> None:
     """finish_reason stop after a stop string is no end-of-turn token the model drew: both sides are scored
     without one (an appended end would be a token no sampler drew)."""
-    from sglfleet.validation.gate import _stopped
+    from sglfleet.validation.scorers import ended_at_end_of_turn as _stopped
 
     assert _stopped("stop") is True and _stopped("length") is False and _stopped(None) is None
     assert _stopped("stop", {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "stop": ["\n\n"]}) is False

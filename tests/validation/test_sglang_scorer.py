@@ -274,3 +274,55 @@ def test_ids_are_used_only_when_both_sides_have_them(reference) -> None:
                                    lambda _p: MSG, [0.8])
         assert seen == want
         assert v.on_ids == counts and v.as_dict()["on_ids"] == counts
+
+
+def _recorded_rows(reference) -> list:
+    """Baseline rows as record-baseline keeps them (real ids of the reference tokenizer): an answer that ended on
+    the end-of-turn token, one that stopped on a stop string, one cut at its token budget."""
+    from sglfleet.validation.samples import Sample
+
+    plain = {"top_p": 1.0, "top_k": 0, "min_p": 0.0}
+    rows = [("poem", 0.8, 11, ANSWER, "stop", plain),
+            ("poem", 1.0, 12, "The ocean hums a song of blue", "stop", {**plain, "top_p": 0.95, "stop": [". ", "\n"]}),
+            ("poem", 0.6, 13, "The ocean hums a song", "length", plain)]
+    out = []
+    for pid, t, seed, text, fin, sampling in rows:
+        s = Sample(pid, t, seed, "suite", 64, text=text, finish_reason=fin, sampling=sampling)
+        s.output_ids = list(reference.tokenize(text))
+        out.append(s)
+    return out
+
+
+def test_record_baseline_scores_stop_string_answers_as_the_gate_does(reference) -> None:
+    """The recorded target-only scores follow the gate's end-of-turn rule (scorers.ended_at_end_of_turn): an answer
+    that stopped on a stop string is scored without an end. Recorded with one (2026-12-05, H200), every
+    production-sequence gate refused its scorer ("55 tokens scored, 56 recorded"), correct builds included."""
+    from sglfleet.validation.baseline import BaselineSample
+    from sglfleet.validation.likelihood import Answer, check_trust
+    from sglfleet.validation.scorers import check_recorded_scores, ended_at_end_of_turn, record_scores
+
+    samples = _recorded_rows(reference)
+    srv, url = _peer(reference)
+    try:
+        cfg = GateConfig()
+        rec = record_scores(url, cfg, "smollm2-135m-instruct", None, samples, {"poem": MSG})
+        lens = [len(rec["logprobs"][f"poem@T{s.temperature:g}/seed{s.seed}"]) for s in samples]
+        assert lens == [len(samples[0].output_ids) + 1, len(samples[1].output_ids), len(samples[2].output_ids)]
+        rows = [BaselineSample(s.prompt_id, s.temperature, s.seed, s.text, s.finish_reason, tuple(s.output_ids),
+                               s.sampling) for s in samples]
+        check_recorded_scores(rec, rows, "b.json")  # consistent: no error
+        # the gate's side: the same answers as the gate builds them, scored by the candidate (here the same peer)
+        scorer = make_scorer(url, cfg, model="smollm2-135m-instruct")
+        answers = [Answer(r.prompt_id, r.temperature, r.seed, r.text, ended_at_end_of_turn(r.finish_reason, r.sampling),
+                          r.output_ids, r.params()) for r in rows]
+        got = score_all(scorer, [ScoreRequest(MSG, a.text, a.temperature, a.prompt_id, a.seed, bool(a.stopped), a.ids,
+                                              a.params) for a in answers])
+        scorer.close()
+        trust = check_trust(rec["logprobs"], got, "candidate", cfg.likelihood)
+        assert trust.ok and trust.answers == 3, trust.reason
+        # a file recorded the old way (an end scored after the stop-string answer) is refused at load, naming it
+        old = {**rec, "logprobs": {**rec["logprobs"], "poem@T1/seed12": [*rec["logprobs"]["poem@T1/seed12"], -0.1]}}
+        with pytest.raises(UsageError, match=r"poem@T1/seed12: .*stopped on a stop string.*re-record"):
+            check_recorded_scores(old, rows, "b.json")
+    finally:
+        srv.shutdown()

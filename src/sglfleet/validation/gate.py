@@ -60,7 +60,7 @@ from sglfleet.validation.lossless import (  # noqa: F401  (re-exported)
     read_baseline,
 )
 from sglfleet.validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
-from sglfleet.validation.scorers import make_scorer
+from sglfleet.validation.scorers import check_recorded_scores, ended_at_end_of_turn, make_scorer
 from sglfleet.validation.spec import read_spec_metrics
 from sglfleet.validation.suite import Prompt, Suite, load_suite
 
@@ -427,6 +427,7 @@ class Gate:
                                  "scorer without them; re-record it (python -m sglfleet.validation "
                                  "record-baseline), or set baseline_url / likelihood.scorer to a live target-only "
                                  "server")
+            check_recorded_scores(recorded, rows, str(cfg.lossless.baseline))
             kind, trust = self.client.base_url, recorded["logprobs"]
         if kind is not None:  # a scorer named, or a live target-only SGLang server: one that cannot score is bad input
             scorer = make_scorer(kind, cfg, model=model, candidate_url=self.client.base_url, api_key=self.api_key)
@@ -475,10 +476,10 @@ class Gate:
         if base is None:
             base = self._baseline_hot_answers(progress)
         mine = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
-        cand = [Answer(s.prompt_id, s.temperature, s.seed, s.text, _stopped(s.finish_reason, s.sampling),
+        cand = [Answer(s.prompt_id, s.temperature, s.seed, s.text, ended_at_end_of_turn(s.finish_reason, s.sampling),
                        tuple(s.output_ids) if s.output_ids else None, s.params()) for s in mine]
-        ref = [Answer(b.prompt_id, b.temperature, b.seed, b.text, _stopped(b.finish_reason, b.sampling), b.output_ids,
-                      b.params()) for b in base]
+        ref = [Answer(b.prompt_id, b.temperature, b.seed, b.text, ended_at_end_of_turn(b.finish_reason, b.sampling),
+                      b.output_ids, b.params()) for b in base]
         lc = cfg.likelihood
         n_var = len({(b.prompt_id, b.temperature) for b in base}) * lc.power_answers_per_prompt * len(
             lc.power_families) if lc.power_reps else 0
@@ -694,15 +695,6 @@ def seeds_ignored_reason(kind: str | None, server_info: dict[str, Any] | None) -
         return ("not applicable: this SGLang server runs without --enable-deterministic-inference, so it ignores "
                 "request seeds (sglang builds no per-request seed tensor then); same-seed answers may differ")
     return None
-
-
-def _stopped(finish_reason: str | None, sampling: dict[str, Any] | None = None) -> bool | None:
-    """Whether the answer ended on the model's end-of-turn token (scored after it). An answer requested with stop
-    strings may have stopped on one of them instead, which no server reports alike: scored without an end on both
-    sides."""
-    if finish_reason is None:
-        return None
-    return finish_reason == "stop" and not (sampling or {}).get("stop")
 
 
 def _t0_suite(samples: list[Sample]) -> dict[str, Sample]:

@@ -721,6 +721,47 @@ def score_key(prompt_id: str, temperature: float, seed: int | None) -> str:
     return f"{prompt_id}@T{temperature:g}/seed{seed}"
 
 
+def ended_at_end_of_turn(finish_reason: str | None, sampling: dict[str, Any] | None = None) -> bool | None:
+    """Whether an answer ended on the model's end-of-turn token, so a scorer scores that token after it: the one
+    rule for every side that scores answers (the gate's candidate and baseline, record-baseline's recorded
+    scores). An answer requested with stop strings may have stopped on one of them instead, which no server
+    reports alike: scored without an end. None: the server did not say why it finished."""
+    if finish_reason is None:
+        return None
+    return finish_reason == "stop" and not (sampling or {}).get("stop")
+
+
+def scored_length(ids: list[int] | tuple[int, ...], ended: bool | None, eos_id: int | None) -> int:
+    """How many log-probs a scorer returns for an answer's sampled ids: the end-of-turn token is appended when the
+    answer ended on it and the ids do not already hold it (SGLangScorer._with_end, ReferenceScorer.score)."""
+    return len(ids) + int(bool(ended) and eos_id is not None and (not ids or ids[-1] != eos_id))
+
+
+def check_recorded_scores(recorded: dict[str, Any], rows: list[Any], path: str) -> None:
+    """A baseline file's recorded scores (record_scores) must be of its own answers under today's end-of-turn
+    rule: one log-prob per sampled id, plus the end-of-turn token where the answer ended on it. A file recorded
+    by an sglfleet that scored stop-string answers with an end (before 2026-12-05) is refused here, before any
+    request, instead of every gate run failing its scorer-trust check."""
+    lp, eos = recorded.get("logprobs") or {}, recorded.get("eos_id")
+    eos_id = int(eos) if isinstance(eos, int) else None
+    bad = []
+    for r in rows:
+        got = lp.get(score_key(r.prompt_id, r.temperature, r.seed))
+        if got is None or not r.output_ids:
+            continue
+        ended = ended_at_end_of_turn(r.finish_reason, r.sampling)
+        want = scored_length(r.output_ids, ended, eos_id)
+        if len(got) != want:
+            why = "it stopped on a stop string" if r.finish_reason == "stop" and not ended else \
+                f"finish_reason {r.finish_reason}"
+            bad.append(f"{score_key(r.prompt_id, r.temperature, r.seed)}: {len(got)} scores for {len(r.output_ids)} "
+                       f"sampled ids, {want} expected ({why})")
+    if bad:
+        raise UsageError(f"baseline {path}: the recorded target-only scores do not match its answers under the "
+                         f"gate's end-of-turn rule for {len(bad)} answers ({'; '.join(bad[:3])}): recorded by an "
+                         "older record-baseline; re-record it (python -m sglfleet.validation record-baseline)")
+
+
 def record_scores(url: str, cfg: Any, model: str, api_key: str | None, samples: list[Any],
                   messages: dict[str, list[dict[str, str]]]) -> dict[str, Any]:
     """What record-baseline keeps so that a gate without a live target-only server can trust the candidate's own
@@ -730,7 +771,7 @@ def record_scores(url: str, cfg: Any, model: str, api_key: str | None, samples: 
     try:
         hot = [s for s in samples if s.purpose == "suite" and s.temperature > 0 and not s.error]
         got = score_all(scorer, [ScoreRequest(messages[s.prompt_id], s.text, s.temperature, s.prompt_id, s.seed,
-                                              s.finish_reason == "stop",
+                                              bool(ended_at_end_of_turn(s.finish_reason, s.sampling)),
                                               tuple(s.output_ids) if s.output_ids else None) for s in hot])
     finally:
         scorer.close()
