@@ -158,6 +158,21 @@ def test_invalid_utf8_fails_at_t0_and_is_listed_not_failed_at_t_above_0() -> Non
     assert res["backstop@T0.8"].evidence["sampled_invalid_utf8"]
 
 
+def test_a_control_byte_fails_at_t0_and_is_listed_not_failed_at_t_above_0() -> None:
+    """A byte-level vocabulary has one-byte control tokens (SmolLM2's 199 is U+000B): a correct build drew it three
+    times in a code answer at T=1 on the H200 (2026-12-05). Zero tolerance at T=0; at T>0 the likelihood judges."""
+    cfg = _cfg(temperatures=[0.0, 1.0], determinism={"enabled": False}, variation={"enabled": False})
+    text = "assert fibonacci(num) == 2\x0b\n# Test with error handling\nassert fibonacci(num, 0) == 0"
+    res = {r.label: r for r in run_checks(GateContext(cfg, "llama.cpp", [_sample("code", 0.0, text),
+                                                                           _sample("code", 1.0, text)]))}
+    assert res["backstop@T0"].status is Status.FAIL and "control_char" in res["backstop@T0"].message
+    assert res["backstop@T1"].status is Status.PASS and "control characters" in res["backstop@T1"].message
+    assert res["backstop@T1"].evidence["sampled_invalid_utf8"][0]["check"] == "control_char"
+    leak = _sample("code", 1.0, "Done.<|im_end|>\n<|im_start|>user\nmore")  # what no sampler draws still fails at T>0
+    res = {r.label: r for r in run_checks(GateContext(cfg, "llama.cpp", [leak]))}
+    assert res["backstop@T1"].status is Status.FAIL and "special_token" in res["backstop@T1"].message
+
+
 def test_stop_strings_fail_an_answer_that_holds_its_stop_string_and_skip_without_any() -> None:
     cfg = _cfg(temperatures=[0.8], determinism={"enabled": False}, variation={"enabled": False})
     ok = _sample("poem", 0.8, "The sea is calm tonight.")

@@ -2,8 +2,10 @@
 
 The gate's verdicts come from the target itself (lossless T=0 against the target-only server, the target's
 own likelihood at T>0); the text detectors explain what kind of garbage a failing answer holds. This module
-is the exception: four classes that no correct engine produces, so one occurrence fails the answer at every
-temperature, with or without a baseline:
+is the exception: four classes that no correct engine produces at T=0, so one occurrence fails the answer, with
+or without a baseline. At T>0 a sampler over a byte-level vocabulary can draw a one-byte token by itself (a lone
+byte of a character, a control byte): the gate then lists those two classes and lets the target's likelihood
+judge (validation/checks.py); the other two fail at every temperature:
 
 - ``invalid_utf8``  U+FFFD or a lone surrogate: bytes that are no UTF-8 (a correct detokenizer holds back a
                     partial character; only an answer cut at max_tokens may end inside one);

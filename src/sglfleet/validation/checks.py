@@ -269,18 +269,24 @@ def _backstop(ctx: GateContext, t: float | None) -> list[CheckResult]:
     if not at_t:
         return [_no_answers("backstop", "backstop", ctx, t)]
     hits = [(s, f) for s in at_t for f in s.backstop]
-    # A byte-level model's sampler can pick a lone byte of a multi-byte character at T>0 (2 of 456 real answers
-    # of the embedded model, docs/likelihood.md): invalid UTF-8 is zero tolerance at T=0 only; at T>0 it is
-    # listed, and the target's likelihood judges the answer.
-    sampled = [(s, f) for s, f in hits if t > 0 and f.check == "invalid_utf8"]
+    # A byte-level model's sampler can pick a token that is one byte at T>0: a lone byte of a multi-byte character
+    # (2 of 456 real answers of the embedded model, docs/likelihood.md) or a control byte (SmolLM2's token 199,
+    # U+000B, three times in a code answer at T=1 of a correct build on the H200, 2026-12-05, whose per-token
+    # test at T=1 passed). These are zero tolerance at T=0 only; at T>0 they are listed, and the target's
+    # likelihood (oracle mode) or the text detectors judge the answer.
+    sampled = [(s, f) for s, f in hits if t > 0 and f.check in SAMPLED_BYTES]
     hits = [h for h in hits if h not in sampled]
     msg = "; ".join(f"{s.label}: {f.check}: {f.reason} — {f.excerpt!r}" for s, f in hits[:6])
-    note = (f"; {len(sampled)} answer(s) with invalid UTF-8, which a sampler at T>0 can emit by itself (listed, "
-            "not failed)" if sampled else "")
+    note = (f"; {len(sampled)} answer(s) with invalid UTF-8 or control characters, which a sampler at T>0 can emit "
+            "by itself (listed, not failed)" if sampled else "")
     return [CheckResult("backstop", "backstop", Status.FAIL if hits else Status.PASS,
-                        (msg or f"{len(at_t)} answers free of what no correct engine emits (invalid UTF-8 at T=0, "
-                         "control characters, chat-template tokens, empty answers)") + note, t,
+                        (msg or f"{len(at_t)} answers free of what no correct engine emits (invalid UTF-8 and control "
+                         "characters at T=0, chat-template tokens, empty answers)") + note, t,
                         {"offending": _offending(hits), "sampled_invalid_utf8": _offending(sampled)})]
+
+
+# the backstop classes a correct sampler can draw at T>0 from a byte-level vocabulary (a one-byte token)
+SAMPLED_BYTES = ("invalid_utf8", "control_char")
 
 
 # ------------------------------------------------------------------------------------------- coherence
