@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.gate_heldout_seeds import digest
 
-MOVED = "docs/results/gate-heldout-seed20261214.json"
+MOVED = "docs/results/gate-heldout-seed20261215.json"  # the seed file still in the tree
 
 
 def _row(seed: int, path: str) -> dict:
@@ -12,14 +12,14 @@ def _row(seed: int, path: str) -> dict:
 
 
 def test_a_moved_seed_file_replaces_its_kept_row_and_history_rows_stay() -> None:
-    keep = [_row(20261214, "docs/gate-heldout-seed20261214.json"),
+    keep = [_row(20261215, "docs/gate-heldout-seed20261215.json"),
             _row(20261201, "docs/gate-heldout-seed20261201.json")]
     seeds = digest([MOVED], None, keep)["seeds"]
     assert [(s["seed"], s["source"]["path"]) for s in seeds] == [
-        (20261201, "docs/gate-heldout-seed20261201.json"), (20261214, MOVED)]
+        (20261201, "docs/gate-heldout-seed20261201.json"), (20261215, MOVED)]
     assert seeds[1]["summary"]["garbled"] == 133  # read from the file, not the kept row's empty summary
 
 
 def test_a_kept_row_of_a_file_read_again_is_replaced() -> None:
-    seeds = digest([MOVED], None, [_row(20261214, MOVED)])["seeds"]
+    seeds = digest([MOVED], None, [_row(20261215, MOVED)])["seeds"]
     assert len(seeds) == 1 and seeds[0]["summary"]

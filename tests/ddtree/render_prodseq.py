@@ -150,6 +150,49 @@ def trust_table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+UNTRUSTED = "the scorer is not trusted: "
+
+
+def _untrusted(g: dict[str, Any]) -> bool:
+    return any(str(c.get("reason") or "").startswith(UNTRUSTED) for c in (g.get("likelihood") or {}).values())
+
+
+def own_failures(g: dict[str, Any]) -> list[str]:
+    """A gate's failing checks apart from the scorer-trust refusal: every other failed check, and each temperature's
+    likelihood verdict on its own statistics (the answer-level permutation p against its alpha, the per-token
+    test, the support check). The trust check compares the candidate's scores of the baseline's answers with the
+    recorded ones; when it refused, the statistics were still computed and kept."""
+    out = [n for n in (g.get("summary") or {}).get("failed_checks", []) if not n.startswith("likelihood@")]
+    for t, c in (g.get("likelihood") or {}).items():
+        if c.get("skipped") or c.get("not_run"):
+            continue
+        rest = str(c.get("reason") or "").split("; ", 1)[1] if _untrusted(g) and "; " in str(c.get("reason")) else ""
+        stat_ok = c.get("p_value") is not None and c.get("alpha") is not None and c["p_value"] >= c["alpha"]
+        tok_ok = (c.get("per_token") or {}).get("ok", True)
+        support_ok = "log p_T <" not in rest
+        if not (stat_ok and tok_ok and support_ok):
+            out.append(f"likelihood@{t}")
+    return out
+
+
+def untrusted_table(raw: dict[str, Any]) -> list[str]:
+    """Per build, when the scorer-trust check refused: the verdicts the rest of each gate gave."""
+    lines = ["| build | must | runs refused on scorer trust | apart from it: passed | refused "
+             "| failing checks (runs) |", "|---|---|---|---|---|---|"]
+    roles = {s["name"]: s for s in raw.get("servers", [])}
+    for server, gates in _by_server(raw).items():
+        v = [g for g in _verdicts(gates) if _untrusted(g)]
+        if not v:
+            continue
+        role = (roles.get(server) or {}).get("role") or gates[0].get("role")
+        fails = [own_failures(g) for g in v]
+        c: Counter[str] = Counter(n for f in fails for n in f)
+        lines.append(f"| {server} | {'pass' if role == 'correct' else 'be refused'} | {len(v)} | "
+                     f"{sum(1 for f in fails if not f)} | {sum(1 for f in fails if f)} | "
+                     + (", ".join(f"{n} ({k})" for n, k in c.most_common(6)) or "none") + " |")
+    return lines
+
+
 def lossless_table(raw: dict[str, Any]) -> list[str]:
     lines = ["| build | runs | lossless_t0 passed | answers identical / compared | near-ties | re-anchored to the end "
              "| not re-anchored (why, first) |", "|---|---|---|---|---|---|---|"]
@@ -227,7 +270,12 @@ def render(raw: dict[str, Any], path: str) -> str:
               f"The candidate as the target's scorer, trusted on the baseline's recorded target-only scores {src}:",
               "", *trust_table(raw), "",
               f"lossless_t0 and its re-anchoring, the candidate forced onto the baseline's path {src}:", "",
-              *lossless_table(raw), "", *notes(raw, path), ""]
+              *lossless_table(raw), ""]
+    if any(_untrusted(g) for g in _verdicts(raw.get("gates", []))):
+        parts += [f"The gates whose scorer-trust check refused, and what the rest of each gate said {src} (the "
+                  "trust check never compared a token there, so these are not verdicts of the production gate):", "",
+                  *untrusted_table(raw), ""]
+    parts += [*notes(raw, path), ""]
     return "\n".join(parts)
 
 

@@ -102,3 +102,24 @@ def test_the_tables_render_from_a_raw_file(tmp_path: Path) -> None:
     assert render_prodseq.main(["--page", str(page), "--check"]) == 1
     assert render_prodseq.main(["--page", str(page)]) == 0 and "old" not in page.read_text()
     assert render_prodseq.main(["--page", str(page), "--check"]) == 0
+
+
+def test_a_gate_refused_on_scorer_trust_is_read_again_without_it() -> None:
+    """render_prodseq.own_failures: the checks a gate failed apart from the scorer-trust refusal (its likelihood
+    statistics are computed and kept either way): the statistic against its alpha, the per-token test, the
+    support check, and every other failed check."""
+    trust = "the scorer is not trusted: code@T0.6/seed1: 55 tokens scored, 56 recorded: another tokenizer"
+
+    def lik(p: float, tok_ok: bool = True, rest: str = "mean_nll p=0.4") -> dict:
+        return {"reason": f"{trust}; {rest}", "p_value": p, "alpha": 0.0033, "per_token": {"ok": tok_ok}}
+
+    ok = {"summary": {"failed_checks": ["likelihood@T0.8"]}, "likelihood": {"T0.8": lik(0.4)}}
+    assert render_prodseq.own_failures(ok) == []
+    stat = {"summary": {"failed_checks": ["likelihood@T0.8", "spec_accept_length"]},
+            "likelihood": {"T0.8": lik(0.001)}}
+    assert render_prodseq.own_failures(stat) == ["spec_accept_length", "likelihood@T0.8"]
+    tok = {"summary": {"failed_checks": ["likelihood@T1"]}, "likelihood": {"T1": lik(0.4, tok_ok=False)}}
+    assert render_prodseq.own_failures(tok) == ["likelihood@T1"]
+    support = {"summary": {"failed_checks": ["likelihood@T1"]},
+               "likelihood": {"T1": lik(0.4, rest="1 candidate token(s) with log p_T < -27.80")}}
+    assert render_prodseq.own_failures(support) == ["likelihood@T1"]
