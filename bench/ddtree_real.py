@@ -189,6 +189,15 @@ def cells_for(s: RealServer) -> list[dict[str, Any]]:
                 tag = f"t{temp}-k{k}-s{streams}"
                 out.append({"temperature": temp, "streams": streams, "topk": k,
                             "cp": {"ddtree_test_topk": k, "ddtree_profile_tag": tag}})
+    if s.kind == "ddtree":
+        # the same greedy requests through the worker's reference tree paths (the numpy builder on the host, the
+        # previous graphed default): their accept length against the default path's splits a tree-kernel cause
+        # from a drafter-context one (2026-12-05: at T=0 b8 accepted 1.9 tokens a step, b16 and b31 1.5, with
+        # the same answers, while a larger budget's best-first tree holds the smaller one's)
+        for path in ("host", "graphed"):
+            out.append({"temperature": 0.0, "streams": 1, "topk": 4, "path": path,
+                        "cp": {"ddtree_test_topk": 4, "ddtree_test_path": path,
+                               "ddtree_profile_tag": f"t0.0-k4-s1-{path}"}})
     return out
 
 
