@@ -256,10 +256,26 @@ def test_corpus_prompts_are_distinct_and_refuse_more_than_the_pool() -> None:
 
 
 @pytest.mark.parametrize("flag", [["--seqs", "1"], ["--seqs", "999999"], ["--seqs-per-step", "0"], ["--anchors", "0"],
-                                  ["--lr", "0"], ["--gen-batch", "0"], ["--steps", "0"]])
+                                  ["--lr", "0"], ["--gen-batch", "0"], ["--steps", "0"],
+                                  ["--max-seconds", "0"]])
 def test_train_drafter_refuses_bad_numbers_before_loading_anything(flag, tmp_path, capsys) -> None:
     from testbed.models.__main__ import main
 
     rc = main(["train-drafter", "--target", str(tmp_path / "none"), "--out", str(tmp_path / "o"), *flag])
     assert rc == 2 and "out of range" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_deadline_cuts_the_steps_to_what_fits_and_the_drafter_still_comes_back(target) -> None:
+    """train(deadline=...): after 10 timed steps the count is cut to what ends by the deadline (here one already
+    past: the minimum, 11 steps), the cut recorded beside the planned count."""
+    import time
+
+    m, cfg, seqs = target
+    model, report = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=500, anchors_per_seq=8, seed=0,
+                                       log=lambda *_: None, deadline=time.time() - 1)
+    assert report["steps"] == 11 and report["steps_planned"] == 500
+    assert report["offline"]["blocks"] > 0 and isinstance(model, dflash_train.DFlashDrafter)
+    _, full = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=20, anchors_per_seq=8, seed=0,
+                                 log=lambda *_: None, deadline=time.time() + 3600)
+    assert full["steps"] == full["steps_planned"] == 20  # a deadline far off cuts nothing

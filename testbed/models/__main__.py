@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--anchors", type=int, default=16, help="blocks anchored per sequence and step")
     t.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (cosine decay to 0)")
     t.add_argument("--gen-batch", type=int, default=64, help="prompts the target answers at once")
+    t.add_argument("--max-seconds", type=float, help="the whole run ends by then: fewer steps when they do not fit")
     i = sub.add_parser("inflate", help="a small Llama checkpoint (and its DFlash drafter) at a larger compute "
                        "shape (default Llama-3-8B's), the same logits")
     i.add_argument("--src", required=True, help="Hugging Face Llama checkpoint dir")
@@ -95,6 +96,7 @@ def _inflate(a: argparse.Namespace) -> int:
 
 def _train(a: argparse.Namespace) -> int:
     import json
+    import time
     from pathlib import Path
 
     import torch
@@ -108,6 +110,8 @@ def _train(a: argparse.Namespace) -> int:
                                                           ("max_new", a.max_new)) if v < 1]
     if not 2 <= a.seqs <= pool:
         bad.append(f"--seqs {a.seqs} (2 to {pool}: the corpus's distinct prompts)")
+    if a.max_seconds is not None and not a.max_seconds > 0:
+        bad.append(f"--max-seconds {a.max_seconds}")
     if not a.lr > 0:
         bad.append(f"--lr {a.lr}")
     if bad:
@@ -121,13 +125,15 @@ def _train(a: argparse.Namespace) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device; pass --device cpu (slow)", file=sys.stderr)
         return 2
+    start = time.time()
     tok = AutoTokenizer.from_pretrained(a.target)
     target = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16).to(a.device).eval()
     seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed, device=a.device,
                                             batch=a.gen_batch)
     model, report = dflash_train.train(target, seqs, target_cfg, block=a.block_size, layers=a.layers,
                                        steps=a.steps, seed=a.seed, device=a.device, anchors_per_seq=a.anchors,
-                                       seqs_per_step=a.seqs_per_step, lr=a.lr)
+                                       seqs_per_step=a.seqs_per_step, lr=a.lr,
+                                       deadline=start + a.max_seconds if a.max_seconds else None)
     out = dflash_train.export(model, target_cfg, a.out, report)
     print(json.dumps({"out": str(out), **report["offline"], "loss_last": report["loss_last"]}))
     return 0

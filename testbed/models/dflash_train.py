@@ -286,9 +286,11 @@ def _first_anchor(prompt_len: int | None) -> int:
 def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any], *, block: int = 8,
           layers: int = 1, layer_ids: list[int] | None = None, steps: int = 600, anchors_per_seq: int = 16,
           seqs_per_step: int = 8, lr: float = 3e-4, seed: int = 0, device: str = "cpu",
-          prompt_lens: list[int] | None = None, log=print) -> tuple[DFlashDrafter, dict]:
+          prompt_lens: list[int] | None = None, log=print, deadline: float | None = None) -> tuple[DFlashDrafter, dict]:
     """``prompt_lens`` (default: ``seqs.prompt_lens`` of a ``Corpus``, else none known): blocks are
-    anchored only at or after each prompt's end, where sglang drafts them."""
+    anchored only at or after each prompt's end, where sglang drafts them. ``deadline`` (a ``time.time()``):
+    the step count is cut, after the first 10 steps are timed, to what ends by then (the learning-rate schedule
+    follows the cut count), so a device call with a hard limit still returns a drafter."""
     torch.manual_seed(seed)
     if prompt_lens is None:
         prompt_lens = getattr(seqs, "prompt_lens", None)
@@ -318,7 +320,15 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     rng = torch.Generator(device="cpu").manual_seed(seed)
     losses = []
     t0 = time.time()
-    for step in range(steps):
+    planned = steps
+    step = 0
+    while step < steps:
+        if deadline is not None and step == min(10, steps - 1) and step > 0:
+            per = (time.time() - t0) / step
+            fit = step + int(max(0.0, deadline - time.time() - 30.0) / max(per, 1e-6))  # 30 s for the rest
+            if fit < steps:
+                steps = max(step + 1, fit)
+                log(f"[train-drafter] {per * 1000:.0f} ms a step: {steps} of {planned} steps fit before the deadline")
         picks = torch.randint(0, len(train_idx), (seqs_per_step,), generator=rng).tolist()
         loss = sum(_block_loss(model, feats[i], seqs[i], embed, head, block, mask_id, anchors_per_seq, rng,
                                lo=_first_anchor(plens[i])) for i in (train_idx[j] for j in picks)) / seqs_per_step
@@ -331,11 +341,13 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
         losses.append(float(loss.detach()))
         if step % max(1, steps // 10) == 0:
             log(f"[train-drafter] step {step}/{steps} loss {losses[-1]:.3f} ({time.time() - t0:.0f}s)")
+        step += 1
     acc = offline_acceptance(model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id,
                              prompt_lens=[plens[i] for i in held])
     acc["accept_length_all_anchors"] = offline_acceptance(
         model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id)["accept_length"]
-    report = {"seed": seed, "steps": steps, "block_size": block, "layers": layers, "target_layer_ids": layer_ids,
+    report = {"seed": seed, "steps": steps, "steps_planned": planned, "anchors_per_seq": anchors_per_seq,
+              "lr": lr, "block_size": block, "layers": layers, "target_layer_ids": layer_ids,
               "loss_first": sum(losses[:20]) / max(1, len(losses[:20])),
               "loss_last": sum(losses[-20:]) / max(1, len(losses[-20:])), "offline": acc,
               "train_seqs": len(train_idx), "held_out_seqs": len(held), "seqs_per_step": seqs_per_step,

@@ -96,15 +96,18 @@ case $step in
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh && python3 -c "import sglang, sgl_kernel; print('sglang ok')" ;;
   train)
-    # the drafter alone (about 270 s on the H200), in its own call: training beside the gates' servers does not fit
-    # one call on a fresh machine (2026-12-03). Carry .carry/gguf/p3; gate30 then finds /tmp/smollm2-dflash.
+    # the drafter alone, in its own call: training beside the gates' servers does not fit one call on a fresh
+    # machine (2026-12-03). Carry .carry/gguf/p3; gate30 then finds /tmp/smollm2-dflash. One sequence's forward
+    # is about 17 ms whatever its anchors (1,500 steps of 8 sequences x 16 anchors took 204 s, 2026-12-04), so
+    # a step takes 64 anchors of 8 sequences; --max-seconds cuts the steps to what fits the call.
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf || exit 1
     PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
     PYTHONPATH=$PYTHONPATH:.:./src timeout 560 python3 -m testbed.models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
-      --device cuda --layers "${LAYERS:-2}" --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-4000}" \
-      --seqs-per-step "${SPS:-32}" --anchors "${ANCHORS:-16}" --gen-batch "${GENBATCH:-256}" > /tmp/train.log 2>&1
+      --device cuda --layers "${LAYERS:-2}" --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-3000}" \
+      --seqs-per-step "${SPS:-8}" --anchors "${ANCHORS:-64}" --gen-batch "${GENBATCH:-256}" \
+      --max-seconds "${TRAIN_S:-500}" > /tmp/train.log 2>&1
     rc=$?; echo "train rc=$rc" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/"
     # the drafter comes back for later sessions (carry it as .carry/drafter)
     [ "$rc" = 0 ] && tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-" ;;
