@@ -191,9 +191,8 @@ def cells_for(s: RealServer) -> list[dict[str, Any]]:
                             "cp": {"ddtree_test_topk": k, "ddtree_profile_tag": tag}})
     if s.kind == "ddtree":
         # the same greedy requests through the worker's reference tree paths (the numpy builder on the host, the
-        # previous graphed default): their accept length against the default path's splits a tree-kernel cause
-        # from a drafter-context one (2026-12-05: at T=0 b8 accepted 1.9 tokens a step, b16 and b31 1.5, with
-        # the same answers, while a larger budget's best-first tree holds the smaller one's)
+        # previous graphed default): the tree kernel cross-checked on a trained drafter's drafts, answer by answer
+        # (the same answers and accept lengths are expected, up to the target's ties)
         for path in ("host", "graphed"):
             out.append({"temperature": 0.0, "streams": 1, "topk": 4, "path": path,
                         "cp": {"ddtree_test_topk": 4, "ddtree_test_path": path,
