@@ -290,19 +290,8 @@ def main() -> int:
            "(testbed.models inflate); drafter: the project's DFlash drafter, inflated the same way",
            "inflate": made, "block": ds.BLOCK, "new_tokens": a.new, "prompts": [{"id": p["id"], "len": len(p["ids"])}
                                                                                  for p in ps],
-           "function": function, "wall_s": time.time() - t0,
-           "servers": [{"name": s.name, "kind": s.kind, "budget": s.budget, "up_s": s.up_s, "error": s.error,
-                        "cmd": s.cmd(), "cells": results.get(s.name, []), "profiles": ds.read_profiles(s)}
-                       for s in servers]}
-    (OUT / "ddtree-real.json").write_text(json.dumps(doc))
-    sm.stop_all(servers)
-    subprocess.run(["tar", "-C", str(OUT), "-czf", str(OUT / "logs.tgz"), "logs"], check=False)
-    shutil.rmtree(OUT / "logs", ignore_errors=True)
-    print(f"done in {time.time() - t0:.0f}s; failed: {[s.name for s in servers if s.error]}", flush=True)
-    for s in servers:
-        if s.error:
-            print(s.name, s.error[-800:], flush=True)
-    return 0
+           "function": function, "wall_s": time.time() - t0}
+    return ds.finish("ddtree-real.json", doc, servers, results, t0)
 
 
 if __name__ == "__main__":

@@ -248,11 +248,17 @@ def main() -> int:
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": sm._machine(),
            "command": " ".join(sys.argv), "target_config": TARGET, "draft_config": DRAFT, "block": BLOCK,
            "new_tokens": NEW, "prompt_lens": PROMPT_LENS, "topks": TOPKS, "oracles": ORACLES,
-           "wall_s": time.time() - t0,
-           "servers": [{"name": s.name, "kind": s.kind, "budget": s.budget, "up_s": s.up_s, "error": s.error,
-                        "cmd": s.cmd(), "cells": results.get(s.name, []), "profiles": read_profiles(s)}
-                       for s in servers]}
-    (OUT / "ddtree-step.json").write_text(json.dumps(doc))
+           "wall_s": time.time() - t0}
+    return finish("ddtree-step.json", doc, servers, results, t0)
+
+
+def finish(name: str, doc: dict, servers: list[StepServer], results: dict[str, list[dict]], t0: float) -> int:
+    """Every server's record into ``doc``, written to $OUT/name before the servers stop (they drain slowly); the
+    logs packed; what failed printed."""
+    doc["servers"] = [{"name": s.name, "kind": s.kind, "budget": s.budget, "up_s": s.up_s, "error": s.error,
+                       "cmd": s.cmd(), "cells": results.get(s.name, []), "profiles": read_profiles(s)}
+                      for s in servers]
+    (OUT / name).write_text(json.dumps(doc))
     sm.stop_all(servers)
     subprocess.run(["tar", "-C", str(OUT), "-czf", str(OUT / "logs.tgz"), "logs"], check=False)
     shutil.rmtree(OUT / "logs", ignore_errors=True)
