@@ -17,14 +17,23 @@ top-k 8, top-k 4 by request), CUDA graphs on. Then:
    log-probs at every position (a divergence at a near-tie is rounding, elsewhere a broken inflation);
 2. speed, ONE server at a time (the others idle): the gate's 8 suite prompts (chat template), up to
    ``--new`` tokens, T=0 and T=0.8, one stream (the prompts in turn) and 4 streams (two rounds of 4);
-   DDTree at top-k 4 and 8; the worker's per-stage CUDA-event profile per cell.
+   DDTree at top-k 4 and 8; the worker's per-stage CUDA-event profile per cell;
+3. churn (the servers under sglang's overlap scheduler and their non-overlap twins, and the target alone):
+   ``CHURN_REQUESTS`` greedy requests of mixed lengths, ``CHURN_STREAMS`` at a time, so requests finish while
+   others run and new ones take their place (under the overlap scheduler a finished request's row is freed
+   while the step after it still runs); every answer against the target alone's, up to its length.
+
+``--overlap-budgets`` adds DDTree servers under the overlap scheduler (``SGLANG_DDTREE_OVERLAP=1``, the
+plugin's opt-in), ``--overlap-chain`` the DFLASH chain under it (sglang's own default for DFLASH), each
+measured like its non-overlap twin.
 
 Decode tok/s: completion tokens after each request's first chunk over the time after it, summed over a
 cell's requests (one stream) or rounds (4 streams: tokens after each stream's first chunk over the span
 from the first stream's first chunk to the last stream's last). Writes $OUT/ddtree-real.json and
 $OUT/logs.tgz.
 
-    python3 bench/ddtree_real.py [--budgets 16,8,31] [--new 256] [--deadline 520]
+    python3 bench/ddtree_real.py [--budgets 16,8,31] [--overlap-budgets 16] [--overlap-chain] [--no-small]
+                                 [--new 256] [--deadline 520]
 """
 
 from __future__ import annotations
@@ -55,6 +64,9 @@ SMALL_DRAFT = Path("/tmp/smollm2-dflash")
 BIG = Path("/tmp/smol8b")
 BIG_DRAFT = Path("/tmp/smol8b-dflash")
 SUITE = ROOT / "src" / "sglfleet" / "validation" / "prompts" / "suite-v1.yaml"
+CHURN_REQUESTS = 32
+CHURN_STREAMS = 6
+CHURN_SEED = 20261205
 
 
 def inflate() -> dict[str, Any]:
@@ -96,9 +108,11 @@ def suite_prompts() -> list[dict[str, Any]]:
 class RealServer(ds.StepServer):
     """ddtree_step's server with real weights: the inflated target (or the 135M one) and the trained drafter."""
 
-    def __init__(self, name: str, kind: str, budget: int | None, port: int, mem: float, model: Path = BIG):
+    def __init__(self, name: str, kind: str, budget: int | None, port: int, mem: float, model: Path = BIG,
+                 overlap: bool = False):
         super().__init__(name, kind, budget, port, mem)
         self.model = model
+        self.overlap = overlap
 
     def cmd(self) -> list[str]:
         c = super().cmd()
@@ -145,6 +159,54 @@ def compare(ref: list[dict[str, Any]], got: dict[str, list[int]], tie: float = 0
                 row["near_tie"] = gap <= tie
         rows.append(row)
     return rows
+
+
+def churn_plan(ps: list[dict[str, Any]], new: int, n: int = CHURN_REQUESTS, seed: int = CHURN_SEED
+               ) -> list[dict[str, Any]]:
+    """``n`` greedy requests over the prompts in turn, each with its own length in [8, new] (seeded: every server
+    gets the same list)."""
+    import random
+
+    rng = random.Random(seed)
+    return [{"id": ps[i % len(ps)]["id"], "ids": ps[i % len(ps)]["ids"], "max_new": rng.randint(min(8, new), new)}
+            for i in range(n)]
+
+
+def compare_prefix(ref: dict[str, Any], got: list[int], max_new: int) -> dict[str, Any]:
+    """One answer of length ``max_new`` at most against the target alone's longer greedy answer to the same prompt:
+    identical when it is the reference's prefix (the reference's whole answer when that ended sooner); else the
+    first divergence and the reference's top-2 log-prob gap there (None: not recorded)."""
+    want = ref["output_ids"][:max_new]
+    i = first_divergence(want, got)
+    row: dict[str, Any] = {"id": ref["id"], "max_new": max_new, "tokens": len(got), "identical": i is None}
+    if i is not None:
+        top = ref.get("top2") or []
+        row["diverge_at"] = i
+        row["top2_gap"] = top[i][0][0] - top[i][1][0] if i < len(top) and len(top[i]) == 2 else None
+    return row
+
+
+def churn_cell(s: RealServer, plan: list[dict[str, Any]], ref: dict[str, dict[str, Any]],
+               streams: int = CHURN_STREAMS) -> dict[str, Any]:
+    """The churn requests, ``streams`` at a time (a new one starts as soon as one ends), each compared with the
+    target alone's answer."""
+    def one(r: dict[str, Any]) -> dict[str, Any]:
+        try:
+            out = s.post("/generate", {"input_ids": r["ids"],
+                                       "sampling_params": {"max_new_tokens": r["max_new"], "temperature": 0}},
+                         timeout=300)
+        except Exception as e:  # recorded, counted as a failure
+            return {"id": r["id"], "max_new": r["max_new"], "error": repr(e)[:400]}
+        if r["id"] not in ref:
+            return {"id": r["id"], "max_new": r["max_new"], "error": "no reference answer"}
+        return compare_prefix(ref[r["id"]], out.get("output_ids") or [], r["max_new"])
+
+    t0 = time.time()
+    with cf.ThreadPoolExecutor(streams) as ex:
+        rows = list(ex.map(one, plan))
+    return {"churn": True, "streams": streams, "requests": len(plan), "wall_s": time.time() - t0,
+            "identical": sum(1 for r in rows if r.get("identical")),
+            "errors": [r["error"] for r in rows if "error" in r], "rows": rows}
 
 
 def stream_cell(s: RealServer, ps: list[dict[str, Any]], params: dict[str, Any], streams: int) -> dict[str, Any]:
@@ -201,7 +263,8 @@ def cells_for(s: RealServer) -> list[dict[str, Any]]:
 
 
 def run_server(s: RealServer, ps: list[dict[str, Any]], ref: dict[str, list[int]], new: int,
-               deadline: float) -> list[dict[str, Any]]:
+               deadline: float, churn: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
+               ) -> list[dict[str, Any]]:
     warm = {"max_new_tokens": 32, "temperature": 0}
     stream_cell(s, ps[:4], warm, 4)  # graphs, allocator and JIT paths of this server warm
     cells = []
@@ -222,6 +285,10 @@ def run_server(s: RealServer, ps: list[dict[str, Any]], ref: dict[str, list[int]
         print(f"{s.name:12s} T{c['temperature']} s{c['streams']} k{c.get('topk', '-')} tok/s {cell['tok_s'] or 0:7.1f} "
               f"accept {cell['accept_length'] or 0:.2f} same {cell.get('identical_to_target', '-')} "
               f"err {len(cell['errors'])}", flush=True)
+    if churn is not None and time.time() < deadline:
+        c = churn_cell(s, *churn)
+        cells.append(c)
+        print(f"{s.name:12s} churn: {c['identical']}/{c['requests']} identical, err {len(c['errors'])}", flush=True)
     if s.kind == "ddtree":  # a request under another tag makes the worker write its profile
         stream_cell(s, ps[:1], {**warm, "custom_params": {"ddtree_profile_tag": "flush"}}, 1)
         time.sleep(0.5)
@@ -233,11 +300,20 @@ def main() -> int:
     ap.add_argument("--budgets", default="16,8,31", help="DDTree budgets, measured in this order")
     ap.add_argument("--new", type=int, default=256, help="max new tokens per request")
     ap.add_argument("--deadline", type=float, default=520.0, help="seconds; stop starting measurements after")
+    ap.add_argument("--overlap-budgets", default="",
+                    help="DDTree budgets also served under the overlap scheduler (SGLANG_DDTREE_OVERLAP=1)")
+    ap.add_argument("--overlap-chain", action="store_true", help="the DFLASH chain under the overlap scheduler too")
+    ap.add_argument("--no-small", action="store_true",
+                    help="leave out the 135M target and its function check (its memory goes to the others)")
     ap.add_argument("--mem", type=float, default=0.88)
     a = ap.parse_args()
-    budgets = [int(b) for b in a.budgets.split(",") if b]
-    if not budgets or any(b < 1 for b in budgets) or a.new < 1:
-        print("error: --budgets must list budgets >= 1 and --new be >= 1", file=sys.stderr)
+    try:
+        budgets = [int(b) for b in a.budgets.split(",") if b.strip()]
+        ov_budgets = [int(b) for b in a.overlap_budgets.split(",") if b.strip()]
+    except ValueError:
+        budgets = ov_budgets = [0]
+    if not budgets or any(b < 1 for b in budgets + ov_budgets) or a.new < 1:
+        print("error: --budgets / --overlap-budgets must list budgets >= 1 and --new be >= 1", file=sys.stderr)
         return 2
     t0 = time.time()
     deadline = t0 + a.deadline
@@ -249,11 +325,18 @@ def main() -> int:
     sm.build_variant("patched")
     plug = sm.install_plugins()
     port = iter(range(31500, 31600))
-    servers = [RealServer("small", "target", None, next(port), a.mem, model=SMALL),
-               RealServer("target", "target", None, next(port), a.mem)]
+    small = None if a.no_small else RealServer("small", "target", None, next(port), a.mem, model=SMALL)
+    big = RealServer("target", "target", None, next(port), a.mem)
+    servers = [x for x in (small, big) if x is not None]
     servers += [RealServer(f"ddtree-b{budgets[0]}", "ddtree", budgets[0], next(port), a.mem),
                 RealServer("chain-b8", "chain", None, next(port), a.mem)]
+    servers += [RealServer(f"ddtree-b{b}-overlap", "ddtree", b, next(port), a.mem, overlap=True) for b in ov_budgets]
+    if a.overlap_chain:
+        servers.append(RealServer("chain-b8-overlap", "chain", None, next(port), a.mem, overlap=True))
     servers += [RealServer(f"ddtree-b{b}", "ddtree", b, next(port), a.mem) for b in budgets[1:]]
+    # the churn cell on the overlap servers, their non-overlap twins and the target alone
+    twins = {s.name.removesuffix("-overlap") for s in servers if s.overlap}
+    churned = {s.name for s in servers if s.overlap or s.name in twins} | ({"target"} if twins else set())
     for s in servers:
         s.start(plug)
         time.sleep(2.0)
@@ -264,32 +347,34 @@ def main() -> int:
         time.sleep(2)
     print(f"up at {time.time() - t0:.0f}s: {[(s.name, s.up_s and round(s.up_s), bool(s.error)) for s in servers]}",
           flush=True)
-    small, big = servers[0], servers[1]
     function: dict[str, Any] = {}
     results: dict[str, list[dict[str, Any]]] = {}
     if big.up_s:
         ref = greedy_with_top2(big, ps, a.new)
         function["target"] = ref
-        if small.up_s:
+        if small is not None and small.up_s:
             function["small"] = greedy_with_top2(small, ps, a.new)
             got = {r["id"]: r["output_ids"] for r in function["small"] if "output_ids" in r}
             function["small_vs_target"] = compare(ref, got)
             print(f"135M vs inflated: {function['small_vs_target']}", flush=True)
-        if small.proc is not None:  # its memory and CPU are not the measured servers'
+        if small is not None and small.proc is not None:  # its memory and CPU are not the measured servers'
             small.proc.terminate()
         refmap = {r["id"]: r["output_ids"] for r in ref if "output_ids" in r}
-        for s in servers[1:]:
-            if not s.up_s or time.time() > deadline - 15:
+        churn = (churn_plan(ps, a.new), {r["id"]: r for r in ref if "output_ids" in r})
+        for s in servers:
+            if s is small or not s.up_s or time.time() > deadline - 15:
                 continue
             try:
-                results[s.name] = run_server(s, ps, refmap, a.new, deadline)
+                results[s.name] = run_server(s, ps, refmap, a.new, deadline,
+                                             churn if s.name in churned else None)
             except Exception as e:
                 s.error = f"measuring: {e!r}"[:500]
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": sm._machine(),
            "command": " ".join(sys.argv), "model": "SmolLM2-135M-Instruct inflated to Llama-3-8B's shape "
            "(testbed.models inflate); drafter: the project's DFlash drafter, inflated the same way",
-           "inflate": made, "block": ds.BLOCK, "new_tokens": a.new, "prompts": [{"id": p["id"], "len": len(p["ids"])}
-                                                                                 for p in ps],
+           "inflate": made, "block": ds.BLOCK, "new_tokens": a.new,
+           "churn": {"requests": CHURN_REQUESTS, "streams": CHURN_STREAMS, "seed": CHURN_SEED},
+           "prompts": [{"id": p["id"], "len": len(p["ids"])} for p in ps],
            "function": function, "wall_s": time.time() - t0}
     return ds.finish("ddtree-real.json", doc, servers, results, t0)
 

@@ -79,7 +79,8 @@ class StepServer(sm.Server):
         c[c.index("--max-total-tokens") + 1] = "12288"
         if self.kind == "chain":
             c += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", sm.MODEL["draft"],
-                  *sm.MODEL["draft_load"], "--speculative-num-draft-tokens", str(BLOCK), "--disable-overlap-schedule"]
+                  *sm.MODEL["draft_load"], "--speculative-num-draft-tokens", str(BLOCK),
+                  *sm.overlap_flags(self.overlap)]
         return c
 
     def start(self, plug: Path) -> None:
@@ -255,7 +256,8 @@ def main() -> int:
 def finish(name: str, doc: dict, servers: list[StepServer], results: dict[str, list[dict]], t0: float) -> int:
     """Every server's record into ``doc``, written to $OUT/name before the servers stop (they drain slowly); the
     logs packed; what failed printed."""
-    doc["servers"] = [{"name": s.name, "kind": s.kind, "budget": s.budget, "up_s": s.up_s, "error": s.error,
+    doc["servers"] = [{"name": s.name, "kind": s.kind, "budget": s.budget, "overlap": s.overlap, "up_s": s.up_s,
+                       "error": s.error,
                        "cmd": s.cmd(), "cells": results.get(s.name, []), "profiles": read_profiles(s)}
                       for s in servers]
     (OUT / name).write_text(json.dumps(doc))

@@ -30,12 +30,13 @@ def _cell(s: dict[str, Any], temp: float, streams: int, topk: int | None, path: 
     return None
 
 
-def _label(s: dict[str, Any], k: int | None) -> str:
+def _label(s: dict[str, Any], k: int | None = None) -> str:
+    ov = ", overlap scheduler" if s.get("overlap") else ""
     if s["kind"] == "target":
         return "target alone"
     if s["kind"] == "chain":
-        return "DFLASH chain (block 8)"
-    return f"DDTree b{s['budget']} / top-k {k}"
+        return f"DFLASH chain (block 8{ov})"
+    return f"DDTree b{s['budget']}" + (f" / top-k {k}" if k is not None else "") + (f" ({ov[2:]})" if ov else "")
 
 
 def _gap(row: dict[str, Any] | None, i: int) -> float | None:
@@ -150,9 +151,32 @@ def breakdown_lines(raw: dict[str, Any], temp: float = 0.0, streams: int = 1) ->
                 continue
             r = breakdown(totals[key])
             out = (r["step"] - r["verify"]) / r["step"] if r["step"] else None
-            lines.append(f"| b{s['budget']}/k{k} | {r['steps']} | " + " | ".join(_f(r[st], 2) for st in STAGES)
+            ov = " overlap" if s.get("overlap") else ""
+            lines.append(f"| b{s['budget']}/k{k}{ov} | {r['steps']} | " + " | ".join(_f(r[st], 2) for st in STAGES)
                          + f" | {_f(r['between'], 2)} | {_f(r['step'], 2)} | {'—' if out is None else f'{out:.0%}'} |")
     return lines
+
+
+def churn_lines(raw: dict[str, Any]) -> list[str]:
+    """The churn cells (mixed-length greedy requests, several at a time, new ones starting as others end): each
+    server's answers against the target alone's, and the largest top-2 gap of the target where one parts."""
+    rows = []
+    for s in raw["servers"]:
+        c = next((c for c in s.get("cells", []) if c.get("churn")), None)
+        if c is None:
+            continue
+        parted = [r for r in c["rows"] if "diverge_at" in r]
+        gaps = [r["top2_gap"] for r in parted if r.get("top2_gap") is not None]
+        where = "—" if not parted else (f"{len(parted)}, at top-2 gap ≤ {max(gaps):.3f}" if len(gaps) == len(parted)
+                                        else f"{len(parted)} ({len(parted) - len(gaps)} where no gap is recorded)")
+        rows.append(f"| {_label(s)} | {c['identical']}/{c['requests']} | {where} | {len(c['errors'])} | "
+                    f"{_f(c.get('wall_s'), 1)} |")
+    if not rows:
+        return []
+    churn = raw.get("churn", {})
+    return ["", f"Churn: {churn.get('requests')} greedy requests of mixed lengths, {churn.get('streams')} at a time "
+            "(a new one starts as one ends), each against the target alone's answer up to its length:", "",
+            "| server | identical | parted from the target alone | errors | wall s |", "|---|---|---|---|---|", *rows]
 
 
 def render(raw: dict[str, Any], path: str) -> str:
@@ -169,6 +193,7 @@ def render(raw: dict[str, Any], path: str) -> str:
     lines += [f"Decode tok/s per server, side by side with the target alone {src}:", ""]
     lines += throughput_lines(raw)
     lines += [x.replace("accept length):", f"accept length) {src}:") for x in path_lines(raw)]
+    lines += [x.replace("up to its length:", f"up to its length {src}:") for x in churn_lines(raw)]
     lines += ["", "Per-step breakdown, T=0, 1 stream (ms per step, mean; GPU time between CUDA events on the "
               f"stream) {src}:", ""]
     lines += breakdown_lines(raw)

@@ -27,7 +27,8 @@
 #                                                      FILE only. KEEP=1 leaves the candidates serving for the next
 #                                                      prodseq call on the same warm machine, which goes on
 #   real      .carry/ddtree-srv                        issue 39: the 135M target and drafter inflated to Llama-3-8B's
-#                                                      cost, served and measured (bench/ddtree_real.py)
+#                                                      cost, served and measured (bench/ddtree_real.py; REAL_ARGS
+#                                                      adds the overlap-scheduler servers and the churn check)
 #   kernel-level tree-verify proof (tests/ddtree/gpu_proof.sh; .carry/proof from tests/ddtree/make_proof_carry.sh),
 #   on a machine of its own or after the steps above:
 #   proof-setup  .carry/sglang/p1 .carry/proof          sglang unpacked as unpatched / patched / mutant + p1's wheels
@@ -201,8 +202,11 @@ case $step in
       cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - || { echo "no drafter" >&2; exit 2; }
     fi
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+    # REAL_ARGS: more of ddtree_real.py's options, e.g. "--overlap-budgets 16 --overlap-chain --no-small" (DDTree
+    # and the chain under the overlap scheduler beside their twins, with the churn check)
+    # shellcheck disable=SC2086
     timeout "${LIMIT:-560}" python3 bench/ddtree_real.py --deadline "${DEADLINE:-520}" ${BUDGETS:+--budgets "$BUDGETS"} \
-      2>&1 | tee "$OUT/ddtree-real.log" | tail -60 ;;
+      ${REAL_ARGS:-} 2>&1 | tee "$OUT/ddtree-real.log" | tail -60 ;;
   seeded)
     # tests/ddtree/seeded_identity.py: target-only, the correct DDTree b16/k4 and its step_shared_random fault, all
     # with --enable-deterministic-inference, the same seeded T>0 requests to each (carry .carry/gguf/p3 and

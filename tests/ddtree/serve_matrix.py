@@ -173,6 +173,7 @@ class Server:
         self.results: list[dict] = []
         self.info: dict = {}
         self.env: dict[str, str] = {}  # put into the server's environment (a test fault of the worker)
+        self.overlap = False  # a speculative server under sglang's overlap scheduler (DDTree: SGLANG_DDTREE_OVERLAP=1)
 
     def cmd(self) -> list[str]:
         c = [sys.executable, "-m", "sglang.launch_server", "--model-path", MODEL["path"], *MODEL["load"],
@@ -187,7 +188,7 @@ class Server:
             c += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", MODEL["draft"],
                   *MODEL["draft_load"], "--speculative-num-draft-tokens", str(BLOCK),
                   "--speculative-ddtree-budget", str(self.budget), "--speculative-ddtree-topk", str(SERVER_TOPK),
-                  "--disable-overlap-schedule"]
+                  *overlap_flags(self.overlap)]
         return c
 
     def start(self, plug: Path) -> None:
@@ -195,6 +196,8 @@ class Server:
         paths = [str(VAR / (self.variant or "patched")), str(plug), str(SITE)]
         env["PYTHONPATH"] = ":".join(paths)
         env["DDTREE_ORACLE"] = str(OUT / "oracle.json")
+        if self.overlap:
+            env["SGLANG_DDTREE_OVERLAP"] = "1"  # the plugin's opt-in (sglang_ddtree/config.py OVERLAP_ENV)
         env.update(self.env)
         self.log = OUT / "logs" / f"{self.name}.log"
         self.t0 = time.time()
@@ -248,6 +251,11 @@ class Server:
         return {"name": self.name, "variant": self.variant, "budget": self.budget, "graph": self.graph,
                 "up_s": self.up_s, "error": self.error, "results": self.results, "info": self.info,
                 "cmd": self.cmd()}
+
+
+def overlap_flags(overlap: bool) -> list[str]:
+    """A speculative server's scheduler flag: none under the overlap scheduler (sglang's default)."""
+    return [] if overlap else ["--disable-overlap-schedule"]
 
 
 def plan(only: str) -> list[Server]:

@@ -82,3 +82,30 @@ def test_every_matrix_command_passes_sglangs_parser(sm, patched_sglang: Path) ->
             assert res["ddtree"] == {"budget": s.budget, "topk": sm.SERVER_TOPK, "verify_width": s.budget + 1}
     nccl = [int(a[a.index("--nccl-port") + 1]) for a in argvs]
     assert max(nccl) < 32768 and len(set(nccl)) == len(nccl)
+
+
+@pytest.mark.integration
+def test_overlap_servers_start_only_opted_in(sm, patched_sglang: Path) -> None:  # noqa: F811
+    """bench/ddtree_real.py's servers under the overlap scheduler: their commands leave --disable-overlap-schedule
+    out and pass sglang 0.5.23's parser and DDTree resolution only with the plugin's opt-in in the environment
+    (the server's start puts it there); their non-overlap twins keep the flag."""
+    from test_ddtree_args import parse
+
+    sys.modules.pop("ddtree_real", None)
+    sys.path.insert(0, str(HERE.parents[1] / "bench"))
+    real = importlib.import_module("ddtree_real")
+    servers = [real.RealServer("ddtree-b16-overlap", "ddtree", 16, 31500, 0.1, overlap=True),
+               real.RealServer("chain-b8-overlap", "chain", None, 31501, 0.1, overlap=True),
+               real.RealServer("ddtree-b16", "ddtree", 16, 31502, 0.1),
+               real.RealServer("chain-b8", "chain", None, 31503, 0.1)]
+    argvs = [s.cmd() for s in servers]
+    for s, a in zip(servers, argvs, strict=True):
+        assert ("--disable-overlap-schedule" in a) is (not s.overlap), s.name
+    tails = [a[a.index("sglang.launch_server") + 1:] for a in argvs]
+    refused = parse(patched_sglang, tails[:1])[0]
+    assert "SGLANG_DDTREE_OVERLAP=1" in refused["ddtree"]["error"], refused
+    ok = parse(patched_sglang, tails, SGLANG_DDTREE_OVERLAP="1")
+    for s, res in zip(servers, ok, strict=True):
+        assert res["rc"] == 0, (s.name, res["stderr"][-2000:])
+        if s.kind == "ddtree":
+            assert res["ddtree"] == {"budget": 16, "topk": sm.SERVER_TOPK, "verify_width": 17}, (s.name, res)

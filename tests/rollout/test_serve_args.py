@@ -22,7 +22,7 @@ def test_a_good_command_resolves() -> None:
 
 @pytest.mark.parametrize("edit,message", [
     (lambda c: [x for x in c if x != "--disable-overlap-schedule"],
-     "b300-01: DDTree settings cannot start: DDTree's decode step is written for the non-overlap scheduler"),
+     "b300-01: DDTree settings cannot start: DDTree under the overlap scheduler is built but not yet shown exact"),
     (lambda c: [("trtllm_mha" if x == "triton" else x) for x in c], "--attention-backend trtllm_mha has no tree-mask"),
     (lambda c: [("0" if x == "16" else x) for x in c], "must be in 1..255"),
     (lambda c: [*c, "--page-size", "64"], "--page-size must be 1"),
@@ -33,3 +33,11 @@ def test_bad_settings_are_one_clear_error_naming_the_host(edit, message: str) ->
     with pytest.raises(UsageError) as e:
         check_serve_command("b300-01", edit(list(GOOD)))
     assert message in str(e.value)
+
+
+def test_the_controllers_overlap_opt_in_is_not_a_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLANG_DDTREE_OVERLAP=1 opts a server process into the overlap scheduler; set on the controller it must not
+    let a host's command without --disable-overlap-schedule through (the host's server would refuse it)."""
+    monkeypatch.setenv("SGLANG_DDTREE_OVERLAP", "1")
+    with pytest.raises(UsageError, match="add --disable-overlap-schedule"):
+        check_serve_command("b300-01", [x for x in GOOD if x != "--disable-overlap-schedule"])

@@ -87,7 +87,10 @@ def check_serve_command(host: str, command: list[str]) -> Any:
     if "budget" not in args:
         raise UsageError(f"{host}: --speculative-ddtree-topk without --speculative-ddtree-budget")
     try:
+        # the fleet's hosts run DDTree without the overlap scheduler until an H200 run shows that path exact: the
+        # controller's own SGLANG_DDTREE_OVERLAP is not the host's, so it is never read here
         return resolve(**{"disable_overlap_schedule": False, "dp_attention": False, "topk": None, "block_size": None,
-                          "algorithm": None, "draft_model_path": None, "attention_backend": None, **args})
+                          "algorithm": None, "draft_model_path": None, "attention_backend": None,
+                          "overlap_opt_in": False, **args})
     except DDTreeArgError as e:
         raise UsageError(f"{host}: DDTree settings cannot start: {e}") from None

@@ -7,6 +7,7 @@ refused before anything is deployed, with the same message.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,15 @@ TREE_MASK_BACKENDS = ("triton", "flashinfer")
 # Upper bounds that keep the verify pass sane; the CUDA-graph capture width is budget + 1.
 MAX_BUDGET = 255
 MAX_TOPK = 64
+# DDTree under sglang's overlap scheduler: built (the worker fences the scheduler's next writes behind its own
+# req_to_token commit, see worker.DDTreeWorker._fence_scheduler_writes) and opted into with this variable until an
+# H200 run has shown it exact (bench/ddtree_real.py --overlap-budgets); without it the overlap scheduler is refused.
+OVERLAP_ENV = "SGLANG_DDTREE_OVERLAP"
+
+
+def overlap_opted_in(env: Any = None) -> bool:
+    """Whether ``SGLANG_DDTREE_OVERLAP=1`` is set (in ``env``, default the process environment)."""
+    return str((os.environ if env is None else env).get(OVERLAP_ENV, "")).strip() == "1"
 
 
 class DDTreeArgError(ValueError):
@@ -68,9 +78,11 @@ def resolve(
     disable_overlap_schedule: bool = False,
     verify_num_tokens: Any = None,
     dp_attention: bool = False,
+    overlap_opt_in: bool | None = None,
 ) -> DDTreeArgs:
     """Check every DDTree argument together; return the resolved values or raise one
-    ``DDTreeArgError`` naming the flag and what would work."""
+    ``DDTreeArgError`` naming the flag and what would work. ``overlap_opt_in``: whether the overlap scheduler is
+    opted into (default: ``SGLANG_DDTREE_OVERLAP=1`` in this process's environment)."""
     if (algorithm or "").upper() != "DFLASH":
         raise DDTreeArgError(
             "--speculative-ddtree-budget rides the DFLASH drafter: set --speculative-algorithm DFLASH "
@@ -115,11 +127,10 @@ def resolve(
         raise DDTreeArgError(
             f"DDTree commits tree nodes by remapping single KV slots: --page-size must be 1, got {page_size}"
         )
-    if not disable_overlap_schedule:
+    if not disable_overlap_schedule and not (overlap_opted_in() if overlap_opt_in is None else overlap_opt_in):
         raise DDTreeArgError(
-            "DDTree's decode step is written for the non-overlap scheduler (it plans each step's verify window "
-            "from the prefix lengths committed by the step before) and does not support overlap scheduling: "
-            "add --disable-overlap-schedule"
+            "DDTree under the overlap scheduler is built but not yet shown exact on a GPU: add "
+            f"--disable-overlap-schedule, or set {OVERLAP_ENV}=1 in the server's environment to run it"
         )
     if dp_attention:
         raise DDTreeArgError("DDTree does not support --enable-dp-attention")

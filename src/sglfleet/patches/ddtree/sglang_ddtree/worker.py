@@ -30,6 +30,12 @@ Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` reques
    block. The result has DFLASH's layout (``[bs, B]`` tokens, commit lengths), so the scheduler,
    the metrics (``spec_verify_ct``, ``spec_accept_length``, ``/server_info``, Prometheus) and
    the detokenizer see DFLASH.
+
+Scheduling: sglang's non-overlap scheduler (``--disable-overlap-schedule``), or the overlap scheduler opted into
+with ``SGLANG_DDTREE_OVERLAP=1`` (config.OVERLAP_ENV): the scheduler then prepares the next batch while a step
+runs, from the lengths the step publishes after its commit; the step's KV window lies inside the decode reserve
+that covers a block of lag (patch 0016), and ``_fence_scheduler_writes`` keeps the scheduler's next writes behind
+the step's own ``req_to_token`` commit. Built, and run on the H200 by bench/ddtree_real.py's overlap servers.
 """
 
 from __future__ import annotations
@@ -118,14 +124,18 @@ class DDTreeWorker(DFlashWorkerV2):
             if problem is not None:  # loud, not fatal: the graphed tensor ops build the same tree
                 logger.error("DDTree tree kernel not used (%s); the graphed tensor ops build the tree", problem)
                 self._kernel_tree = None
+        # sglang's overlap scheduler (opted into with SGLANG_DDTREE_OVERLAP=1, config.OVERLAP_ENV): the scheduler
+        # prepares the next batch while this step runs; _fence_scheduler_writes keeps its writes behind the step
+        self._overlap = not bool(getattr(server_args, "disable_overlap_schedule", False))
         self._head_rows = 0  # > 0: this step's candidates are in the draft graph's head buffers
         self._prof = StepProfiler.from_env()  # per-stage timing for bench/ddtree_step.py, off by default
         logger.info(
-            "DDTree on: budget=%d topk=%d block=%d verify width=%d tree=%s",
+            "DDTree on: budget=%d topk=%d block=%d verify width=%d scheduler=%s tree=%s",
             self.ddtree.budget,
             self.topk,
             self.block_size,
             self.verify_width,
+            "overlap" if self._overlap else "non-overlap",
             # which build a default request's tree takes: an operator reads it in the log (kernel: one Triton launch)
             "kernel" if self._kernel_tree is not None else
             "graphed" if self._graphed_tree is not None else "tensor ops",
@@ -323,7 +333,9 @@ class DDTreeWorker(DFlashWorkerV2):
             prof.begin(f"{kind}/k{topk}/bs{bs}{self._profile_tag(batch)}")
         window = self._window_locs(batch, prefix_lens, self.window_width)  # [bs, max(W, B)]
 
-        # the host copy of the prefix lengths: the scheduler's when it has one (no sync here)
+        # the host copy of the prefix lengths: the scheduler's when it has one (no sync here; under the overlap
+        # scheduler it resolves them from the lengths the step before published, for the triton and flashinfer
+        # backends DDTree runs on); otherwise read from the device, which waits for the step before
         if batch.seq_lens_cpu is not None and not host_path:
             prefix_cpu = batch.seq_lens_cpu.to(torch.int64)
         else:
@@ -468,6 +480,8 @@ class DDTreeWorker(DFlashWorkerV2):
             prof.mark("draft_kv")
 
         next_draft_input = self._make_next_draft_input_decode(bonus_tokens=bonus, new_seq_lens=new_seq_lens)
+        if self._overlap:
+            self._fence_scheduler_writes()
         if prof is not None:
             prof.end()
         return GenerationBatchResult(
@@ -481,6 +495,20 @@ class DDTreeWorker(DFlashWorkerV2):
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output,
         )
+
+    def _fence_scheduler_writes(self) -> None:
+        """Under the overlap scheduler, hand the scheduler's write-after-read barrier an event recorded after the
+        whole step. The scheduler fences its next writes on the schedule stream (the next batch's slot allocation
+        in ``req_to_token``, a freed request row given to a new request, the slots it frees read from that row)
+        behind the event of the step's last shared read, which for DFLASH is where the target verify's reads end.
+        This step reads and rewrites ``req_to_token`` after the verify (the commit's permutation of each window),
+        so a row freed for a request that finished a step earlier could otherwise be reassigned and written while
+        this step still permutes it. The host is not held: the wait is on the GPU stream, and the scheduler's host
+        work (results, the next batch) still overlaps this step."""
+        done = torch.cuda.Event()
+        done.record()
+        runner = getattr(self, "last_shared_read_runner", None) or self.target_worker.model_runner
+        runner.shared_read_done_event = done
 
     def _request_path(self, batch: ScheduleBatch) -> str:
         """``device`` (the default: the top-k head inside the draft graph, the tree in one Triton

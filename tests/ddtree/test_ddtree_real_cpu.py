@@ -1,0 +1,71 @@
+"""The CPU half of bench/ddtree_real.py's churn check (the overlap scheduler's exactness test on the H200): the
+request plan every server gets, the per-answer comparison against the target alone, and its rendered table."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def real(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "ddtree"))
+    sys.modules.pop("ddtree_real", None)
+    return importlib.import_module("ddtree_real")
+
+
+PROMPTS = [{"id": f"p{i}", "ids": [i, i + 1]} for i in range(8)]
+
+
+def test_the_churn_plan_is_the_same_for_every_server_and_mixes_lengths(real) -> None:
+    a, b = real.churn_plan(PROMPTS, 256), real.churn_plan(PROMPTS, 256)
+    assert a == b and len(a) == real.CHURN_REQUESTS
+    assert {r["id"] for r in a} == {p["id"] for p in PROMPTS}
+    lens = [r["max_new"] for r in a]
+    assert min(lens) >= 8 and max(lens) <= 256 and len(set(lens)) > real.CHURN_REQUESTS // 2
+    assert real.churn_plan(PROMPTS, 256, seed=1) != a
+    assert all(r["max_new"] == 4 for r in real.churn_plan(PROMPTS, 4)), "lengths stay within --new"
+
+
+def test_an_answer_is_compared_with_the_target_alones_up_to_its_length(real) -> None:
+    ref = {"id": "p0", "output_ids": [5, 6, 7, 8, 9], "top2": [[(-0.1, 5), (-3.0, 1)], [(-0.5, 6), (-0.55, 2)],
+                                                              [(-0.2, 7), (-2.0, 3)], [], []]}
+    assert real.compare_prefix(ref, [5, 6, 7], 3)["identical"]
+    assert real.compare_prefix(ref, [5, 6, 7, 8, 9], 40)["identical"], "the reference ended sooner: all of it"
+    row = real.compare_prefix(ref, [5, 2, 7], 3)
+    assert not row["identical"] and row["diverge_at"] == 1 and row["top2_gap"] == pytest.approx(0.05)
+    short = real.compare_prefix(ref, [5, 6], 3)
+    assert not short["identical"] and short["diverge_at"] == 2, "an answer that stops early parts where it stops"
+    longer = real.compare_prefix(ref, [5, 6, 7, 8, 9, 4], 40)
+    assert not longer["identical"] and longer["diverge_at"] == 5 and longer["top2_gap"] is None
+
+
+def test_the_churn_table_names_each_server_and_where_answers_part(real, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.render_ddtree_real import churn_lines
+
+    def server(name, kind, budget, overlap, rows):
+        cell = {"churn": True, "requests": len(rows), "identical": sum(1 for r in rows if r.get("identical")),
+                "errors": [r["error"] for r in rows if "error" in r], "wall_s": 12.34, "rows": rows}
+        return {"name": name, "kind": kind, "budget": budget, "overlap": overlap, "cells": [cell]}
+
+    raw = {"churn": {"requests": 3, "streams": 6}, "servers": [
+        server("target", "target", None, False, [{"identical": True}] * 3),
+        server("ddtree-b16-overlap", "ddtree", 16, True,
+               [{"identical": True}, {"identical": False, "diverge_at": 4, "top2_gap": 0.125},
+                {"identical": False, "diverge_at": 9, "top2_gap": 2.5}]),
+        server("chain-b8", "chain", None, False, [{"identical": True}, {"error": "boom"}, {"identical": True}]),
+        {"name": "ddtree-b8", "kind": "ddtree", "budget": 8, "cells": [{"temperature": 0.0}]},
+    ]}
+    text = "\n".join(churn_lines(raw))
+    assert "| target alone | 3/3 | — | 0 | 12.3 |" in text
+    assert "| DDTree b16 (overlap scheduler) | 1/3 | 2, at top-2 gap ≤ 2.500 | 0 |" in text
+    assert "| DFLASH chain (block 8) | 2/3 | — | 1 |" in text
+    assert "b8" not in text, "a server without a churn cell has no row"
+    assert churn_lines({"servers": raw["servers"][3:]}) == []
