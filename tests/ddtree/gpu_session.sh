@@ -6,9 +6,9 @@
 #   install1  .carry/sglang/p1                         sglang 0.5.23 + wheels into /tmp/site
 #   install2  .carry/sglang/p2                         p2's wheels, sitecustomize (../shared/gpu recipe)
 #   install3  .carry/sglang/p3                         sgl-kernel 0.4.5, flashinfer (p2+p3 exceed one call's carry)
-#   gguf1     .carry/gguf-a                            first half of the SmolLM2 GGUF
-#   warm      .carry/gguf-b .carry/ddtree-srv          convert; train the drafter (in the background) while
-#                                                      two servers compile the JIT kernels; drafter -> $OUT
+#   (the SmolLM2 GGUF rides in four pieces, .carry/gguf/p0..p3 from tests/ddtree/split_gguf.sh: p0..p2 with
+#   install1..3, p3 with the step that first needs the target)
+#   train     .carry/gguf/p3                           the drafter alone (TRAIN_ARGS below); drafter -> $OUT
 #   drafter   .carry/drafter [.carry/jit]              a drafter an earlier gate30 returned, for gate30 (and
 #                                                      the JIT cache a matrix step returned)
 #   matrix    .carry/gguf/p3 .carry/ddtree-srv         the full serve matrix (28 servers, two waves); warms
@@ -38,9 +38,9 @@
 #
 # Build the carries here first: bash ../shared/gpu/make-carry.sh; bash tests/ddtree/fit_carry.sh;
 # bash tests/ddtree/make_server_carry.sh;
-# bash tests/ddtree/make_gate_carry.sh; the GGUF split into .carry/gguf-a/part00 + .carry/gguf-b/part01.
+# bash tests/ddtree/make_gate_carry.sh; bash tests/ddtree/split_gguf.sh (before fit_carry.sh, which counts gguf/p0).
 set -uo pipefail
-step=${1:?step: install1|install2|install3|train|drafter|gguf1|warm|trainwarm|prodseq|real|gate30|seeded|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
+step=${1:?step: install1|install2|install3|train|drafter|trainwarm|prodseq|real|gate30|seeded|matrix|incident|sweep|loadtest|proof-setup|proof-deps|proof|proof-fi}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # pieces of the SmolLM2 GGUF ride along with the install calls (tests/ddtree/split_gguf.sh): each call copies
 # the ones it carries into /tmp/gguf, and the gate30 step joins them
@@ -76,6 +76,11 @@ jit_caches() {
   local kb; kb=$(du -sk /tmp/fijit 2>/dev/null | cut -f1)
   if [ -n "$kb" ] && [ "$kb" -lt 40000 ]; then tar -C /tmp -czf "$OUT/fijit.tgz" fijit; fi
 }
+# the drafter's training recipe, one for `train` and `trainwarm` (issue 39 item 2: 2,400 distinct prompts' target
+# answers; 64 anchors of 8 sequences a step; --max-seconds in each step cuts the steps to what fits its call)
+TRAIN_ARGS=(--target /tmp/smollm2 --out /tmp/smollm2-dflash --device cuda --layers "${LAYERS:-2}"
+            --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-3000}" --seqs-per-step "${SPS:-8}"
+            --anchors "${ANCHORS:-64}" --gen-batch "${GENBATCH:-256}")
 case $step in
   install1)
     S=/tmp/site; mkdir -p $S
@@ -105,9 +110,7 @@ case $step in
     source tests/ddtree/device-env.sh
     cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf || exit 1
     PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
-    PYTHONPATH=$PYTHONPATH:.:./src timeout 560 python3 -m testbed.models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
-      --device cuda --layers "${LAYERS:-2}" --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-3000}" \
-      --seqs-per-step "${SPS:-8}" --anchors "${ANCHORS:-64}" --gen-batch "${GENBATCH:-256}" \
+    PYTHONPATH=$PYTHONPATH:.:./src timeout 560 python3 -m testbed.models train-drafter "${TRAIN_ARGS[@]}" \
       --max-seconds "${TRAIN_S:-500}" > /tmp/train.log 2>&1
     rc=$?; echo "train rc=$rc" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/"
     # the drafter comes back for later sessions (carry it as .carry/drafter)
@@ -115,21 +118,6 @@ case $step in
   drafter)
     # a drafter an earlier gate30 returned (drafter.tar.part-*), carried as .carry/drafter, for gate30 to unpack
     mkdir -p /tmp/drafter-parts && cp .carry/drafter/drafter.tar.part-* /tmp/drafter-parts/ && ls /tmp/drafter-parts ;;
-  gguf1)
-    mkdir -p /tmp/gguf && cp .carry/gguf-a/part00 /tmp/gguf/ ;;
-  warm)
-    # shellcheck disable=SC1091
-    source tests/ddtree/device-env.sh
-    cat /tmp/gguf/part00 .carry/gguf-b/part01 > /tmp/gguf/smollm2.gguf || exit 1
-    PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
-    { PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models train-drafter --target /tmp/smollm2 --out /tmp/smollm2-dflash \
-        --device cuda --layers 2 --seqs 512 --max-new 256 --steps 1500 > /tmp/train.log 2>&1
-      echo "train rc=$?" >> /tmp/train.log; } &
-    train=$!
-    python3 tests/ddtree/serve_matrix.py --only warm --model smollm2 --max-new 64 --deadline 330 2>&1 | tail -4
-    wait $train
-    tail -3 /tmp/train.log; mkdir -p "$OUT/drafter"; cp /tmp/smollm2-dflash/{config.json,train.json} "$OUT/drafter/" 2>/dev/null
-    cp /tmp/train.log "$OUT/" ;;
   gate30)
     # issue 30 in one call: the correct b7/k4 and b16/k4 builds gated 10 times each and the mutant once,
     # against a baseline recorded while a drafter trains (carry .carry/gguf/p3 and .carry/ddtree-srv; the
@@ -164,9 +152,8 @@ case $step in
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     ensure_target || exit 1
-    { PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-520}" python3 -m testbed.models train-drafter --target /tmp/smollm2 \
-        --out /tmp/smollm2-dflash --device cuda --layers 2 --seqs "${SEQS:-512}" --max-new "${MAXNEW:-256}" \
-        --steps "${STEPS:-1500}" > /tmp/train.log 2>&1
+    { PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-520}" python3 -m testbed.models train-drafter \
+        "${TRAIN_ARGS[@]}" --max-seconds "${TRAIN_S:-460}" > /tmp/train.log 2>&1
       echo "train rc=$?" >> /tmp/train.log; } &
     train=$!
     timeout "${WARM_LIMIT:-480}" python3 tests/ddtree/prodseq.py warm --deadline "${WARM_DEADLINE:-400}" 2>&1 | tail -3
