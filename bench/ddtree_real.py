@@ -337,16 +337,8 @@ def main() -> int:
     # the churn cell on the overlap servers, their non-overlap twins and the target alone
     twins = {s.name.removesuffix("-overlap") for s in servers if s.overlap}
     churned = {s.name for s in servers if s.overlap or s.name in twins} | ({"target"} if twins else set())
-    for s in servers:
-        s.start(plug)
-        time.sleep(2.0)
     ps = suite_prompts()
-    while time.time() < deadline and not all(s.up_s or s.error for s in servers):
-        for s in servers:
-            s.poll_up()
-        time.sleep(2)
-    print(f"up at {time.time() - t0:.0f}s: {[(s.name, s.up_s and round(s.up_s), bool(s.error)) for s in servers]}",
-          flush=True)
+    ds.start_all(servers, plug, deadline, t0)
     function: dict[str, Any] = {}
     results: dict[str, list[dict[str, Any]]] = {}
     if big.up_s:

@@ -221,18 +221,10 @@ def main() -> int:
     servers = [StepServer("target", "target", None, next(port), a.mem),
                StepServer("chain-b8", "chain", None, next(port), a.mem)]
     servers += [StepServer(f"ddtree-b{b}", "ddtree", b, next(port), a.mem) for b in budgets]
-    for s in servers:
-        s.start(plug)
-        time.sleep(2.0)
-    ps = prompts()
     deadline = t0 + a.deadline
+    start_all(servers, plug, deadline, t0)
+    ps = prompts()
     baseline: dict[str, list[int]] = {}
-    while time.time() < deadline and not all(s.up_s or s.error for s in servers):
-        for s in servers:
-            s.poll_up()
-        time.sleep(2)
-    print(f"up at {time.time() - t0:.0f}s: {[(s.name, s.up_s and round(s.up_s), bool(s.error)) for s in servers]}",
-          flush=True)
     base = servers[0]
     results = {}
     if base.up_s:
@@ -251,6 +243,19 @@ def main() -> int:
            "new_tokens": NEW, "prompt_lens": PROMPT_LENS, "topks": TOPKS, "oracles": ORACLES,
            "wall_s": time.time() - t0}
     return finish("ddtree-step.json", doc, servers, results, t0)
+
+
+def start_all(servers: list[StepServer], plug: Path, deadline: float, t0: float) -> None:
+    """Start every server (2 s apart), then wait until each is up or failed, or the deadline passes."""
+    for s in servers:
+        s.start(plug)
+        time.sleep(2.0)
+    while time.time() < deadline and not all(s.up_s or s.error for s in servers):
+        for s in servers:
+            s.poll_up()
+        time.sleep(2)
+    print(f"up at {time.time() - t0:.0f}s: {[(s.name, s.up_s and round(s.up_s), bool(s.error)) for s in servers]}",
+          flush=True)
 
 
 def finish(name: str, doc: dict, servers: list[StepServer], results: dict[str, list[dict]], t0: float) -> int:
