@@ -134,8 +134,13 @@ def _train(a: argparse.Namespace) -> int:
                                        steps=a.steps, seed=a.seed, device=a.device, anchors_per_seq=a.anchors,
                                        seqs_per_step=a.seqs_per_step, lr=a.lr,
                                        deadline=start + a.max_seconds if a.max_seconds else None)
+    # the gate's suite, held out of the corpus: the offline figure that predicts a served accept length there
+    suite = dflash_train.suite_corpus(target, tok, device=a.device, max_new=a.max_new)
+    report["offline_suite"] = dflash_train.suite_acceptance(model, target, suite, report["target_layer_ids"],
+                                                            a.block_size, report["mask_token_id"])
     out = dflash_train.export(model, target_cfg, a.out, report)
-    print(json.dumps({"out": str(out), **report["offline"], "loss_last": report["loss_last"]}))
+    print(json.dumps({"out": str(out), **report["offline"], "suite": report["offline_suite"],
+                      "loss_last": report["loss_last"]}))
     return 0
 
 

@@ -205,17 +205,110 @@ _TASKS = (
 )
 
 
-# how a task is asked: the first (none) keeps the pool's first 320 prompts what they were before
+# how a task is asked
 _FRAMES = (
     "", " Keep it brief.", " Use simple words.", " Answer in a cheerful tone.", " Write it for a newspaper.",
     " Make it sound like an old sailor telling it.", " Use exactly three sentences.", " Add one surprising detail.",
 )
 
 
+# The kinds of request a chat model answers, beyond prose (issue 39: a drafter trained on poems and stories alone
+# drafts code, tables, lists and sums badly, and the gate's suite asks for all of them). Each kind is its own list;
+# the pool deals them in turn, so any first n prompts mix every kind.
+_CODE = (
+    "reverses a list", "counts the vowels in a string", "checks whether a word is a palindrome",
+    "merges two sorted lists", "returns the factorial of n", "finds the largest number in a list",
+    "removes duplicates from a list while keeping the order", "counts how often each word appears in a text",
+    "converts Celsius to Fahrenheit", "checks whether a number is prime", "sums the digits of an integer",
+    "flattens a nested list", "does a binary search in a sorted list", "returns the greatest common divisor of two "
+    "numbers", "checks whether a year is a leap year", "capitalizes every word of a sentence",
+    "returns the second largest number in a list", "checks whether two strings are anagrams",
+    "computes the average of a list of numbers", "returns the n-th power of two", "splits a list into chunks of size k",
+    "counts the lines of a text file", "returns the longest word in a sentence", "rotates a list by k places",
+    "converts a binary string to an integer", "finds the missing number in a list of 1 to n",
+    "returns the common elements of two lists", "checks whether brackets in a string are balanced",
+    "transposes a matrix given as a list of lists", "returns the running total of a list",
+)
+_CODE_LANGS = ("Python", "JavaScript")
+_CODE_FRAMES = ("", " Keep it short.", " Add a docstring or comment.", " Show one example call.")
+_TABLE_COLUMNS = (
+    ("Country", "Capital"), ("Fruit", "Color"), ("Planet", "Moons"), ("Tool", "Use"), ("Instrument", "Family"),
+    ("City", "Landmark"), ("Book", "Author"), ("Element", "Symbol"), ("Sport", "Players per team"),
+    ("Month", "Days"), ("Vegetable", "Season"), ("Language", "Greeting"), ("Bird", "Habitat"),
+    ("Metal", "Property"), ("Shape", "Sides"), ("Drink", "Origin"), ("Tree", "Leaf type"), ("Dog breed", "Size"),
+    ("Painter", "Famous work"), ("River", "Continent"),
+)
+_LIST_THINGS = (
+    "vegetables", "colors", "European countries", "programming languages", "musical instruments", "kitchen tools",
+    "board games", "ocean animals", "types of clouds", "healthy breakfasts", "famous scientists", "flowers",
+    "things to pack for a beach trip", "ways to save water", "hobbies for a rainy day", "car brands", "dances",
+    "spices", "birds", "reasons to learn to cook",
+)
+_STEPS = (
+    "make a cup of tea", "wash a car", "set up a fish tank", "write a cover letter", "bake bread",
+    "clean a laptop keyboard", "plan a birthday party", "learn to juggle", "repot a house plant", "start running",
+    "organize a bookshelf", "make a paper airplane", "brew coffee with a French press", "change a light bulb",
+    "prepare for a job interview",
+)
+_COUNTRIES = (
+    "Japan", "Italy", "Canada", "Kenya", "Brazil", "Egypt", "Norway", "Australia", "India", "Mexico", "Spain",
+    "Germany", "Argentina", "Thailand", "Peru", "Poland", "Greece", "Vietnam", "Chile", "Portugal",
+)
+_GUIDES = (
+    "train a puppy", "start a small herb garden on a balcony", "keep a sourdough starter alive", "learn a new "
+    "language as an adult", "prepare a house for winter", "plan a week of healthy meals", "set up a home office",
+    "care for a cat", "build a simple bookshelf", "save money on groceries", "plan a long hike", "keep bees",
+)
+
+
+def _pool_kinds() -> list[list[str]]:
+    """The pool's kinds of request, each a list (prose first, in its old order)."""
+    prose = list(dict.fromkeys([*PROMPTS, *(task.format(t=t) + f for f in _FRAMES for t in _TOPICS
+                                            for task in _TASKS)]))
+    code = [f"Write a {lang} function that {c}.{f}" for f in _CODE_FRAMES for lang in _CODE_LANGS for c in _CODE]
+    tables = [f"Make a markdown table with two columns, {a} and {b}, with {n} rows." for n in (3, 4, 5)
+              for a, b in _TABLE_COLUMNS]
+    lists = [*(f"List {n} {t} as a markdown bullet list, one per line." for n in (3, 4, 5, 6) for t in _LIST_THINGS),
+             *(f"Give a numbered list of the steps to {s}." for s in _STEPS)]
+    sums = [f"What is {a} {op} {b}? Reply with the number and one short sentence."
+            for a in range(3, 100, 7) for b in (4, 11, 19, 30, 46) for op in ("plus", "minus", "times")]
+    facts = [*(f"What is the capital of {c}? Answer in one sentence." for c in _COUNTRIES),
+             *(f"What language is spoken in {c}? Answer in one sentence." for c in _COUNTRIES)]
+    guides = [f"Write a detailed guide with several paragraphs on how to {g}." for g in _GUIDES]
+    return [prose, code, tables, lists, sums, facts, guides]
+
+
+def _norm(text: str) -> str:
+    return " ".join("".join(ch if ch.isalnum() else " " for ch in text.lower()).split())
+
+
+def held_out_prompts() -> list[str]:
+    """The gate's suite prompts (every ``suite-v*.yaml`` the validation package ships): measured on, never trained
+    on. A corpus prompt that contains one (up to case and punctuation: "Write a short poem about the ocean. Keep it
+    brief." contains the suite's poem) is left out of the pool, so a served accept length on the suite is not a
+    memorized answer's."""
+    return [str(p["prompt"]) for p in _suite_entries()]
+
+
+def _suite_entries() -> list[dict[str, Any]]:
+    import yaml
+
+    d = Path(__file__).resolve().parents[2] / "src" / "sglfleet" / "validation" / "prompts"
+    files = sorted(d.glob("suite-v*.yaml"))
+    if not files:
+        raise FileNotFoundError(f"no gate suite (suite-v*.yaml) under {d}: the held-out prompts are unknown")
+    return [dict(p) for f in files for p in (yaml.safe_load(f.read_text()) or {}).get("prompts", [])]
+
+
 def prompt_pool() -> list[str]:
-    """Every distinct chat prompt of the corpus: the fixed ones, then every task about every topic in
-    every framing (2,400 more, less the one a fixed prompt already asks), the unframed ones first."""
-    return list(dict.fromkeys([*PROMPTS, *(task.format(t=t) + f for f in _FRAMES for t in _TOPICS for task in _TASKS)]))
+    """Every distinct chat prompt of the corpus, the kinds dealt in turn (a kind that runs out drops out), without
+    the gate's suite prompts (``held_out_prompts``)."""
+    held = [_norm(h) for h in held_out_prompts()]
+    kinds = [[p for p in kind if not any(h in _norm(p) for h in held)] for kind in _pool_kinds()]
+    dealt: list[str] = []
+    for i in range(max(len(k) for k in kinds)):
+        dealt += [k[i] for k in kinds if i < len(k)]
+    return list(dict.fromkeys(dealt))
 
 
 def corpus_prompts(n: int) -> list[str]:
@@ -245,8 +338,6 @@ def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, se
     to and including the first end-of-sequence token (``.prompt_lens``: each prompt's length)."""
     temps = (0.0, 0.6, 0.8, 1.0)
     prompts = corpus_prompts(n)
-    eos = tok.eos_token_id
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
     out: dict[int, torch.Tensor] = {}
     plen: dict[int, int] = {}
     t0 = time.time()
@@ -254,27 +345,62 @@ def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, se
         idx = [i for i in range(n) if i % len(temps) == g]
         for c in range(0, len(idx), batch):
             chunk = idx[c : c + batch]
-            rows = []
-            for i in chunk:
-                ids = tok.apply_chat_template([{"role": "user", "content": prompts[i]}], add_generation_prompt=True)
-                if isinstance(ids, dict) or hasattr(ids, "keys"):
-                    ids = ids["input_ids"]
-                rows.append([int(x) for x in ids])
-            width = max(len(r) for r in rows)
-            x = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
-            attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
             torch.manual_seed(seed * 1000 + g * 100 + c)
-            kw = {"do_sample": False} if t == 0 else {"do_sample": True, "temperature": t, "top_p": 0.95}
-            with torch.no_grad():
-                y = target.generate(x, attention_mask=attn, max_new_tokens=max_new, pad_token_id=pad, **kw)
-            for i, r, row in zip(chunk, rows, y[:, width:].tolist(), strict=True):
-                if eos is not None and eos in row:
-                    row = row[: row.index(eos) + 1]
-                out[i] = torch.tensor(r + row, device=device)
-                plen[i] = len(r)
+            for i, (seq, pl) in zip(chunk, _answers(target, tok, [prompts[i] for i in chunk], max_new, t, device),
+                                    strict=True):
+                out[i], plen[i] = seq, pl
             print(f"[train-drafter] corpus {len(out)}/{n} sequences written by the target ({time.time() - t0:.0f}s)",
                   flush=True)
     return Corpus([out[i] for i in range(n)], [plen[i] for i in range(n)])
+
+
+def _answers(target: nn.Module, tok: Any, prompts: list[str], max_new: int, temperature: float,
+             device: str) -> list[tuple[torch.Tensor, int]]:
+    """The target's answers to chat prompts, generated in one left-padded batch (greedy at T=0, else sampled with
+    top-p 0.95 from the global torch seed): each is (prompt + answer up to and including the first end-of-sequence
+    token, prompt length)."""
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    rows = []
+    for p in prompts:
+        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        rows.append([int(x) for x in ids])
+    width = max(len(r) for r in rows)
+    x = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+    attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    kw = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature, "top_p": 0.95}
+    with torch.no_grad():
+        y = target.generate(x, attention_mask=attn, max_new_tokens=max_new, pad_token_id=pad, **kw)
+    out = []
+    for r, row in zip(rows, y[:, width:].tolist(), strict=True):
+        if eos is not None and eos in row:
+            row = row[: row.index(eos) + 1]
+        out.append((torch.tensor(r + row, device=device), len(r)))
+    return out
+
+
+def suite_corpus(target: nn.Module, tok: Any, *, device: str, max_new: int = 256) -> Corpus:
+    """The target's greedy answers to the gate's suite prompts (held out of training: ``held_out_prompts``), each
+    up to its own ``max_tokens`` (at most ``max_new``): what a served accept length on the suite is measured on."""
+    entries = _suite_entries()
+    width = min(max_new, max(int(e.get("max_tokens", max_new)) for e in entries))
+    got = _answers(target, tok, [str(e["prompt"]) for e in entries], width, 0.0, device)
+    seqs, plens = [], []
+    for e, (seq, pl) in zip(entries, got, strict=True):
+        seqs.append(seq[: pl + min(width, int(e.get("max_tokens", width)))])
+        plens.append(pl)
+    return Corpus(seqs, plens)
+
+
+def suite_acceptance(model: DFlashDrafter, target: nn.Module, corpus: Corpus, layer_ids: list[int], block: int,
+                     mask_id: int) -> dict[str, Any]:
+    """``offline_acceptance`` on the suite's greedy answers (``suite_corpus``), anchored where sglang drafts."""
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    with torch.no_grad():
+        feats = [_features(target, s, layer_ids).float() for s in corpus]
+    return offline_acceptance(model, feats, list(corpus), embed, head, block, mask_id, prompt_lens=corpus.prompt_lens)
 
 
 def _first_anchor(prompt_len: int | None) -> int:
@@ -347,7 +473,7 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     acc["accept_length_all_anchors"] = offline_acceptance(
         model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id)["accept_length"]
     report = {"seed": seed, "steps": steps, "steps_planned": planned, "anchors_per_seq": anchors_per_seq,
-              "lr": lr, "block_size": block, "layers": layers, "target_layer_ids": layer_ids,
+              "lr": lr, "block_size": block, "layers": layers, "target_layer_ids": layer_ids, "mask_token_id": mask_id,
               "loss_first": sum(losses[:20]) / max(1, len(losses[:20])),
               "loss_last": sum(losses[-20:]) / max(1, len(losses[-20:])), "offline": acc,
               "train_seqs": len(train_idx), "held_out_seqs": len(held), "seqs_per_step": seqs_per_step,
