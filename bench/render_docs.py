@@ -238,6 +238,13 @@ def render_gate_heldout(raw: dict[str, Any], path: str) -> str:
     return render(raw, path) + "\n"
 
 
+def render_drafter_recipe(raw: dict[str, Any], path: str) -> str:
+    """The drafter recipes side by side (bench/drafter_recipe.py)."""
+    from bench.drafter_recipe import render
+
+    return render(raw, path)
+
+
 def render_ddtree_real(raw: dict[str, Any], path: str) -> str:
     """DDTree with the trained drafter on the inflated 135M target, on the H200 (bench/ddtree_real.py)."""
     from bench.render_ddtree_real import render
@@ -394,6 +401,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "likelihood-rates": render_likelihood_rates,
     "ddtree-step": render_ddtree_step,
     "ddtree-real": render_ddtree_real,
+    "drafter-recipe": render_drafter_recipe,
     "gate-heldout-seeds": render_gate_heldout_seeds,
     "gate-heldout": render_gate_heldout,
     "ddtree-gpu-proof": render_gpu_proof,

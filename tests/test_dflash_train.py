@@ -236,7 +236,8 @@ def test_blocks_are_anchored_only_where_sglang_drafts_them(target, monkeypatch) 
 
     los: list[int] = []
     real_loss = dflash_train._block_loss
-    monkeypatch.setattr(dflash_train, "_block_loss", lambda *a, lo=1: (los.append(lo), real_loss(*a, lo=lo))[1])
+    monkeypatch.setattr(dflash_train, "_block_loss",
+                        lambda *a, lo=1, **kw: (los.append(lo), real_loss(*a, lo=lo, **kw))[1])
     corpus = dflash_train.Corpus(seqs, [p] * len(seqs))
     _, report = dflash_train.train(m, corpus, cfg, block=B, layers=1, steps=2, anchors_per_seq=4, seed=0,
                                    log=lambda *_: None)
@@ -299,7 +300,7 @@ def test_the_suite_corpus_is_the_targets_greedy_answers_within_each_prompts_budg
 
 @pytest.mark.parametrize("flag", [["--seqs", "1"], ["--seqs", "999999"], ["--seqs-per-step", "0"], ["--anchors", "0"],
                                   ["--lr", "0"], ["--gen-batch", "0"], ["--steps", "0"],
-                                  ["--max-seconds", "0"]])
+                                  ["--max-seconds", "0"], ["--position-decay", "-1"]])
 def test_train_drafter_refuses_bad_numbers_before_loading_anything(flag, tmp_path, capsys) -> None:
     from testbed.models.__main__ import main
 
@@ -321,3 +322,41 @@ def test_a_deadline_cuts_the_steps_to_what_fits_and_the_drafter_still_comes_back
     _, full = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=20, anchors_per_seq=8, seed=0,
                                  log=lambda *_: None, deadline=time.time() + 3600)
     assert full["steps"] == full["steps_planned"] == 20  # a deadline far off cuts nothing
+
+
+def test_position_weights_favour_the_early_positions_and_keep_the_loss_scale() -> None:
+    w = dflash_train.position_weights(8, 4.0)
+    assert w.shape == (7,) and torch.all(w[:-1] > w[1:]) and abs(float(w.mean()) - 1) < 1e-6
+    assert float(w[0] / w[1]) == pytest.approx(float(torch.exp(torch.tensor(0.25))), rel=1e-5)
+    assert torch.equal(dflash_train.position_weights(8, 0.0), torch.ones(7))
+
+
+def test_a_weighted_loss_is_the_weighted_mean_of_the_positions_losses(target) -> None:
+    m, cfg, seqs = target
+    model = dflash_train.DFlashDrafter(dflash_train.shape_for(cfg, layers=1, n_features=2))
+    feats = dflash_train._features(m, seqs[0], [1, 2]).float()
+    embed, head = m.get_input_embeddings(), m.get_output_embeddings()
+
+    def loss(w):
+        return dflash_train._block_loss(model, feats, seqs[0], embed, head, 8, 95, 6, torch.Generator().manual_seed(3),
+                                        weights=w)
+
+    one_hot = torch.zeros(7)
+    one_hot[0] = 7.0  # all the weight on position 1
+    flat, first = loss(None), loss(one_hot)
+    assert torch.allclose(loss(torch.ones(7)), flat)
+    assert not torch.allclose(first, flat)
+    with pytest.raises(ValueError, match="position_decay"):
+        dflash_train.train(m, seqs, cfg, block=8, steps=1, position_decay=-1.0, log=lambda *_: None)
+
+
+def test_init_from_target_copies_the_targets_last_layers(target) -> None:
+    m, cfg, seqs = target
+    model, report = dflash_train.train(m, seqs, cfg, block=8, layers=2, steps=1, lr=1e-12, seed=0,
+                                       init_from_target=True, log=lambda *_: None)
+    assert report["init_from_target"] is True
+    last = list(m.model.layers)[-2:]
+    for dst, src in zip(model.layers, last, strict=True):
+        for n in ("self_attn.q_proj", "mlp.down_proj", "input_layernorm"):
+            assert torch.allclose(dst.get_submodule(n).weight, src.get_submodule(n).weight, atol=1e-6), n
+        assert torch.allclose(dst.self_attn.q_norm.weight, torch.ones_like(dst.self_attn.q_norm.weight))

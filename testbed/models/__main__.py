@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (cosine decay to 0)")
     t.add_argument("--gen-batch", type=int, default=64, help="prompts the target answers at once")
     t.add_argument("--max-seconds", type=float, help="the whole run ends by then: fewer steps when they do not fit")
+    t.add_argument("--position-decay", type=float, default=0.0,
+                   help="block position j's loss weighs exp(-(j-1)/DECAY); 0: every position alike")
+    t.add_argument("--init-from-target", action="store_true",
+                   help="the draft layers start as copies of the target's last layers")
     i = sub.add_parser("inflate", help="a small Llama checkpoint (and its DFlash drafter) at a larger compute "
                        "shape (default Llama-3-8B's), the same logits")
     i.add_argument("--src", required=True, help="Hugging Face Llama checkpoint dir")
@@ -114,8 +118,11 @@ def _train(a: argparse.Namespace) -> int:
         bad.append(f"--max-seconds {a.max_seconds}")
     if not a.lr > 0:
         bad.append(f"--lr {a.lr}")
+    if not a.position_decay >= 0:
+        bad.append(f"--position-decay {a.position_decay}")
     if bad:
-        print(f"error: {', '.join(bad)}: out of range (counts are positive integers, --lr > 0)", file=sys.stderr)
+        print(f"error: {', '.join(bad)}: out of range (counts are positive integers, --lr > 0, "
+              "--position-decay >= 0)", file=sys.stderr)
         return 2
     cfg_path = Path(a.target) / "config.json"
     if not cfg_path.is_file():
@@ -132,7 +139,8 @@ def _train(a: argparse.Namespace) -> int:
                                             batch=a.gen_batch)
     model, report = dflash_train.train(target, seqs, target_cfg, block=a.block_size, layers=a.layers,
                                        steps=a.steps, seed=a.seed, device=a.device, anchors_per_seq=a.anchors,
-                                       seqs_per_step=a.seqs_per_step, lr=a.lr,
+                                       seqs_per_step=a.seqs_per_step, lr=a.lr, position_decay=a.position_decay,
+                                       init_from_target=a.init_from_target,
                                        deadline=start + a.max_seconds if a.max_seconds else None)
     # the gate's suite, held out of the corpus: the offline figure that predicts a served accept length there
     suite = dflash_train.suite_corpus(target, tok, device=a.device, max_new=a.max_new)

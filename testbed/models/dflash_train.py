@@ -412,11 +412,16 @@ def _first_anchor(prompt_len: int | None) -> int:
 def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any], *, block: int = 8,
           layers: int = 1, layer_ids: list[int] | None = None, steps: int = 600, anchors_per_seq: int = 16,
           seqs_per_step: int = 8, lr: float = 3e-4, seed: int = 0, device: str = "cpu",
-          prompt_lens: list[int] | None = None, log=print, deadline: float | None = None) -> tuple[DFlashDrafter, dict]:
+          prompt_lens: list[int] | None = None, log=print, deadline: float | None = None,
+          position_decay: float = 0.0, init_from_target: bool = False) -> tuple[DFlashDrafter, dict]:
     """``prompt_lens`` (default: ``seqs.prompt_lens`` of a ``Corpus``, else none known): blocks are
     anchored only at or after each prompt's end, where sglang drafts them. ``deadline`` (a ``time.time()``):
     the step count is cut, after the first 10 steps are timed, to what ends by then (the learning-rate schedule
-    follows the cut count), so a device call with a hard limit still returns a drafter."""
+    follows the cut count), so a device call with a hard limit still returns a drafter.
+    ``position_decay`` > 0: block position j's loss weighs exp(-(j - 1) / position_decay) (normalised to mean 1):
+    a chain commits a drafted token only when every one before it was right, so the early positions carry the
+    accept length; 0 weighs them alike. ``init_from_target``: the draft layers start as copies of the target's
+    last layers (their attention and MLP weights and norms; the q / k norms at one, ``fc`` random)."""
     torch.manual_seed(seed)
     if prompt_lens is None:
         prompt_lens = getattr(seqs, "prompt_lens", None)
@@ -431,7 +436,12 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     cfg = drafter_cfg.drafter_config_for(target_cfg, block_size=block, layers=layers, target_layer_ids=layer_ids)
     layer_ids = cfg["dflash_config"]["target_layer_ids"]
     mask_id = cfg["dflash_config"]["mask_token_id"]
+    if position_decay < 0:
+        raise ValueError(f"position_decay {position_decay}: 0 (uniform) or a positive decay length")
     model = DFlashDrafter(shape_for(target_cfg, layers=layers, n_features=len(layer_ids))).to(device)
+    if init_from_target:
+        copy_target_layers(model, target)
+    pos_w = position_weights(block, position_decay).to(device)
     embed = target.get_input_embeddings()
     head = target.get_output_embeddings()
     for p in target.parameters():
@@ -457,7 +467,8 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
                 log(f"[train-drafter] {per * 1000:.0f} ms a step: {steps} of {planned} steps fit before the deadline")
         picks = torch.randint(0, len(train_idx), (seqs_per_step,), generator=rng).tolist()
         loss = sum(_block_loss(model, feats[i], seqs[i], embed, head, block, mask_id, anchors_per_seq, rng,
-                               lo=_first_anchor(plens[i])) for i in (train_idx[j] for j in picks)) / seqs_per_step
+                               lo=_first_anchor(plens[i]), weights=pos_w)
+                   for i in (train_idx[j] for j in picks)) / seqs_per_step
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -474,6 +485,7 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
         model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id)["accept_length"]
     report = {"seed": seed, "steps": steps, "steps_planned": planned, "anchors_per_seq": anchors_per_seq,
               "lr": lr, "block_size": block, "layers": layers, "target_layer_ids": layer_ids, "mask_token_id": mask_id,
+              "position_decay": position_decay, "init_from_target": init_from_target,
               "loss_first": sum(losses[:20]) / max(1, len(losses[:20])),
               "loss_last": sum(losses[-20:]) / max(1, len(losses[-20:])), "offline": acc,
               "train_seqs": len(train_idx), "held_out_seqs": len(held), "seqs_per_step": seqs_per_step,
@@ -481,7 +493,30 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     return model, report
 
 
-def _block_loss(model, feats, seq, embed, head, block, mask_id, n_anchor, rng, lo: int = 1) -> torch.Tensor:
+def position_weights(block: int, decay: float) -> torch.Tensor:
+    """The loss weight of block positions 1..block-1: exp(-(j - 1) / decay), normalised to mean 1 (all ones at 0)."""
+    j = torch.arange(block - 1, dtype=torch.float32)
+    w = torch.ones_like(j) if decay == 0 else torch.exp(-j / decay)
+    return w / w.mean()
+
+
+def copy_target_layers(model: DFlashDrafter, target: nn.Module) -> None:
+    """The draft layers as copies of the target's last ``len(model.layers)`` decoder layers (a Hugging Face Llama:
+    ``model.layers[i]`` with ``self_attn.{q,k,v,o}_proj``, ``mlp.{gate,up,down}_proj`` and the two norms)."""
+    src = list(target.model.layers)[-len(model.layers):]
+    names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+    with torch.no_grad():
+        for dst, layer in zip(model.layers, src, strict=True):
+            for n in names:
+                d, t = dst.get_submodule(n).weight, layer.get_submodule(n).weight
+                if d.shape != t.shape:
+                    raise ValueError(f"{n}: the drafter's {tuple(d.shape)} is not the target's {tuple(t.shape)}")
+                d.copy_(t.to(d.dtype))
+
+
+def _block_loss(model, feats, seq, embed, head, block, mask_id, n_anchor, rng, lo: int = 1,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
     T = seq.shape[0]
     hi = T - block
     if hi <= lo:
@@ -494,7 +529,8 @@ def _block_loss(model, feats, seq, embed, head, block, mask_id, n_anchor, rng, l
         e = embed(ids).float()
     h = model(feats, e, anchors)
     logits = head(h[:, 1:, :].to(head.weight.dtype)).float()
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    return ce.mean() if weights is None else (ce.view(n_anchor, block - 1) * weights).mean()
 
 
 @torch.no_grad()

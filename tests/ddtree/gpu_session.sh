@@ -152,8 +152,19 @@ case $step in
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     ensure_target || exit 1
-    { PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-520}" python3 -m testbed.models train-drafter \
-        "${TRAIN_ARGS[@]}" --max-seconds "${TRAIN_S:-460}" > /tmp/train.log 2>&1
+    # TRAINER=recipe: bench/drafter_recipe.py trains VARIANTS (default uniform and decay+init) on one corpus, each
+    # cut to VARIANT_S, and exports the best held-out one as the drafter; its raw JSON comes back in $OUT
+    if [ "${TRAINER:-}" = recipe ]; then
+      train_cmd=(python3 bench/drafter_recipe.py --target /tmp/smollm2 --device cuda --dtype bfloat16
+                 --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --gen-batch "${GENBATCH:-256}"
+                 --steps "${STEPS:-3000}" --seqs-per-step "${SPS:-8}" --anchors "${ANCHORS:-64}" --lr 3e-4
+                 --layers "${LAYERS:-2}" --seeds 0 --variants "${VARIANTS:-uniform,decay+init}"
+                 --seconds-per-variant "${VARIANT_S:-190}" --export-best /tmp/smollm2-dflash
+                 --out "$OUT/drafter-recipe.json")
+    else
+      train_cmd=(python3 -m testbed.models train-drafter "${TRAIN_ARGS[@]}" --max-seconds "${TRAIN_S:-460}")
+    fi
+    { PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-520}" "${train_cmd[@]}" > /tmp/train.log 2>&1
       echo "train rc=$?" >> /tmp/train.log; } &
     train=$!
     timeout "${WARM_LIMIT:-480}" python3 tests/ddtree/prodseq.py warm --deadline "${WARM_DEADLINE:-400}" 2>&1 | tail -3
