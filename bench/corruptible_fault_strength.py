@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "src"))
 from sglfleet.pipeline.errors import UsageError
 from sglfleet.validation import tokenlaw
 from sglfleet.validation.config import load_gate_config
-from sglfleet.validation.likelihood import _token_alphas, answer_seed
+from sglfleet.validation.likelihood import answer_seed, token_alphas
 from sglfleet.validation.suite import load_suite
 from testbed.corruptible.engine import SAMPLER_FAULTS, Engine, EngineConfig, Request
 from testbed.corruptible.sampling import emitted_law, node_probs, total_variation
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"T={t:g} {p.id} seed {seed}: {len(gen.tokens)} tokens, mean TV "
                       + ", ".join(f"{f} {acc[f] / n:.4f}" for f in KEYS)
                       + f" ({time.time() - t0:.0f} s)", flush=True)
-    alphas = _token_alphas(cfg.likelihood, 3)  # the shipped profiles' three T>0 temperatures
+    alphas = token_alphas(cfg.likelihood, 3)  # the shipped profiles' three T>0 temperatures
     power = {k: power_by_size({f: np.concatenate(v) for f, v in fs.items()}, sizes, alphas, a.reps, rng)
              for k, fs in draws.items()}
     out: dict[str, Any] = {**provenance(sys.argv), "config": a.config, "engine": ecfg.model_dump(),

@@ -34,9 +34,9 @@ sys.path.insert(0, str(REPO / "src"))
 
 from sglfleet.pipeline.errors import UsageError
 from sglfleet.validation import tokenlaw
-from sglfleet.validation.baseline import BaselineSample, _ids, _sampling
+from sglfleet.validation.baseline import BaselineSample
 from sglfleet.validation.config import load_gate_config
-from sglfleet.validation.likelihood import _token_alphas, power_input, token_verdict
+from sglfleet.validation.likelihood import power_input, token_alphas, token_verdict
 from sglfleet.validation.scorers import ReferenceScorer, ScoreRequest, score_all
 from sglfleet.validation.suite import load_suite
 
@@ -63,9 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = Path(a.baseline).read_bytes()
         doc = json.loads(gzip.decompress(raw) if a.baseline.endswith(".gz") else raw)
         # every T>0 answer with the parameters it was sampled with (its own law; the profile's mix need not match)
-        rows = [BaselineSample(str(r["prompt_id"]), float(r["temperature"]), r.get("seed"), str(r["text"]),
-                               r.get("finish_reason"), _ids(r.get("output_ids")), _sampling(r.get("sampling")))
-                for r in doc.get("samples") or [] if float(r["temperature"]) > 0]
+        rows = [BaselineSample.from_record(r) for r in doc.get("samples") or [] if float(r["temperature"]) > 0]
     except (OSError, ValueError, KeyError, TypeError, UsageError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -90,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         scorer.close()
     n_t = len(temps)
-    alphas = _token_alphas(lc, n_t)
+    alphas = token_alphas(lc, n_t)
     base_inputs = {}
     for t in temps:
         tv = token_verdict(scored[t], scored[t], lc.model_copy(update={"token_power_reps": 0}), n_t)

@@ -40,6 +40,14 @@ class BaselineSample:
 
         return SamplingParams(self.temperature, **self.sampling) if self.sampling else None
 
+    @classmethod
+    def from_record(cls, r: dict[str, Any], text: str | None = None) -> BaselineSample:
+        """One recorded answer (a baseline file's or a gate report's sample row), its ids and sampling parameters
+        checked (TypeError / KeyError / ValueError on a malformed row); ``text`` replaces a missing one."""
+        return cls(str(r["prompt_id"]), float(r["temperature"]), r.get("seed"),
+                   str(r["text"]) if text is None else text, r.get("finish_reason"), _ids(r.get("output_ids")),
+                   _sampling(r.get("sampling")))
+
 
 def _ids(raw: Any) -> tuple[int, ...] | None:
     """A recorded answer's sampled ids; None where none were recorded (older baselines, other servers)."""
@@ -84,10 +92,7 @@ def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[Baseline
     hold every (prompt, temperature, baseline seed) this config compares. UsageError otherwise."""
     rows = doc.get("samples")
     try:
-        samples = [] if rows is None else [
-            BaselineSample(str(r["prompt_id"]), float(r["temperature"]), r.get("seed"), str(r["text"]),
-                           r.get("finish_reason"), _ids(r.get("output_ids")), _sampling(r.get("sampling")))
-            for r in rows]
+        samples = [] if rows is None else [BaselineSample.from_record(r) for r in rows]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"cannot read baseline samples from {path}: {type(exc).__name__}") from None
     if samples and doc.get("seed_streams") != SEED_STREAMS:
@@ -118,8 +123,7 @@ def samples_of(doc: dict[str, Any], path: str, cfg: GateConfig) -> list[Baseline
 
 def from_report(report: dict[str, Any]) -> list[BaselineSample]:
     """Baseline samples from a gate report of the target-only server (its T>0 suite answers)."""
-    return [BaselineSample(r["prompt_id"], float(r["temperature"]), r.get("seed"), r.get("text") or "",
-                           r.get("finish_reason"), _ids(r.get("output_ids")), _sampling(r.get("sampling")))
+    return [BaselineSample.from_record(r, text=r.get("text") or "")
             for r in report.get("samples") or []
             if r.get("purpose") == "suite" and float(r["temperature"]) > 0 and not r.get("error")]
 

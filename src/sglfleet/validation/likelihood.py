@@ -153,14 +153,14 @@ def design_problem(lc: Any, n_prompts: int, n_temperatures: int) -> str | None:
 
 def _alphas(lc: Any, n_temperatures: int, token: bool = True) -> tuple[float, float, float]:
     """(a temperature's alpha, the support check's share, each answer-level statistic's share); the per-token
-    test's share is `_token_alphas` (token False: the answers carry no sampling parameters, so the per-token test
+    test's share is `token_alphas` (token False: the answers carry no sampling parameters, so the per-token test
     cannot run and its share goes back to the answer-level statistics)."""
     a_t = lc.alpha / max(1, n_temperatures)
     share = float(getattr(lc, "token_share", 0.0)) if token else 0.0
     return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share - share) / len(STATS)
 
 
-def _token_alphas(lc: Any, n_temperatures: int) -> tokenlaw.Alphas:
+def token_alphas(lc: Any, n_temperatures: int) -> tokenlaw.Alphas:
     """The per-token test's alphas: `token_share` of the temperature's alpha, half to the KS test, three tenths
     to the mean u, a fifth to the count of tokens outside the law."""
     a_tok = lc.alpha / max(1, n_temperatures) * lc.token_share
@@ -173,7 +173,7 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
     size from the baseline's rows; None when an answer was scored without its sampling parameters."""
     if not cand or not base or any(a.tok_pit is None for a in cand + base):
         return None
-    alphas = _token_alphas(lc, n_temperatures)
+    alphas = token_alphas(lc, n_temperatures)
     cp = [x for a in cand for x in a.tok_pit or ()]
     bp = [x for a in base for x in a.tok_pit or ()]
     if not cp or not bp:  # no drawn token known on a side (every answer scored on its text): nothing to place
@@ -203,7 +203,7 @@ def gate_token_power(sides: list[tuple[dict[str, Any] | None, list[AnswerScore]]
     none, and then there is no statement) and the baseline's scores."""
     if any(tv is None for tv, _ in sides):
         return None
-    alphas = _token_alphas(lc, len(sides))
+    alphas = token_alphas(lc, len(sides))
     return tokenlaw.power_statement([power_input(tv, base, alphas) for tv, base in sides if tv is not None],
                                     lc.token_power_target, lc.token_power_reps, lc.rng_seed + 1)
 
