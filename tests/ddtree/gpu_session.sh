@@ -226,8 +226,11 @@ case $step in
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     ensure_target || exit 1
-    timeout "${LIMIT:-560}" python3 tests/ddtree/serve_matrix.py --only full --model smollm2 --max-new 64 \
-      --deadline "${DEADLINE:-470}" 2>&1 | tail -4
+    # ONLY=overlap: DDTree b7/b16/b31 under the overlap scheduler beside their non-overlap twins and an overlap
+    # mutant (serve_matrix.py plan "overlap"); with a trained drafter at /tmp/smollm2-dflash, DRAFTER=1 serves it
+    drafter=(); [ -n "${DRAFTER:-}" ] && drafter=(--drafter /tmp/smollm2-dflash)
+    timeout "${LIMIT:-560}" python3 tests/ddtree/serve_matrix.py --only "${ONLY:-full}" --model smollm2 --max-new 64 \
+      --deadline "${DEADLINE:-470}" ${drafter[@]+"${drafter[@]}"} 2>&1 | tail -4
     jit_caches ;;
   incident)
     # shellcheck disable=SC1091

@@ -18,7 +18,7 @@ $OUT/serve-matrix.json: per server its config, start time, per-request output id
 meta_info, /server_info's internal states and the Prometheus spec lines. Comparison and the
 near-tie analysis are done by tests/ddtree/render_serve_matrix.py from that file.
 
-    python3 tests/ddtree/serve_matrix.py [--only smoke|full] [--deadline 560]
+    python3 tests/ddtree/serve_matrix.py [--only smoke|full|overlap] [--deadline 560]
 """
 
 from __future__ import annotations
@@ -249,6 +249,7 @@ class Server:
 
     def summary(self) -> dict:
         return {"name": self.name, "variant": self.variant, "budget": self.budget, "graph": self.graph,
+                "overlap": self.overlap,
                 "up_s": self.up_s, "error": self.error, "results": self.results, "info": self.info,
                 "cmd": self.cmd()}
 
@@ -267,6 +268,16 @@ def plan(only: str) -> list[Server]:
         names = {"base-graph", "patched-b1-graph", "patched-b1-eager", "patched-b3-graph", "patched-b3-eager",
                  "mutant-b3-graph", "mutant-b3-eager", "unpatched-b3-graph"}
         return [x for x in plan("full") if x.name == "base-eager" or x.name in names]
+    if only == "overlap":  # DDTree under sglang's overlap scheduler (SGLANG_DDTREE_OVERLAP=1) beside non-overlap twins
+        out = [s[0]]
+        for b in (7, 16, 31):
+            for ov in (True, False):
+                x = Server(f"patched-b{b}-graph{'-overlap' if ov else ''}", "patched", b, True, next(port))
+                x.overlap = ov
+                out.append(x)
+        mutant = Server("mutant-b16-graph-overlap", "mutant", 16, True, next(port))
+        mutant.overlap = True  # the check keeps its power under the overlap scheduler
+        return [*out, mutant]
     if only == "smoke":
         return [s[0], Server("patched-b16-graph", "patched", 16, True, next(port)),
                 Server("mutant-b16-graph", "mutant", 16, True, next(port))]
@@ -282,7 +293,7 @@ def plan(only: str) -> list[Server]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("smoke", "warm", "full", "rerun"), default="full")
+    ap.add_argument("--only", choices=("smoke", "warm", "full", "rerun", "overlap"), default="full")
     ap.add_argument("--deadline", type=float, default=560.0, help="seconds; stop waiting and report")
     ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     ap.add_argument("--max-new", type=int, default=MAX_NEW)

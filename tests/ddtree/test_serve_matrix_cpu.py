@@ -44,6 +44,10 @@ def test_plan_covers_the_matrix(sm) -> None:
     assert len(names) == len(set(names))
     for b in (1, 3, 7, 8, 15, 16, 31, 63):
         assert f"patched-b{b}-graph" in names and f"patched-b{b}-eager" in names
+    over = sm.plan("overlap")
+    assert {s.name for s in over if s.overlap} == {"patched-b7-graph-overlap", "patched-b16-graph-overlap",
+                                                   "patched-b31-graph-overlap", "mutant-b16-graph-overlap"}
+    assert all(("--disable-overlap-schedule" in s.cmd()) is (not s.overlap) for s in over if s.budget)
     ports = [s.port for s in sm.plan("full")]
     assert len(set(ports)) == len(ports)
     cmd = sm.plan("full")[2].cmd()
