@@ -187,7 +187,7 @@ case $step in
     keep=(); [ -n "${KEEP:-}" ] && keep=(--keep)
     timeout "${LIMIT:-575}" python3 tests/ddtree/prodseq.py gates --drafter /tmp/smollm2-dflash \
       --deadline "${DEADLINE:-545}" --workers "${WORKERS:-10}" --runs "${RUNS:-20}" --fault-runs "${FAULT_RUNS:-3}" \
-      ${keep[@]+"${keep[@]}"} 2>&1 | tee "$OUT/prodseq.log" | tail -60 ;;
+      ${keep[@]+"${keep[@]}"} ${PRODSEQ_OVERLAP:+--overlap} 2>&1 | tee "$OUT/prodseq.log" | tail -60 ;;
   real)
     # issue 39: SmolLM2-135M and its trained drafter inflated to Llama-3-8B's cost, served and measured
     # (bench/ddtree_real.py), carrying .carry/ddtree-srv after install1..3 and drafter (+ gguf/p3 on a machine

@@ -184,8 +184,10 @@ def log_tail(path: Path, n: int = TAIL) -> str:
         return ""
 
 
-def plan(dummy_drafter: bool = False) -> list[Srv]:
-    """The target-only server and the nine candidates, as the grid's sglang kind renders them."""
+def plan(dummy_drafter: bool = False, overlap: bool = False) -> list[Srv]:
+    """The target-only server and the nine candidates, as the grid's sglang kind renders them. ``overlap``: a tenth,
+    DDTree b16/k4 under sglang's overlap scheduler (the plugin's opt-in, SGLANG_DDTREE_OVERLAP=1, and the grid's
+    --disable-overlap-schedule left out), a correct build that must pass like its non-overlap twin."""
     from sglfleet.flow.sweep import load_sweep_config
     from sglfleet.flow.sweep_sglang import cell_command, server_command
 
@@ -205,6 +207,10 @@ def plan(dummy_drafter: bool = False) -> list[Srv]:
     servers += [tree(f"fault-{f}-b16-k4", "patched", 16, 4, "fault", {"SGLANG_DDTREE_TEST_FAULT": f})
                 for f in FAULTS]
     servers.append(tree("unpatched-b7-k4", "unpatched", 7, 4, "unpatched"))
+    if overlap:
+        ov = tree("b16-k4-overlap", "patched", 16, 4, "correct", {"SGLANG_DDTREE_OVERLAP": "1"})
+        ov.argv = [x for x in ov.argv if x != "--disable-overlap-schedule"]
+        servers.insert(4, ov)
     return servers
 
 
@@ -619,7 +625,7 @@ def phase_gates(a: argparse.Namespace) -> int:
     call = len(state["calls"]) + 1
     ledger = Ledger(STATE / "gates.jsonl")
     baseline = STATE / "baseline.json"
-    servers = plan()
+    servers = plan(overlap=a.overlap)
     base = servers[0]
     cands = servers[1:]
     known = {r["name"]: r for r in state.get("servers", [])}
@@ -724,7 +730,7 @@ def phase_gates(a: argparse.Namespace) -> int:
 def phase_plan(a: argparse.Namespace) -> int:
     """CPU: the servers' commands and the gate jobs, printed; nothing started."""
     sm.MODEL.update(path="/tmp/smollm2", draft=a.drafter or "/tmp/smollm2-dflash", load=[], real=True)
-    servers = plan(dummy_drafter=a.dummy)
+    servers = plan(dummy_drafter=a.dummy, overlap=a.overlap)
     for s in servers:
         print(f"{s.name:32s} {s.role:11s} {s.variant or '-':9s} {' '.join(f'{k}={v}' for k, v in s.env.items())}")
         print("    " + " ".join(s.cmd()))
@@ -751,6 +757,8 @@ def main() -> int:
                     "wait")
     ap.add_argument("--keep", action="store_true", help="leave the candidates serving for a later call")
     ap.add_argument("--dummy", action="store_true", help="plan: the warm phase's dummy-drafter commands")
+    ap.add_argument("--overlap", action="store_true",
+                    help="also gate DDTree b16/k4 under the overlap scheduler (a correct build); every call the same")
     a = ap.parse_args()
     if a.runs < 1 or a.fault_runs < 1 or a.workers < 1 or a.min_gate_s <= 0:
         print("error: --runs, --fault-runs, --workers must be >= 1 and --min-gate-s > 0", file=sys.stderr)

@@ -123,3 +123,20 @@ def test_a_gate_refused_on_scorer_trust_is_read_again_without_it() -> None:
     support = {"summary": {"failed_checks": ["likelihood@T1"]},
                "likelihood": {"T1": lik(0.4, rest="1 candidate token(s) with log p_T < -27.80")}}
     assert render_prodseq.own_failures(support) == ["likelihood@T1"]
+
+
+def test_the_overlap_candidate_is_the_grids_b16_k4_opted_into_the_overlap_scheduler() -> None:
+    """--overlap adds DDTree b16/k4 under sglang's overlap scheduler: the grid's own command without
+    --disable-overlap-schedule, the plugin's opt-in in its environment, a correct build (must pass); every other
+    server keeps its command."""
+    prodseq.sm.MODEL.update(path="/tmp/smollm2", draft="/tmp/smollm2-dflash", load=[], real=True)
+    plain, over = prodseq.plan(), prodseq.plan(overlap=True)
+    assert [s.name for s in over if s.name not in {x.name for x in plain}] == ["b16-k4-overlap"]
+    ov = next(s for s in over if s.name == "b16-k4-overlap")
+    twin = next(s for s in plain if s.name == "b16-k4")
+    assert ov.role == "correct" and not ov.broken and ov.env == {"SGLANG_DDTREE_OVERLAP": "1"}
+    assert "--disable-overlap-schedule" in twin.cmd() and "--disable-overlap-schedule" not in ov.cmd()
+    ports = {str(twin.port): str(ov.port), str(twin.port + 1000): str(ov.port + 1000)}  # --port, --nccl-port
+    assert ov.cmd() == [ports.get(x, x) for x in twin.cmd() if x != "--disable-overlap-schedule"]
+    same = {s.name: s.cmd() for s in plain}
+    assert all(s.cmd() == same[s.name] for s in over if s.name in same), "the other servers are unchanged"
