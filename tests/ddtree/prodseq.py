@@ -184,6 +184,27 @@ def log_tail(path: Path, n: int = TAIL) -> str:
         return ""
 
 
+def graphs_up_to(argv: list[str], most: int) -> list[str]:
+    """``argv`` with its ``--cuda-graph-bs-decode`` sizes cut to ``most`` (at least the smallest kept): a gate sends
+    its profile's concurrency at once, so larger batches never form, and every size captured costs each of the
+    ten servers start-up time on the shared machine (2026-12-05: the candidates were up at 332 s)."""
+    if "--cuda-graph-bs-decode" not in argv:
+        return list(argv)
+    i = argv.index("--cuda-graph-bs-decode") + 1
+    j = i
+    while j < len(argv) and argv[j].isdigit():
+        j += 1
+    sizes = [x for x in argv[i:j] if int(x) <= most] or argv[i:i + 1]
+    return [*argv[:i], *sizes, *argv[j:]]
+
+
+def gate_concurrency() -> int:
+    """The profile's requests at once (the largest batch a gate forms)."""
+    from sglfleet.validation.config import load_gate_config
+
+    return int(load_gate_config(str(PROFILE)).concurrency)
+
+
 def plan(dummy_drafter: bool = False, overlap: bool = False) -> list[Srv]:
     """The target-only server and the nine candidates, as the grid's sglang kind renders them. ``overlap``: a tenth,
     DDTree b16/k4 under sglang's overlap scheduler (the plugin's opt-in, SGLANG_DDTREE_OVERLAP=1, and the grid's
@@ -196,13 +217,17 @@ def plan(dummy_drafter: bool = False, overlap: bool = False) -> list[Srv]:
     extra = list(sm.MODEL["draft_load"]) if dummy_drafter else []
     port = iter(range(BASE_PORT, BASE_PORT + 100))
 
+    most = gate_concurrency()
+
     def tree(name: str, variant: str, b: int, k: int, role: str, env: dict[str, str] | None = None) -> Srv:
         p = next(port)
-        return Srv(name, variant, b, k, p, cell_command(cfg, {"budget": b, "topk": k}, p, name) + extra, role, env)
+        argv = graphs_up_to(cell_command(cfg, {"budget": b, "topk": k}, p, name) + extra, most)
+        return Srv(name, variant, b, k, p, argv, role, env)
 
     p0, p1 = next(port), next(port)
-    servers = [Srv("base", None, None, 0, p0, server_command(cfg, p0, None), "target-only"),
-               Srv("chain", "patched", None, 0, p1, server_command(cfg, p1, {}) + extra, "correct"),
+    servers = [Srv("base", None, None, 0, p0, graphs_up_to(server_command(cfg, p0, None), most), "target-only"),
+               Srv("chain", "patched", None, 0, p1, graphs_up_to(server_command(cfg, p1, {}) + extra, most),
+                   "correct"),
                tree("b7-k4", "patched", 7, 4, "correct"), tree("b16-k4", "patched", 16, 4, "correct")]
     servers += [tree(f"fault-{f}-b16-k4", "patched", 16, 4, "fault", {"SGLANG_DDTREE_TEST_FAULT": f})
                 for f in FAULTS]

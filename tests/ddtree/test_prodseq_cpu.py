@@ -140,3 +140,22 @@ def test_the_overlap_candidate_is_the_grids_b16_k4_opted_into_the_overlap_schedu
     assert ov.cmd() == [ports.get(x, x) for x in twin.cmd() if x != "--disable-overlap-schedule"]
     same = {s.name: s.cmd() for s in plain}
     assert all(s.cmd() == same[s.name] for s in over if s.name in same), "the other servers are unchanged"
+
+
+def test_servers_capture_decode_graphs_only_up_to_the_gates_concurrency() -> None:
+    cut = prodseq.graphs_up_to(["x", "--cuda-graph-bs-decode", "1", "2", "4", "8", "16", "64", "--y"], 8)
+    assert cut == ["x", "--cuda-graph-bs-decode", "1", "2", "4", "8", "--y"]
+    assert prodseq.graphs_up_to(["--cuda-graph-bs-decode", "16", "32"], 8) == ["--cuda-graph-bs-decode", "16"]
+    assert prodseq.graphs_up_to(["--a", "1"], 8) == ["--a", "1"]
+    prodseq.sm.MODEL.update(path="/tmp/smollm2", draft="/tmp/smollm2-dflash", load=[], real=True)
+    most = prodseq.gate_concurrency()
+    assert most >= 1
+    for s in prodseq.plan(overlap=True):
+        argv = s.cmd()
+        i = argv.index("--cuda-graph-bs-decode") + 1
+        first = []
+        for x in argv[i:]:
+            if not x.isdigit():
+                break
+            first.append(int(x))
+        assert first and max(first) <= most and most in first, (s.name, first)
