@@ -35,7 +35,8 @@ Scheduling: sglang's non-overlap scheduler (``--disable-overlap-schedule``), or 
 with ``SGLANG_DDTREE_OVERLAP=1`` (config.OVERLAP_ENV): the scheduler then prepares the next batch while a step
 runs, from the lengths the step publishes after its commit; the step's KV window lies inside the decode reserve
 that covers a block of lag (patch 0016), and ``_fence_scheduler_writes`` keeps the scheduler's next writes behind
-the step's own ``req_to_token`` commit. Built, and run on the H200 by bench/ddtree_real.py's overlap servers.
+the step's own ``req_to_token`` commit. Built and tested on the CPU as far as it goes there; its first GPU runs are
+bench/ddtree_real.py's overlap servers and tests/ddtree/prodseq.py --overlap.
 """
 
 from __future__ import annotations
