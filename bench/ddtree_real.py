@@ -33,7 +33,7 @@ from the first stream's first chunk to the last stream's last). Writes $OUT/ddtr
 $OUT/logs.tgz.
 
     python3 bench/ddtree_real.py [--budgets 16,8,31] [--overlap-budgets 16] [--overlap-chain] [--no-small]
-                                 [--new 256] [--deadline 520]
+                                 [--quick] [--new 256] [--deadline 520]
 """
 
 from __future__ import annotations
@@ -240,18 +240,20 @@ def _stream(s: RealServer, p: dict[str, Any], params: dict[str, Any]) -> dict[st
     return r
 
 
-def cells_for(s: RealServer) -> list[dict[str, Any]]:
+def cells_for(s: RealServer, quick: bool = False) -> list[dict[str, Any]]:
+    """A server's measurement cells: T=0 and T=0.8 at 1 and 4 streams (DDTree at top-k 4 and 8), and DDTree's
+    reference tree paths at T=0; ``quick``: T=0 at top-k 4 only (1 and 4 streams), no reference paths."""
     out = []
-    for temp in (0.0, 0.8):
+    for temp in (0.0,) if quick else (0.0, 0.8):
         for streams in (1, 4):
             if s.kind != "ddtree":
                 out.append({"temperature": temp, "streams": streams, "cp": {}})
                 continue
-            for k in (4, 8):
+            for k in (4,) if quick else (4, 8):
                 tag = f"t{temp}-k{k}-s{streams}"
                 out.append({"temperature": temp, "streams": streams, "topk": k,
                             "cp": {"ddtree_test_topk": k, "ddtree_profile_tag": tag}})
-    if s.kind == "ddtree":
+    if s.kind == "ddtree" and not quick:
         # the same greedy requests through the worker's reference tree paths (the numpy builder on the host, the
         # previous graphed default): the tree kernel cross-checked on a trained drafter's drafts, answer by answer
         # (the same answers and accept lengths are expected, up to the target's ties)
@@ -263,12 +265,12 @@ def cells_for(s: RealServer) -> list[dict[str, Any]]:
 
 
 def run_server(s: RealServer, ps: list[dict[str, Any]], ref: dict[str, list[int]], new: int,
-               deadline: float, churn: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None
-               ) -> list[dict[str, Any]]:
+               deadline: float, churn: tuple[list[dict[str, Any]], dict[str, dict[str, Any]]] | None = None,
+               quick: bool = False) -> list[dict[str, Any]]:
     warm = {"max_new_tokens": 32, "temperature": 0}
     stream_cell(s, ps[:4], warm, 4)  # graphs, allocator and JIT paths of this server warm
     cells = []
-    for c in cells_for(s):
+    for c in cells_for(s, quick):
         if time.time() > deadline:
             cells.append({**{k: v for k, v in c.items() if k != "cp"}, "skipped": "deadline"})
             continue
@@ -305,6 +307,8 @@ def main() -> int:
     ap.add_argument("--overlap-chain", action="store_true", help="the DFLASH chain under the overlap scheduler too")
     ap.add_argument("--no-small", action="store_true",
                     help="leave out the 135M target and its function check (its memory goes to the others)")
+    ap.add_argument("--quick", action="store_true",
+                    help="T=0 at top-k 4 only, 1 and 4 streams, no reference tree paths (the churn check stays)")
     ap.add_argument("--mem", type=float, default=0.88)
     a = ap.parse_args()
     try:
@@ -358,7 +362,7 @@ def main() -> int:
                 continue
             try:
                 results[s.name] = run_server(s, ps, refmap, a.new, deadline,
-                                             churn if s.name in churned else None)
+                                             churn if s.name in churned else None, a.quick)
             except Exception as e:
                 s.error = f"measuring: {e!r}"[:500]
     doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": sm._machine(),

@@ -69,3 +69,14 @@ def test_the_churn_table_names_each_server_and_where_answers_part(real, monkeypa
     assert "| DFLASH chain (block 8) | 2/3 | — | 1 |" in text
     assert "b8" not in text, "a server without a churn cell has no row"
     assert churn_lines({"servers": raw["servers"][3:]}) == []
+
+
+def test_quick_cells_are_t0_at_top_k_4_and_the_full_set_keeps_every_cell(real) -> None:
+    tree = real.RealServer("ddtree-b16", "ddtree", 16, 1, 0.1)
+    target = real.RealServer("target", "target", None, 2, 0.1)
+    quick = real.cells_for(tree, quick=True)
+    assert [(c["temperature"], c["streams"], c["topk"]) for c in quick] == [(0.0, 1, 4), (0.0, 4, 4)]
+    assert all("ddtree_test_path" not in c["cp"] for c in quick)
+    assert [(c["temperature"], c["streams"]) for c in real.cells_for(target, quick=True)] == [(0.0, 1), (0.0, 4)]
+    full = real.cells_for(tree)
+    assert len(full) == 2 * 2 * 2 + 2 and {c.get("path") for c in full} == {None, "host", "graphed"}
