@@ -65,13 +65,19 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         for name in a.variants:
             decay, init = VARIANTS[name]
             t1 = time.time()
-            model, report = dflash_train.train(
-                target, corpus, cfg, block=8, layers=a.layers, steps=a.steps, anchors_per_seq=a.anchors,
-                seqs_per_step=a.seqs_per_step, lr=a.lr, seed=seed, device=a.device,
-                position_decay=a.decay if decay else 0.0, init_from_target=init, log=lambda *_: None,
-                deadline=t1 + a.seconds_per_variant if a.seconds_per_variant else None)
-            suite_acc = dflash_train.suite_acceptance(model, target, suite, report["target_layer_ids"], 8,
-                                                      report["mask_token_id"])
+            try:  # one variant's failure (a device out of memory) keeps the others and the export
+                model, report = dflash_train.train(
+                    target, corpus, cfg, block=8, layers=a.layers, steps=a.steps, anchors_per_seq=a.anchors,
+                    seqs_per_step=a.seqs_per_step, lr=a.lr, seed=seed, device=a.device,
+                    position_decay=a.decay if decay else 0.0, init_from_target=init, log=lambda *_: None,
+                    deadline=t1 + a.seconds_per_variant if a.seconds_per_variant else None)
+                suite_acc = dflash_train.suite_acceptance(model, target, suite, report["target_layer_ids"], 8,
+                                                          report["mask_token_id"])
+            except (RuntimeError, ValueError) as e:
+                rows.append({"variant": name, "seed": seed, "error": f"{type(e).__name__}: {e}"[:500],
+                             "seconds": time.time() - t1})
+                print(f"{name:11s} seed {seed}: failed: {rows[-1]['error']}", flush=True)
+                continue
             row = {"variant": name, "seed": seed, "held_out": report["offline"], "suite": suite_acc,
                    "steps": report["steps"], "loss_first": report["loss_first"], "loss_last": report["loss_last"],
                    "seconds": time.time() - t1}
@@ -103,8 +109,10 @@ def render(raw: dict[str, Any], path: str) -> str:
     """Per variant: the mean over seeds (and each seed) of the held-out and suite accept lengths and first-token
     hits, beside ``uniform``'s."""
     by: dict[str, list[dict[str, Any]]] = {}
+    failed = [r for r in raw["rows"] if "error" in r]
     for r in raw["rows"]:
-        by.setdefault(r["variant"], []).append(r)
+        if "error" not in r:
+            by.setdefault(r["variant"], []).append(r)
 
     def mean(rs: list[dict[str, Any]], where: str, key: str) -> float:
         return sum(float(r[where][key]) for r in rs) / len(rs)
@@ -123,6 +131,7 @@ def render(raw: dict[str, Any], path: str) -> str:
                      f"{mean(rs, 'held_out', 'first_token_hit'):.3f} | {mean(rs, 'suite', 'accept_length'):.3f} | "
                      f"{mean(rs, 'suite', 'first_token_hit'):.3f} | {diff} | "
                      f"{sum(r['loss_last'] for r in rs) / len(rs):.3f} |")
+    lines += [f"| {r['variant']} (seed {r['seed']}) | failed: {r['error']} |" + " |" * 7 for r in failed]
     t, c = raw["train"], raw["corpus"]
     lines += ["", f"Target: {raw['target']} on {raw['device']}. Corpus: {c['seqs']} target-written sequences "
               f"({c['tokens']} tokens, answers up to {c['max_new']} tokens), the suite's {raw['suite']['answers']} "

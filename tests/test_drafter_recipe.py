@@ -41,3 +41,31 @@ def test_every_variant_trains_on_one_corpus_and_the_best_held_out_one_is_exporte
     assert (best / "model.safetensors").is_file()
     text = drafter_recipe.render(raw, "r.json")
     assert "| uniform | 1 | 2 |" in text and "| decay+init | 1 | 2 |" in text and "Exported:" in text
+
+
+@pytest.mark.slow
+def test_a_failing_variant_keeps_the_others_and_the_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One variant failing on the device (out of memory: a RuntimeError from torch) must not lose the call's drafter:
+    its row records the error and the best of the others is exported. The failure is injected into the decay
+    variant's training here; the device's own failure cannot run on the CPU."""
+    from testbed.models import dflash_train
+
+    real_train = dflash_train.train
+
+    def train(*args, **kw):
+        if kw.get("position_decay"):
+            raise RuntimeError("CUDA out of memory (injected)")
+        return real_train(*args, **kw)
+
+    monkeypatch.setattr(dflash_train, "train", train)
+    out, best = tmp_path / "r.json", tmp_path / "best"
+    rc = drafter_recipe.main(["--out", str(out), "--seqs", "6", "--max-new", "16", "--gen-batch", "6", "--steps", "2",
+                              "--anchors", "2", "--seqs-per-step", "2", "--seeds", "0", "--variants",
+                              "decay,uniform", "--export-best", str(best)])
+    assert rc == 0
+    raw = json.loads(out.read_text())
+    assert raw["rows"][0]["variant"] == "decay" and "out of memory" in raw["rows"][0]["error"]
+    assert raw["exported"]["variant"] == "uniform" and (best / "model.safetensors").is_file()
+    text = drafter_recipe.render(raw, "r.json")
+    assert "| decay (seed 0) | failed: RuntimeError: CUDA out of memory (injected) |" in text
+    assert "| uniform | 1 | 2 |" in text
