@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -345,8 +346,9 @@ class ReferenceScorer:
         else:
             toks = self._judge.tokenize(answer)
             seq, pieces = [i for i, _ in toks], [p for _, p in toks]
-        if stop and self.eos_id is not None and (not seq or seq[-1] != self.eos_id):
-            seq.append(self.eos_id)
+        end = end_token(seq, stop, self.eos_id)
+        if end is not None:
+            seq.append(end)
             pieces.append(self._eos)
         if not seq:
             return AnswerScore(prompt_id, temperature, seed, (), (), (), self.window, error="empty answer")
@@ -462,8 +464,9 @@ class SGLangScorer:
 
     def _with_end(self, ids: list[int], stop: bool) -> list[int]:
         """The answer's ids with the end-of-turn token when it stopped (not twice: sampled ids may hold it)."""
-        if stop and self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
-            ids.append(self.eos_id)
+        end = end_token(ids, stop, self.eos_id)
+        if end is not None:
+            ids.append(end)
         return ids
 
     def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
@@ -731,10 +734,16 @@ def ended_at_end_of_turn(finish_reason: str | None, sampling: dict[str, Any] | N
     return finish_reason == "stop" and not (sampling or {}).get("stop")
 
 
-def scored_length(ids: list[int] | tuple[int, ...], ended: bool | None, eos_id: int | None) -> int:
-    """How many log-probs a scorer returns for an answer's sampled ids: the end-of-turn token is appended when the
-    answer ended on it and the ids do not already hold it (SGLangScorer._with_end, ReferenceScorer.score)."""
-    return len(ids) + int(bool(ended) and eos_id is not None and (not ids or ids[-1] != eos_id))
+def end_token(ids: Sequence[int], ended: bool | None, eos_id: int | None) -> int | None:
+    """The end-of-turn token a scorer appends to an answer's ids, or None: appended when the answer ended on it and
+    the ids do not already hold it (sampled ids may). The one rule of ReferenceScorer.score, SGLangScorer._with_end
+    and scored_length."""
+    return eos_id if ended and eos_id is not None and (not ids or ids[-1] != eos_id) else None
+
+
+def scored_length(ids: Sequence[int], ended: bool | None, eos_id: int | None) -> int:
+    """How many log-probs a scorer returns for an answer's sampled ids (``end_token``)."""
+    return len(ids) + int(end_token(ids, ended, eos_id) is not None)
 
 
 def check_recorded_scores(recorded: dict[str, Any], rows: list[Any], path: str) -> None:
