@@ -51,6 +51,20 @@ def raw_header(script: str, argv: Sequence[str] | None = None, *, note: str | No
             "commit": commit()}
 
 
+def render_main(argv: Sequence[str], render: Any, script: str) -> int:
+    """A renderer's command line: ``script RAW.json[.gz]`` prints ``render(raw, path)``; exit 2 on bad input."""
+    if len(argv) != 1:
+        print(f"usage: {script} RAW.json[.gz]", file=sys.stderr)
+        return 2
+    try:
+        raw = json.loads(raw_text(Path(argv[0])))
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read {argv[0]}: {type(exc).__name__}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render(raw, argv[0]))
+    return 0
+
+
 def raw_text(f: Path) -> str:
     """A committed raw file's text; a large one may be kept gzip-compressed (NAME.json.gz)."""
     if f.suffix == ".gz":

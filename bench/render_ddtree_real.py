@@ -8,12 +8,12 @@ bench/render_docs.py calls `render` for the `ddtree-real` blocks of docs/ddtree-
 
 from __future__ import annotations
 
-import gzip
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root
+from bench.history import render_main
 from bench.render_ddtree_step import STAGES, breakdown, profile_totals
 
 
@@ -202,16 +202,7 @@ def render(raw: dict[str, Any], path: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: render_ddtree_real.py RAW.json[.gz]", file=sys.stderr)
-        return 2
-    p = Path(argv[0])
-    if not p.is_file():
-        print(f"error: no file {p}", file=sys.stderr)
-        return 2
-    data = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
-    print(render(json.loads(data), str(p)), end="")
-    return 0
+    return render_main(argv, render, "render_ddtree_real.py")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ bench/render_docs.py calls `render` for the `ddtree-step` blocks of docs/ddtree-
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -156,16 +155,10 @@ def render(raw: dict, path: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: render_ddtree_step.py RAW.json", file=sys.stderr)
-        return 2
-    try:
-        raw = json.loads(Path(argv[0]).read_text())
-    except (OSError, ValueError) as exc:
-        print(f"error: cannot read {argv[0]}: {type(exc).__name__}", file=sys.stderr)
-        return 2
-    sys.stdout.write(render(raw, argv[0]))
-    return 0
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root
+    from bench.history import render_main
+
+    return render_main(argv, render, "render_ddtree_step.py")
 
 
 if __name__ == "__main__":

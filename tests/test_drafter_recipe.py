@@ -22,12 +22,17 @@ def test_bad_input_is_one_error_and_nothing_written(args, tmp_path: Path, capsys
     assert "error:" in capsys.readouterr().err and not out.exists()
 
 
+def _tiny_run(out: Path, best: Path, variants: str) -> int:
+    """The bench on the embedded SmolLM2 at the smallest scale: 6 sequences, 2 steps, one seed."""
+    return drafter_recipe.main(["--out", str(out), "--seqs", "6", "--max-new", "16", "--gen-batch", "6", "--steps",
+                                "2", "--anchors", "2", "--seqs-per-step", "2", "--seeds", "0", "--variants", variants,
+                                "--export-best", str(best)])
+
+
 @pytest.mark.slow
 def test_every_variant_trains_on_one_corpus_and_the_best_held_out_one_is_exported(tmp_path: Path) -> None:
     out, best = tmp_path / "r.json", tmp_path / "best"
-    rc = drafter_recipe.main(["--out", str(out), "--seqs", "6", "--max-new", "16", "--gen-batch", "6", "--steps", "2",
-                              "--anchors", "2", "--seqs-per-step", "2", "--seeds", "0", "--variants",
-                              "uniform,decay+init", "--export-best", str(best)])
+    rc = _tiny_run(out, best, "uniform,decay+init")
     assert rc == 0
     raw = json.loads(out.read_text())
     assert [r["variant"] for r in raw["rows"]] == ["uniform", "decay+init"]
@@ -59,9 +64,7 @@ def test_a_failing_variant_keeps_the_others_and_the_export(tmp_path: Path, monke
 
     monkeypatch.setattr(dflash_train, "train", train)
     out, best = tmp_path / "r.json", tmp_path / "best"
-    rc = drafter_recipe.main(["--out", str(out), "--seqs", "6", "--max-new", "16", "--gen-batch", "6", "--steps", "2",
-                              "--anchors", "2", "--seqs-per-step", "2", "--seeds", "0", "--variants",
-                              "decay,uniform", "--export-best", str(best)])
+    rc = _tiny_run(out, best, "decay,uniform")
     assert rc == 0
     raw = json.loads(out.read_text())
     assert raw["rows"][0]["variant"] == "decay" and "out of memory" in raw["rows"][0]["error"]
