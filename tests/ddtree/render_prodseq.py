@@ -150,11 +150,9 @@ def trust_table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
-UNTRUSTED = "the scorer is not trusted: "
-
-
 def _untrusted(g: dict[str, Any]) -> bool:
-    return any(str(c.get("reason") or "").startswith(UNTRUSTED) for c in (g.get("likelihood") or {}).values())
+    """The gate's scorer-trust check refused (the verdict's recorded ``scorer_trust``)."""
+    return any((c.get("scorer_trust") or {}).get("ok") is False for c in (g.get("likelihood") or {}).values())
 
 
 def own_failures(g: dict[str, Any]) -> list[str]:
@@ -166,10 +164,9 @@ def own_failures(g: dict[str, Any]) -> list[str]:
     for t, c in (g.get("likelihood") or {}).items():
         if c.get("skipped") or c.get("not_run"):
             continue
-        rest = str(c.get("reason") or "").split("; ", 1)[1] if _untrusted(g) and "; " in str(c.get("reason")) else ""
         stat_ok = c.get("p_value") is not None and c.get("alpha") is not None and c["p_value"] >= c["alpha"]
         tok_ok = (c.get("per_token") or {}).get("ok", True)
-        support_ok = "log p_T <" not in rest
+        support_ok = not (c.get("support") or {}).get("impossible")  # any token below the support bound fails
         if not (stat_ok and tok_ok and support_ok):
             out.append(f"likelihood@{t}")
     return out

@@ -111,7 +111,9 @@ def test_a_gate_refused_on_scorer_trust_is_read_again_without_it() -> None:
     trust = "the scorer is not trusted: code@T0.6/seed1: 55 tokens scored, 56 recorded: another tokenizer"
 
     def lik(p: float, tok_ok: bool = True, rest: str = "mean_nll p=0.4") -> dict:
-        return {"reason": f"{trust}; {rest}", "p_value": p, "alpha": 0.0033, "per_token": {"ok": tok_ok}}
+        # as prodseq keeps a verdict: its reason, and the structured scorer_trust and support records
+        return {"reason": f"{trust}; {rest}", "p_value": p, "alpha": 0.0033, "per_token": {"ok": tok_ok},
+                "scorer_trust": {"ok": False}, "support": {"impossible": int("log p_T <" in rest)}}
 
     ok = {"summary": {"failed_checks": ["likelihood@T0.8"]}, "likelihood": {"T0.8": lik(0.4)}}
     assert render_prodseq.own_failures(ok) == []
