@@ -149,14 +149,12 @@ def compare(ref: list[dict[str, Any]], got: dict[str, list[int]], tie: float = 0
         if "error" in r or r["id"] not in got:
             rows.append({"id": r["id"], "error": r.get("error", "no answer")})
             continue
-        i = first_divergence(r["output_ids"], got[r["id"]])
-        row: dict[str, Any] = {"id": r["id"], "tokens": len(r["output_ids"]), "identical": i is None}
-        if i is not None:
-            row["diverge_at"] = i
-            if i < len(r["top2"]) and len(r["top2"][i]) == 2:
-                gap = r["top2"][i][0][0] - r["top2"][i][1][0]
-                row["top2_gap"] = gap
-                row["near_tie"] = gap <= tie
+        one = compare_prefix(r, got[r["id"]], len(r["output_ids"]))  # the whole reference answer
+        row: dict[str, Any] = {"id": r["id"], "tokens": len(r["output_ids"]), "identical": one["identical"]}
+        if "diverge_at" in one:
+            row["diverge_at"] = one["diverge_at"]
+            if one["top2_gap"] is not None:
+                row["top2_gap"], row["near_tie"] = one["top2_gap"], one["top2_gap"] <= tie
         rows.append(row)
     return rows
 

@@ -80,3 +80,16 @@ def test_quick_cells_are_t0_at_top_k_4_and_the_full_set_keeps_every_cell(real) -
     assert [(c["temperature"], c["streams"]) for c in real.cells_for(target, quick=True)] == [(0.0, 1), (0.0, 4)]
     full = real.cells_for(tree)
     assert len(full) == 2 * 2 * 2 + 2 and {c.get("path") for c in full} == {None, "host", "graphed"}
+
+
+def test_a_whole_answer_compares_as_its_own_prefix_with_the_near_tie_flag(real) -> None:
+    ref = [{"id": "p0", "output_ids": [5, 6, 7], "top2": [[(-0.1, 5), (-3.0, 1)], [(-0.5, 6), (-0.52, 2)], []]},
+           {"id": "p1", "output_ids": [1, 2], "top2": [[(-0.1, 1), (-2.0, 3)], [(-0.1, 2), (-2.0, 4)]]},
+           {"id": "p2", "error": "boom"}]
+    rows = real.compare(ref, {"p0": [5, 2, 7], "p1": [1, 2]})
+    assert rows[0] == {"id": "p0", "tokens": 3, "identical": False, "diverge_at": 1,
+                       "top2_gap": pytest.approx(0.02), "near_tie": True}
+    assert rows[1] == {"id": "p1", "tokens": 2, "identical": True}
+    assert rows[2] == {"id": "p2", "error": "boom"}
+    assert real.compare(ref[:1], {"p0": [5, 6, 7, 9]})[0] == {"id": "p0", "tokens": 3, "identical": False,
+                                                             "diverge_at": 3}
