@@ -23,6 +23,9 @@ from sglfleet.validation.tokenlaw import (
     PowerInput,
     SamplingParams,
     binomial_upper,
+    chi2_sf,
+    dispersion,
+    dispersion_inflation,
     ks_critical,
     ks_p,
     ks_uniform,
@@ -411,3 +414,83 @@ def test_the_gate_states_its_power_for_every_temperature_together() -> None:
     none = [token_verdict(c, b, lc, 3) for c, b in bare]
     assert gate_token_power([(tv.as_dict() if tv else None, b) for tv, (_, b) in zip(none, bare, strict=True)],
                             lc) is None
+
+
+# ---------------------------------------------------------------------------- the answers' dispersion
+
+
+def _answers(rng: np.random.Generator, n: int, draw) -> list[list[float]]:
+    """n answers of 2..90 tokens each, each answer's u from draw(rng, size)."""
+    return [list(draw(rng, int(rng.integers(2, 91)))) for _ in range(n)]
+
+
+def test_chi2_sf_matches_the_tables_and_a_simulation() -> None:
+    for x, k, want in [(3.841, 1, 0.05), (6.635, 1, 0.01), (18.307, 10, 0.05), (37.566, 20, 0.01),
+                       (124.342, 100, 0.05), (0.0158, 1, 0.9)]:
+        assert chi2_sf(x, k) == pytest.approx(want, rel=2e-3)
+    z = np.random.default_rng(4).standard_normal((200_000, 7))
+    assert chi2_sf(16.0, 7) == pytest.approx(float(((z ** 2).sum(axis=1) > 16.0).mean()), abs=1e-3)
+    assert chi2_sf(0.0, 5) == 1.0 and chi2_sf(1e4, 5) == 0.0
+
+
+def test_the_dispersion_test_is_conservative_under_independent_draws() -> None:
+    """2,000 null gates of 40 answers of 2..90 independent uniforms: refused at alpha 0.01 about that often, never
+    more (each term is lighter-tailed than its chi-square)."""
+    rng = np.random.default_rng(12)
+    ps = []
+    for _ in range(2000):
+        d, k = dispersion([rng.random(int(n)) for n in rng.integers(2, 91, size=40)])
+        ps.append(chi2_sf(d, k))
+    rate = float(np.mean(np.asarray(ps) < 0.01))
+    assert 0.003 <= rate <= 0.013, rate
+
+
+def test_dispersion_refuses_draws_that_share_their_randomness_within_an_answer() -> None:
+    """Each answer's draws replay a few random numbers (a random state restored every step): every u is
+    uniform, the answers' means stray and the dispersion refuses."""
+    rng = np.random.default_rng(5)
+
+    def replayed(r: np.random.Generator, n: int) -> np.ndarray:
+        fixed = r.random(3)  # the step's replayed uniforms
+        return (fixed[r.integers(0, 3, size=n)] + r.normal(0, 0.05, size=n)) % 1.0  # each u still uniform
+
+    cand = _answers(rng, 48, replayed)
+    base = _answers(rng, 96, lambda r, n: r.random(n))
+    flat_c, flat_b = [x for g in cand for x in g], [x for g in base for x in g]
+    a = Alphas(ks=4e-4, mean=3e-4, outside=1.5e-4, dispersion=1.5e-4)
+    v = token_test(flat_c, flat_b, a, cand_answers=cand, base_answers=base)
+    assert not v.ok and v.dispersion_p < 1e-20 and "not independent" in v.reason
+    assert v.answers == 48 and v.dispersion is not None and v.dispersion > 3
+
+
+def test_dispersion_refuses_a_law_wrong_per_request_in_opposite_directions() -> None:
+    """Half the requests sample too sharp (another row's lower temperature), half too flat: pooled, the tokens
+    look uniform; per answer they do not."""
+    rng = np.random.default_rng(9)
+    cand = [list(rng.random(60) ** (1.25 if i % 2 else 0.8)) for i in range(40)]
+    base = _answers(rng, 80, lambda r, n: r.random(n))
+    a = Alphas(ks=4e-4, mean=3e-4, outside=1.5e-4, dispersion=1.5e-4)
+    v = token_test([x for g in cand for x in g], [x for g in base for x in g], a, cand_answers=cand,
+                   base_answers=base)
+    assert not v.ok and v.dispersion_p < a.dispersion and "not independent" in v.reason
+    assert v.mean_p > a.mean and v.ks_p > a.ks  # pooled, the tokens pass
+    # the same tokens as one stream (no grouping), or without a dispersion alpha: they pass
+    flat_c, flat_b = [x for g in cand for x in g], [x for g in base for x in g]
+    assert token_test(flat_c, flat_b, a).ok and token_test(flat_c, flat_b, A, cand_answers=cand).ok
+
+
+def test_dispersion_allows_the_scorers_own_inflation_measured_on_the_baseline() -> None:
+    """A scorer whose numbers differ from the engine's per answer (each answer's u bent by a per-answer power)
+    inflates the baseline's dispersion as much as the candidate's: the allowance takes it out; a correct
+    candidate passes and the inflation is reported."""
+    rng = np.random.default_rng(3)
+
+    def nudged(r: np.random.Generator, n: int) -> np.ndarray:
+        return r.random(n) ** math.exp(r.normal(0, 0.15))  # a per-answer sharpness the scorer adds
+
+    cand, base = _answers(rng, 48, nudged), _answers(rng, 200, nudged)
+    a = Alphas(ks=4e-4, mean=3e-4, outside=1.5e-4, dispersion=1.5e-4)
+    v = token_test([x for g in cand for x in g], [x for g in base for x in g], a, cand_answers=cand,
+                   base_answers=base)
+    assert v.ok and v.dispersion_inflation > 1.0, v.reason
+    assert dispersion_inflation([rng.random(40) for _ in range(100)]) == 1.0

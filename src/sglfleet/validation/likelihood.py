@@ -161,10 +161,11 @@ def _alphas(lc: Any, n_temperatures: int, token: bool = True) -> tuple[float, fl
 
 
 def token_alphas(lc: Any, n_temperatures: int) -> tokenlaw.Alphas:
-    """The per-token test's alphas: `token_share` of the temperature's alpha, half to the KS test, three tenths
-    to the mean u, a fifth to the count of tokens outside the law."""
+    """The per-token test's alphas: `token_share` of the temperature's alpha, two fifths to the KS test, three
+    tenths to the mean u, three twentieths each to the count of tokens outside the law and to the answers'
+    dispersion."""
     a_tok = lc.alpha / max(1, n_temperatures) * lc.token_share
-    return tokenlaw.Alphas(ks=0.5 * a_tok, mean=0.3 * a_tok, outside=0.2 * a_tok)
+    return tokenlaw.Alphas(ks=0.4 * a_tok, mean=0.3 * a_tok, outside=0.15 * a_tok, dispersion=0.15 * a_tok)
 
 
 def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int,
@@ -180,7 +181,8 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
         return None
     tv = tokenlaw.token_test(cp, bp, alphas, approximate=sum(a.approx_tokens for a in cand),
                              limit=lc.token_noise_limit, cand_excess=[e for a in cand for e in a.tok_excess],
-                             exact_cut=exact_cut)
+                             exact_cut=exact_cut, cand_answers=[a.tok_pit or () for a in cand],
+                             base_answers=[a.tok_pit or () for a in base])
     if lc.token_power_reps:
         tv.power = tokenlaw.power_statement([power_input(tv.as_dict(), base, alphas)], lc.token_power_target,
                                             lc.token_power_reps, lc.rng_seed)

@@ -31,7 +31,13 @@ The test per temperature (`token_test`): the one-sample Kolmogorov-Smirnov dista
 uniform (omnibus) and the mean of its u (location: a sharper law lowers it, a flatter one raises it; most
 faults of this class move it, and the mean sees that with more power than KS), each less the scorer's own
 deviation measured on the baseline's answers scored the same way (0 when those are uniform), against their null
-laws; and the candidate's share of tokens outside the law against the baseline's (a conditional binomial test).
+laws; and the candidate's share of tokens outside the law against the baseline's (a conditional binomial test); and the
+dispersion of the answers' mean u (`dispersion`): within one answer the u are independent uniforms too, so
+sum over answers of 12 n (mean u - 1/2)^2 has mean = the number of answers and (each term lighter-tailed than
+chi-square with 1 degree of freedom) a chi-square tail at most. A sampler whose draws within an answer share or
+replay their random numbers, or whose law is wrong for a whole request in a direction that differs between
+requests (another row's temperature, a per-request random effect), moves every u of an answer together: the
+pooled KS and mean can stay uniform while each answer's mean strays.
 `token_power` states what that refuses: the smallest fraction of tokens drawn from a wrong law (greedy,
 untruncated, the kept set at T=1, flat) refused with the target probability at the gate's own token count, by
 Monte Carlo from the baseline's rows.
@@ -440,6 +446,14 @@ class TokenVerdict:
     clearly_outside: int = 0
     outside_margin: float = MIN_MARGIN
     farthest_outside: float = 0.0
+    # the dispersion of the answers' mean u: sum of 12 n (mean - 1/2)^2 over answers / the number of answers (1
+    # expected), the baseline's, the scorer's inflation of it measured there (1: none), its p, its alpha
+    answers: int = 0
+    dispersion: float | None = None
+    baseline_dispersion: float | None = None
+    dispersion_inflation: float = 1.0
+    dispersion_p: float = 1.0
+    alpha_dispersion: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -474,6 +488,60 @@ def mean_p(u: np.ndarray, allow: float) -> float:
     return math.erfc(z / math.sqrt(2.0))
 
 
+def chi2_sf(x: float, k: int) -> float:
+    """P(X > x) for X ~ chi-square with k degrees of freedom: the regularized upper incomplete gamma Q(k/2, x/2),
+    by its power series below a + 1 and its continued fraction (modified Lentz) above."""
+    if x <= 0 or k <= 0:
+        return 1.0
+    a, z = k / 2.0, x / 2.0
+    log_front = a * math.log(z) - z - math.lgamma(a)
+    if z < a + 1.0:  # P(a, z) = z^a e^-z / Gamma(a) * sum z^n / (a (a+1) ... (a+n))
+        term = total = 1.0 / a
+        d = a
+        for _ in range(10000):
+            d += 1.0
+            term *= z / d
+            total += term
+            if term < total * 1e-15:
+                break
+        return min(1.0, max(0.0, 1.0 - math.exp(log_front) * total))
+    tiny = 1e-300
+    b = z + 1.0 - a
+    c, dd = 1.0 / tiny, 1.0 / b
+    h = dd
+    for i in range(1, 10000):
+        an = -i * (i - a)
+        b += 2.0
+        dd = an * dd + b
+        dd = tiny if abs(dd) < tiny else dd
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        dd = 1.0 / dd
+        delta = dd * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return min(1.0, max(0.0, math.exp(log_front) * h))
+
+
+def dispersion(groups: Sequence[np.ndarray]) -> tuple[float, int]:
+    """(sum over answers of 12 n (mean u - 1/2)^2, the number of answers with a u): each term has mean 1 when the
+    answer's u are independent uniforms."""
+    total, k = 0.0, 0
+    for g in groups:
+        if g.size:
+            total += 12.0 * g.size * (float(g.mean()) - 0.5) ** 2
+            k += 1
+    return total, k
+
+
+def dispersion_inflation(base_groups: Sequence[np.ndarray]) -> float:
+    """The scorer's own inflation of the dispersion, from the baseline's answers scored the same way: their
+    dispersion per answer when it is above 1 at NOISE_P, else 1 (none)."""
+    d, k = dispersion(base_groups)
+    return max(1.0, d / k) if k and chi2_sf(d, k) < NOISE_P else 1.0
+
+
 @dataclass(frozen=True)
 class Alphas:
     """The per-token test's alpha per statistic."""
@@ -481,6 +549,7 @@ class Alphas:
     ks: float
     mean: float
     outside: float
+    dispersion: float = 0.0  # 0: the answers' dispersion is not tested (a test given no answer grouping)
 
 
 def decide(cand_u: np.ndarray, n_out_c: int, n_base: int, n_out_b: int, allow: float, a: Alphas,
@@ -498,10 +567,13 @@ def decide(cand_u: np.ndarray, n_out_c: int, n_base: int, n_out_b: int, allow: f
 
 def token_test(cand: Sequence[float | None], base: Sequence[float | None], alphas: Alphas,
                approximate: int = 0, limit: float = 0.05, cand_excess: Sequence[float] = (),
-               exact_cut: bool = False) -> TokenVerdict:
+               exact_cut: bool = False, cand_answers: Sequence[Sequence[float | None]] = (),
+               base_answers: Sequence[Sequence[float | None]] = ()) -> TokenVerdict:
     """The candidate's per-token PITs (None: outside the law) against uniform, the baseline's scored the same way
     giving the scorer's allowance (module docstring). `limit`: the largest allowance the test accepts: beyond it
-    the scorer does not reproduce the engine's law and the test cannot judge (a fail, with that reason)."""
+    the scorer does not reproduce the engine's law and the test cannot judge (a fail, with that reason).
+    `cand_answers` / `base_answers`: the same PITs by answer, for the dispersion test (tested when given and
+    alphas.dispersion > 0)."""
     cu = np.asarray([x for x in cand if x is not None], dtype=np.float64)
     bu = np.asarray([x for x in base if x is not None], dtype=np.float64)
     oc, ob = len(cand) - cu.size, len(base) - bu.size
@@ -513,6 +585,18 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
                      mean_allowance=am, baseline_mean_u=float(bu.mean()) if bu.size else None,
                      alpha_mean=alphas.mean)
     a_ks, a_out = alphas.ks, alphas.outside
+    disp_bad = False
+    if alphas.dispersion > 0 and cand_answers:
+        cg = [np.asarray([x for x in g if x is not None], dtype=np.float64) for g in cand_answers]
+        bg = [np.asarray([x for x in g if x is not None], dtype=np.float64) for g in base_answers]
+        d_c, k_c = dispersion(cg)
+        d_b, k_b = dispersion(bg)
+        v.answers, v.alpha_dispersion = k_c, alphas.dispersion
+        v.dispersion = d_c / k_c if k_c else None
+        v.baseline_dispersion = d_b / k_b if k_b else None
+        v.dispersion_inflation = dispersion_inflation(bg)
+        v.dispersion_p = chi2_sf(d_c / v.dispersion_inflation, k_c) if k_c else 1.0
+        disp_bad = v.dispersion_p < alphas.dispersion
     v.outside_margin = MIN_MARGIN if exact_cut else math.inf
     v.farthest_outside = max(cand_excess, default=0.0)
     v.clearly_outside = sum(1 for e in cand_excess if e > v.outside_margin)
@@ -523,7 +607,7 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         v.reason = (f"the scorer does not reproduce the engine's law on the baseline's own tokens (KS {bd:.3f}, "
                     f"p {bp:.2g}; allowance {allow:.3f} > {limit:g}): wrong sampler order or parameters, or another "
                     "model")
-    elif not ok or v.clearly_outside:
+    elif not ok or v.clearly_outside or disp_bad:
         v.ok = False
         parts = []
         if v.clearly_outside:
@@ -538,10 +622,18 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         if p_out < a_out:
             parts.append(f"{oc} of {len(cand)} tokens outside the request's top-k/top-p/min-p support (baseline "
                          f"{ob} of {len(base)}), p {p_out:.2g} < {a_out:.2g}")
+        if disp_bad:
+            parts.append(f"the draws within an answer are not independent draws of the law: the {v.answers} answers' "
+                         f"mean u stray {v.dispersion:.2f}x as far as independent draws do (baseline "
+                         f"{v.baseline_dispersion or 0.0:.2f}x, scorer inflation {v.dispersion_inflation:.2f}), p "
+                         f"{v.dispersion_p:.2g} < {alphas.dispersion:.2g} (random numbers shared or replayed across "
+                         "positions, or a law wrong per request)")
         v.reason = "; ".join(parts)
     else:
         v.reason = (f"{cu.size} tokens: KS {d:.4f} (allowance {allow:.4f}) p {p:.3g}; mean u {v.mean_u:.4f} p "
                     f"{pm:.3g}; outside the law {oc} (baseline {ob}) p {p_out:.3g}")
+        if v.dispersion is not None:
+            v.reason += f"; answers' dispersion {v.dispersion:.2f} over {v.answers} answers p {v.dispersion_p:.3g}"
     return v
 
 
