@@ -79,6 +79,7 @@ def _per_token(tok: Any) -> dict[str, Any]:
         "mean_p": tok.get("mean_p"), "outside": tok.get("outside_candidate"),
         "outside_baseline": tok.get("outside_baseline"), "outside_p": tok.get("outside_p"),
         "noise_allowance": tok.get("noise_allowance"),
+        "dispersion": tok.get("dispersion"), "dispersion_p": tok.get("dispersion_p"),
         "min_rate": {f: v.get("min_rate") for f, v in (pw.get("families") or {}).items()},
         "min_mean_tv": pw.get("min_mean_tv_all_families")}}
 

@@ -50,6 +50,7 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "min_rate": {f: v.get("min_rate") for f, v in ((tok.get("power") or {}).get("families") or {}).items()},
             "min_mean_tv": (tok.get("power") or {}).get("min_mean_tv_all_families"),
             "mean_u": tok.get("mean_u"), "mean_p": tok.get("mean_p"), "clearly_outside": tok.get("clearly_outside"),
+            "dispersion": tok.get("dispersion"), "dispersion_p": tok.get("dispersion_p"),
             "p": {n: (stats.get(n) or {}).get("p_value") for n in ("mean_nll", "worst_window_nll", "pit_lag1")}}
     return out
 

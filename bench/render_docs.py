@@ -129,15 +129,18 @@ def render_incident(raw: dict[str, Any], path: str) -> str:
 def render_gate_false_fails(raw: dict[str, Any], path: str) -> str:
     """A correct build gated again and again in the production sequence (bench/gate_false_fails.py): one row per
     run, the per-token test's numbers per T>0 temperature."""
-    lines = ["| run | verdict | failing checks | per T>0: tokens, KS p, mean u (p), clearly outside, smallest mean TV "
-             "refused at 90% |", "|---|---|---|---|"]
+    disp = any(v.get("dispersion") is not None for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
+    lines = ["| run | verdict | failing checks | per T>0: tokens, KS p, mean u (p), clearly outside, "
+             + ("answers' dispersion (p), " if disp else "") + "smallest mean TV refused at 90% |", "|---|---|---|---|"]
     for r in raw["runs"]:
         cells = []
         for name, v in sorted((r.get("likelihood") or {}).items()):
             tv = v.get("min_mean_tv")
             mean = f"{v['mean_u']:.3f} ({v['mean_p']:.2g})" if v.get("mean_u") is not None else "—"
+            dd = (f"{v['dispersion']:.2f} ({v['dispersion_p']:.2g}), " if v.get("dispersion") is not None
+                  else "—, " if disp else "")
             cells.append(f"{name.split('@', 1)[1]}: {_num(v.get('tokens'))}, {v['ks_p']:.2g}, {mean}, "
-                         f"{v.get('clearly_outside', '—')}, {f'{tv:.3f}' if tv is not None else '—'}")
+                         f"{v.get('clearly_outside', '—')}, {dd}{f'{tv:.3f}' if tv is not None else '—'}")
         failed = ", ".join(f"`{c}`" for c in sorted(r.get("failed") or {})) or "—"
         lines.append(f"| {r['run']} | {r.get('verdict', 'no verdict')} | {failed} | {'; '.join(cells) or '—'} |")
     ff = raw.get("false_fails") or {}
@@ -293,9 +296,12 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
     lag = any((v or {}).get("pit_lag1_p") is not None
               for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
     tok = any("per_token" in (v or {}) for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
+    disp = any(((v or {}).get("per_token") or {}).get("dispersion") is not None
+               for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
+    disp_head = ", answers' dispersion (p)" if disp else ""
     lines = [f"| engine | w | verdict | failing checks | T>0 likelihood: p (mean NLL, worst window"
              f"{', lag-1 PIT' if lag else ''}), z | "
-             + ("per-token: tokens, KS p, mean u (p), outside (baseline) | " if tok else "")
+             + (f"per-token: tokens, KS p, mean u (p), outside (baseline){disp_head} | " if tok else "")
              + "accept length | gate s |", "|---|---|---|---|---|---|---|" + ("---|" if tok else "")]
     for r in raw["runs"]:
         lik = []
@@ -319,8 +325,10 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
             for t, v in (r.get("likelihood") or {}).items():
                 pt = v.get("per_token")
                 if pt:
+                    dd = (f", {pt['dispersion']:.2f} ({pt['dispersion_p']:.2g})" if pt.get("dispersion") is not None
+                          else ", —" if disp else "")
                     cells.append(f"{t}: {pt['tokens']}, {pt['ks_p']:.2g}, {pt['mean_u']:.3f} ({pt['mean_p']:.2g}), "
-                                 f"{pt['outside']} ({pt['outside_baseline']}){'' if pt['ok'] else ' **fail**'}")
+                                 f"{pt['outside']} ({pt['outside_baseline']}){dd}{'' if pt['ok'] else ' **fail**'}")
             per = f"{'; '.join(cells) or '—'} | "
         lines.append(f"| {name} | {r['verify_width']} | {r.get('verdict', 'no verdict')} | {failed} | "
                      f"{'; '.join(lik) or '—'} | {per}{acc.group(1) if acc else '—'} | {_num(r.get('wall_s'))} |")
