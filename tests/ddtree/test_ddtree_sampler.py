@@ -48,7 +48,9 @@ GREEDY_ROWS = [b for b, (t, k, _, _) in enumerate(BATCH) if t <= 1e-5 or k == 1]
 # the batch holds min-p requests: sglang's sampler (and so the worker) truncates sequentially for all of it
 SEQ = any(m > 0 for (_, _, _, m) in BATCH)
 SAMPLING_ROWS = [b for b in range(len(BATCH)) if b not in GREEDY_ROWS]
-LAW_FAULTS = [f for f in S.TEST_FAULTS if f != "step_shared_random"]
+# faults whose every draw keeps its law and whose draws are dependent instead
+DEPENDENCE_FAULTS = ("step_shared_random", "step_replay_random")
+LAW_FAULTS = [f for f in S.TEST_FAULTS if f not in DEPENDENCE_FAULTS]
 
 
 # ---------------------------------------------------------------- the reference (numpy, float64)
@@ -377,8 +379,8 @@ def test_faults_are_known_and_off_by_default(monkeypatch) -> None:
     monkeypatch.setenv("SGLANG_DDTREE_TEST_FAULT", "verify_temperature_two")
     with pytest.raises(ValueError, match="known test faults"):
         S.read_test_fault()
-    assert set(S.TEST_FAULTS) == {"step_shared_random", "verify_temperature_one", "verify_no_top_p", "row_shift",
-                                  "min_p_on_t1"}
+    assert set(S.TEST_FAULTS) == {"step_shared_random", "step_replay_random", "verify_temperature_one",
+                                  "verify_no_top_p", "row_shift", "min_p_on_t1"}
     with pytest.raises(ValueError):
         S.node_draws(torch.zeros(2, 3), torch.ones(1, 1), torch.ones(1, dtype=torch.int32) * 3, torch.ones(1),
                      torch.zeros(1), 2, fault="nope")
@@ -463,6 +465,46 @@ def test_step_shared_random_seeded_is_dependent(logits) -> None:
     assert z > 4.9, f"seeded step_shared_random: collision z={z:+.2f}"
 
 
+def replay_draws(logits: np.ndarray, fault: str | None, seeded: bool, steps: int = 3, tile: int = 2000,
+                 device: str = "cpu") -> np.ndarray:
+    """The draws of `steps` consecutive verify steps of one batch (the batch tiled `tile` times): [steps, tile, bs,
+    width]. Seeded requests keep their seeds and move their positions on by the width at every step."""
+    bs, width, vocab = logits.shape
+    torch.manual_seed(77)
+    flat = torch.from_numpy(logits).unsqueeze(0).expand(tile, bs, width, vocab).reshape(-1, vocab).to(device)
+    temps, ks, ps, ms = (t.to(device) for t in params(BATCH, tile))
+    req = torch.arange(tile * bs, dtype=torch.int64)
+    out = []
+    for step in range(steps):
+        kw = {}
+        if seeded:
+            kw["seeds"] = (req * 7919 + 11).to(device)
+            kw["positions"] = ((100 + step * width + req % 7).unsqueeze(1) + torch.arange(width)).reshape(-1).to(device)
+            kw["seeded_draw"] = hashed_gumbel_draw
+        out.append(S.node_draws(flat, temps, ks, ps, ms, width, fault=fault, **kw).view(tile, bs, width).cpu().numpy())
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_step_replay_random_keeps_each_steps_law_and_repeats_it(logits, seeded) -> None:
+    """Within one step the faulted draws fit the law (2,000 tiled requests); the next step, with the same logits,
+    repeats every sampling node's draw, which the correct sampler does about as often as chance; greedy rows stay
+    argmax."""
+    bad = replay_draws(logits, "step_replay_random", seeded)
+    ok = replay_draws(logits, None, seeded)
+    counts = np.zeros(logits.shape, dtype=np.int64)
+    for b in range(logits.shape[0]):
+        for j in range(logits.shape[1]):
+            counts[b, j] = np.bincount(bad[0, :, b, j], minlength=logits.shape[2])
+    per, total = fits(counts, logits, BATCH)
+    assert min(per.values()) > ALPHA_PASS and total > ALPHA_PASS, "one step's draws keep their law"
+    rows = list(SAMPLING_ROWS)
+    assert (bad[1][:, rows] == bad[0][:, rows]).all() and (bad[2][:, rows] == bad[0][:, rows]).all()
+    assert (ok[1][:, rows] == ok[0][:, rows]).mean() < 0.6
+    for b in GREEDY_ROWS:
+        assert (bad[:, :, b, :] == logits[b].argmax(axis=-1)[None, None, :]).all()
+
+
 @pytest.mark.parametrize("fault,batch", [
     ("row_shift", [(0.6, 8, 0.9, 0.1), (0.0, TOP_K_ALL, 1.0, 0.0), (0.9, 1, 1.0, 0.0)]),  # one sampling request
     ("row_shift", [(0.8, 12, 0.9, 0.05)] * 3),  # sampling requests sharing their parameters
@@ -515,6 +557,10 @@ def test_cuda_draws_fit_the_law_and_faults_fail(logits) -> None:
                 assert (raw[:, b, :] == logits[b].argmax(axis=-1)[None, :]).all(), (fault, b)
             if fault == "step_shared_random":
                 assert collision_z(raw, logits, BATCH) > 4.9, (fault, seeded)
+                continue
+            if fault == "step_replay_random":
+                steps = replay_draws(logits, fault, seeded, device="cuda")
+                assert (steps[1][:, list(SAMPLING_ROWS)] == steps[0][:, list(SAMPLING_ROWS)]).all(), seeded
                 continue
             assert fits(counts, logits, BATCH)[1] < ALPHA_FAIL, (fault, seeded)
             rows, at_t1 = described_batch(fault)

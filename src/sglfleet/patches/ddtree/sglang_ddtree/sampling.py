@@ -29,6 +29,12 @@ TEST_FAULTS = (
     # --enable-deterministic-inference ignores request seeds) draw every node by inverse CDF (vocabulary order)
     # from one uniform per request and step; seeded ones key every node's hash by the step's first position.
     "step_shared_random",
+    # randomness: every verify step replays the same random numbers (a random state captured once and restored at
+    # each step, as a CUDA graph that baked in its generator's offset would): unseeded requests draw each node by
+    # inverse CDF (vocabulary order) from uniforms of a generator reset to one fixed seed at every step, so a node
+    # keeps its uniform from step to step; seeded ones key every node's hash by its offset in the step instead of
+    # its position. Within one step each draw keeps its own law; across steps the draws repeat their randomness.
+    "step_replay_random",
     # law: the verify pass samples at temperature 1 whatever temperature the request asked (top-k / top-p / min-p
     # still applied, on the T = 1 distribution); requests at T = 1 are unaffected.
     "verify_temperature_one",
@@ -47,6 +53,7 @@ TEST_FAULTS = (
 
 # at or below this temperature a request is greedy (argmax), as in sglang's sampler
 GREEDY_T = 1e-5
+REPLAY_SEED = 20261205  # the step_replay_random fault's one seed
 
 SeededDraw = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -153,7 +160,16 @@ def node_draws(
         node_seeds = torch.repeat_interleave(seeds.view(-1), w)
         if fault == "step_shared_random":  # every node keyed by the step's first position
             positions = positions.view(-1, w)[:, :1].expand(-1, w).reshape(-1)
+        if fault == "step_replay_random":  # every node keyed by its offset in the step: the same at every step
+            pos = positions.view(-1, w)
+            positions = (pos - pos[:, :1]).reshape(-1)
         sampled = seeded_draw(torch.log(probs.clamp_min(1e-30)), node_seeds, positions)
+    elif fault == "step_replay_random":  # the same uniforms at every step: a generator reset to one seed
+        cdf = torch.cumsum(probs, dim=-1)
+        replay = torch.Generator(device=cdf.device)
+        replay.manual_seed(REPLAY_SEED)
+        u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=replay) * cdf[:, -1:]
+        sampled = torch.searchsorted(cdf, u).clamp_max(cdf.shape[-1] - 1).view(-1)
     elif fault == "step_shared_random":  # one uniform per request and step, inverse CDF at every node
         cdf = torch.cumsum(probs, dim=-1)
         u = torch.rand(cdf.shape[0] // w, 1, device=cdf.device).repeat_interleave(w, dim=0) * cdf[:, -1:]
