@@ -351,7 +351,9 @@ def likelihood_numbers(case: dict[str, Any]) -> dict[str, Any]:
     if tok is not None:
         keep = ("ok", "n_candidate", "n_baseline", "ks_d", "ks_p", "baseline_ks_d", "baseline_ks_p", "noise_allowance",
                 "outside_candidate", "outside_baseline", "outside_p", "alpha_ks", "alpha_outside", "mean_u",
-                "approximate_share", "reason", "mean_p", "mean_allowance", "baseline_mean_u", "alpha_mean")
+                "approximate_share", "reason", "mean_p", "mean_allowance", "baseline_mean_u", "alpha_mean",
+                "answers", "dispersion", "baseline_dispersion", "dispersion_inflation", "dispersion_p",
+                "alpha_dispersion")
         out["per_token"] = {k: _num(tok.get(k)) for k in keep}
         pw = tok.get("power") or {}
         out["per_token"]["power"] = {

@@ -91,10 +91,14 @@ def token_table(raw: dict[str, Any]) -> list[str]:
     smallest and the median), the tokens outside the request's law, and the per-token power statement."""
     by = _by_server(raw)
     temps = _temps([g for gs in by.values() for g in gs])
+    # the answers' dispersion (a test of the per-token test since 2026-12-05): a column only where a run has it
+    disp = any((((g.get("likelihood") or {}).get(t) or {}).get("per_token") or {}).get("dispersion") is not None
+               for gs in by.values() for g in _verdicts(gs) for t in temps)
     lines = ["| build | T | runs | per-token refused | KS D (median) | KS p min / median | mean u (median) "
              "| mean p min / median | noise allowance (max) | outside the law, candidate / baseline (sum) "
-             "| power: smallest wrong share refused (median) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             + ("| answers' dispersion (median), p min " if disp else "")
+             + "| power: smallest wrong share refused (median) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if disp else "")]
     for server, gates in by.items():
         for t in temps:
             toks = [((g.get("likelihood") or {}).get(t) or {}).get("per_token") for g in _verdicts(gates)]
@@ -103,13 +107,16 @@ def token_table(raw: dict[str, Any]) -> list[str]:
                 cases = [((g.get("likelihood") or {}).get(t) or {}) for g in _verdicts(gates)]
                 why = next((c.get("message") for c in cases if c.get("message")), "no likelihood case")
                 lines.append(f"| {server} | {t} | {len(cases)} | no per-token numbers: {str(why)[:160]} "
-                             "| — | — | — | — | — | — | — |")
+                             "| — | — | — | — | — | — | — |" + (" — |" if disp else ""))
                 continue
             ps = [x.get("ks_p") for x in toks if x.get("ks_p") is not None]
             ds = [x.get("ks_d") for x in toks if x.get("ks_d") is not None]
             allow = [x.get("noise_allowance") for x in toks if x.get("noise_allowance") is not None]
             mus = [x.get("mean_u") for x in toks if x.get("mean_u") is not None]
             mps = [x.get("mean_p") for x in toks if x.get("mean_p") is not None]
+            dv = [x["dispersion"] for x in toks if x.get("dispersion") is not None]
+            dp = [x["dispersion_p"] for x in toks if x.get("dispersion_p") is not None]
+            dcell = (f"{_f(statistics.median(dv)) if dv else '—'}, {_p(min(dp)) if dp else '—'} | " if disp else "")
             rates = [(x.get("power") or {}).get("min_rate_all_families") for x in toks]
             rates_ok = [r for r in rates if r is not None]
             lines.append(
@@ -120,7 +127,7 @@ def token_table(raw: dict[str, Any]) -> list[str]:
                 f"{_p(min(mps) if mps else None)} / {_p(statistics.median(mps) if mps else None)} | "
                 f"{_f(max(allow) if allow else None)} | "
                 f"{sum(int(x.get('outside_candidate') or 0) for x in toks)} / "
-                f"{sum(int(x.get('outside_baseline') or 0) for x in toks)} | "
+                f"{sum(int(x.get('outside_baseline') or 0) for x in toks)} | " + dcell
                 + (f"{statistics.median(rates_ok):.1%}" if rates_ok else "none reached") + " |")
     return lines
 

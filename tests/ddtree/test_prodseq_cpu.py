@@ -161,3 +161,23 @@ def test_servers_capture_decode_graphs_only_up_to_the_gates_concurrency() -> Non
                 break
             first.append(int(x))
         assert first and max(first) <= most and most in first, (s.name, first)
+
+
+def test_the_answers_dispersion_is_kept_and_gets_its_column_only_where_a_run_has_it(tmp_path: Path) -> None:
+    report = _report(tmp_path)
+    lik = next(c for c in report["cases"] if c["name"] == "likelihood@T0.8")
+    lik["details"]["per_token"].update({"answers": 24, "dispersion": 3.25, "dispersion_p": 2e-5,
+                                        "baseline_dispersion": 0.9, "dispersion_inflation": 1.0,
+                                        "alpha_dispersion": 2e-4})
+    rec = prodseq.report_numbers(report)
+    assert rec["likelihood"]["T0.8"]["per_token"]["dispersion_p"] == pytest.approx(2e-5)
+    raw = {"date": "d", "machine": "m", "commit": "c", "calls": [{}],
+           "servers": [{"name": "fault-step_replay_random-b16-k4", "role": "fault"}],
+           "baseline": {"rc": 0, "wall_s": 40.0, "file": {}},
+           "gates": [{"server": "fault-step_replay_random-b16-k4", "role": "fault", "run": 1, "rc": 1, "wall_s": 95.0,
+                      **rec}]}
+    out = "\n".join(render_prodseq.token_table(raw))
+    assert "answers' dispersion (median), p min" in out and "| 3.250, 2e-05 |" in out
+    old = prodseq.report_numbers(_report(tmp_path))  # a run from before the statistic: no column
+    raw["gates"][0].update(old)
+    assert "dispersion" not in "\n".join(render_prodseq.token_table(raw))
