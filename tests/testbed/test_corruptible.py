@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
+from sglfleet.validation.tokenlaw import chi2_sf
 from testbed.corruptible.drafter import Drafter, Tree
 from testbed.corruptible.engine import (
     BATCH_FAULTS,
@@ -45,8 +46,6 @@ POEM = "Write a short poem about the ocean."
 
 def _chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
     """P-value of Pearson's chi-square goodness of fit (cells with expected < 5 pooled into one)."""
-    from math import exp, lgamma, log
-
     n = counts.sum()
     exp_ = probs * n
     big = exp_ >= 5
@@ -55,29 +54,7 @@ def _chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
     keep = ex > 0
     obs, ex = obs[keep], ex[keep]
     stat = float(((obs - ex) ** 2 / ex).sum())
-    k = len(obs) - 1
-    if k <= 0 or stat <= 0:
-        return 1.0
-    # upper regularized gamma Q(k/2, stat/2) by its series / continued fraction
-    a, x = k / 2.0, stat / 2.0
-    if x < a + 1:
-        term = s = 1.0 / a
-        ap = a
-        for _ in range(500):
-            ap += 1
-            term *= x / ap
-            s += term
-        return max(0.0, 1.0 - s * exp(-x + a * log(x) - lgamma(a)))
-    b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)
-    h = d
-    for i in range(1, 500):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = 1 / d if d != 0 else 1e300
-        c = b + an / c
-        h *= d * c
-    return float(exp(-x + a * log(x) - lgamma(a)) * h)
+    return chi2_sf(stat, len(obs) - 1)  # the gate's own chi-square tail (tests/validation/test_tokenlaw.py)
 
 
 # ---------------------------------------------------------------------------- the acceptance rule
