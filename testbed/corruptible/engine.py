@@ -61,6 +61,7 @@ import json
 import os
 import secrets
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -237,22 +238,6 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs, strict=True)}
 
 
-@dataclass(frozen=True)
-class _Params:
-    """One row's entry in a step's sampling table."""
-
-    temperature: float
-    top_p: float | None
-    top_k: int | None
-    min_p: float | None
-
-
-def _now() -> float:
-    import time
-
-    return time.perf_counter()
-
-
 class _Row:
     """One request in the running batch: its decoding state between steps."""
 
@@ -260,17 +245,15 @@ class _Row:
                  on_walk: Callable[[list[int], list[list[int]], list[int], dict[int, np.ndarray]], None] | None
                  ) -> None:
         self.req, self.on_tokens, self.on_walk = req, on_tokens, on_walk
-        self.t0 = _now()
+        self.t0 = time.perf_counter()
         self.gen = Generation(prompt_tokens=len(req.prompt_ids))
         self.greedy = req.temperature <= 0
-        self.params = _Params(req.temperature, req.top_p, req.top_k, req.min_p)
         self.seed = req.seed if req.seed is not None else secrets.randbits(64)
         self.rng = None if self.greedy else np.random.default_rng(self.seed)
         self.slot = -1
         self.n_past = 0          # 0 until the prefill ran
         self.tok = -1            # the next root: the last token drawn
         self.drafter: Drafter | None = None
-        self.out: list[TokenOut] = []
         self.done = False
         self.error: BaseException | None = None
         self.finished = threading.Event()
@@ -492,7 +475,7 @@ class Engine:
             with self._cv:
                 for row in [r for r in self._active if r.done]:
                     self._active.remove(row)
-                    row.gen.seconds = _now() - row.t0
+                    row.gen.seconds = time.perf_counter() - row.t0
                     row.finished.set()
 
     def _free_slot(self) -> int:
@@ -507,7 +490,7 @@ class Engine:
     def _step(self, rows: list[_Row]) -> None:
         """One step of the batch: each new row's prefill and first token, each running row's verify step. The
         step's sampling table holds every row's parameters in row order; a row's draws read theirs by index."""
-        table = [r.params for r in rows]
+        table = [r.req for r in rows]  # a request's sampling parameters are its entry
         sampling = [i for i, r in enumerate(rows) if not r.greedy]
         for i, row in enumerate(rows):
             p = table[i]
@@ -526,13 +509,13 @@ class Engine:
             except Exception as exc:  # this request's failure (a client gone, a bug): its own
                 row.error, row.done = exc, True
 
-    def _dist(self, row_logits: np.ndarray, p: _Params, greedy: bool, verify: bool) -> np.ndarray:
+    def _dist(self, row_logits: np.ndarray, p: Request, greedy: bool, verify: bool) -> np.ndarray:
         if greedy:
             return row_logits
         temp = 1.0 if verify and self.cfg.fault == "verify_temperature" else p.temperature
         return node_probs(row_logits, temp, p.top_p, p.top_k, self.cfg.fault if verify else None, p.min_p)
 
-    def _prefill(self, row: _Row, p: _Params, rng: np.random.Generator | None) -> None:
+    def _prefill(self, row: _Row, p: Request, rng: np.random.Generator | None) -> None:
         cfg, lm = self.cfg, self.lm
         ids = row.req.prompt_ids
         n = len(ids)
@@ -545,11 +528,11 @@ class Engine:
         row.drafter.observe(ids[n - seen:], lg)
         row.n_past = n
         _, tok = accept_tree([[]], [0], lambda _u: self._dist(lg[-1], p, row.greedy, False), rng)
-        row.done = self._emit(row.gen, [(tok, lg[-1], False)], row.req, row.out, row.on_tokens)
+        row.done = self._emit(row.gen, [(tok, lg[-1], False)], row.req, row.on_tokens)
         row.drafter.extend([tok])
         row.tok = tok
 
-    def _verify_step(self, row: _Row, p: _Params, rng: np.random.Generator | None) -> None:
+    def _verify_step(self, row: _Row, p: Request, rng: np.random.Generator | None) -> None:
         cfg, lm = self.cfg, self.lm
         gen, drafter, slot, n_past = row.gen, row.drafter, row.slot, row.n_past
         assert drafter is not None
@@ -582,7 +565,7 @@ class Engine:
             gen.draft_n += w - 1
         emitted = [(tree.tokens[u], rows[path[i - 1]], True) for i, u in enumerate(path) if i > 0]
         emitted.append((bonus, rows[path[-1]], False))
-        row.done = self._emit(gen, emitted, row.req, row.out, row.on_tokens)
+        row.done = self._emit(gen, emitted, row.req, row.on_tokens)
         drafter.extend([t for t, _, _ in emitted])
         drafter.observe([tree.tokens[u] for u in path], np.stack([rows[u] for u in path]))
         row.tok = bonus
@@ -599,7 +582,7 @@ class Engine:
         return True
 
     def _emit(self, gen: Generation, emitted: list[tuple[int, np.ndarray, bool]], req: Request,
-              out: list[TokenOut], on_tokens: Callable[[list[TokenOut]], None] | None) -> bool:
+              on_tokens: Callable[[list[TokenOut]], None] | None) -> bool:
         """Append emitted tokens up to EOS / max_tokens; True when the request is finished."""
         batch: list[TokenOut] = []
         done = False

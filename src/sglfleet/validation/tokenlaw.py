@@ -535,10 +535,9 @@ def dispersion(groups: Sequence[np.ndarray]) -> tuple[float, int]:
     return total, k
 
 
-def dispersion_inflation(base_groups: Sequence[np.ndarray]) -> float:
-    """The scorer's own inflation of the dispersion, from the baseline's answers scored the same way: their
-    dispersion per answer when it is above 1 at NOISE_P, else 1 (none)."""
-    d, k = dispersion(base_groups)
+def dispersion_inflation(d: float, k: int) -> float:
+    """The scorer's own inflation of the dispersion, from the baseline's answers scored the same way (`d`, `k`:
+    their `dispersion`): their dispersion per answer when it is above 1 at NOISE_P, else 1 (none)."""
     return max(1.0, d / k) if k and chi2_sf(d, k) < NOISE_P else 1.0
 
 
@@ -594,7 +593,7 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         v.answers, v.alpha_dispersion = k_c, alphas.dispersion
         v.dispersion = d_c / k_c if k_c else None
         v.baseline_dispersion = d_b / k_b if k_b else None
-        v.dispersion_inflation = dispersion_inflation(bg)
+        v.dispersion_inflation = dispersion_inflation(d_b, k_b)
         v.dispersion_p = chi2_sf(d_c / v.dispersion_inflation, k_c) if k_c else 1.0
         disp_bad = v.dispersion_p < alphas.dispersion
     v.outside_margin = MIN_MARGIN if exact_cut else math.inf

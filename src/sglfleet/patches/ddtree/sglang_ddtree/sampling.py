@@ -110,6 +110,13 @@ def next_sampling_row(sampling: torch.Tensor) -> torch.Tensor:
     return torch.where(sampling, after, idx)
 
 
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[n, V] probabilities, [n, 1] uniforms -> [n] token ids by inverse CDF in vocabulary order (the test faults'
+    draw; the correct sampler uses torch.multinomial)."""
+    cdf = torch.cumsum(probs, dim=-1)
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).clamp_max(cdf.shape[-1] - 1).view(-1)
+
+
 def node_draws(
     logits: torch.Tensor,
     temperatures: torch.Tensor,
@@ -165,15 +172,12 @@ def node_draws(
             positions = (pos - pos[:, :1]).reshape(-1)
         sampled = seeded_draw(torch.log(probs.clamp_min(1e-30)), node_seeds, positions)
     elif fault == "step_replay_random":  # the same uniforms at every step: a generator reset to one seed
-        cdf = torch.cumsum(probs, dim=-1)
-        replay = torch.Generator(device=cdf.device)
+        replay = torch.Generator(device=probs.device)
         replay.manual_seed(REPLAY_SEED)
-        u = torch.rand(cdf.shape[0], 1, device=cdf.device, generator=replay) * cdf[:, -1:]
-        sampled = torch.searchsorted(cdf, u).clamp_max(cdf.shape[-1] - 1).view(-1)
+        sampled = _inverse_cdf(probs, torch.rand(probs.shape[0], 1, device=probs.device, generator=replay))
     elif fault == "step_shared_random":  # one uniform per request and step, inverse CDF at every node
-        cdf = torch.cumsum(probs, dim=-1)
-        u = torch.rand(cdf.shape[0] // w, 1, device=cdf.device).repeat_interleave(w, dim=0) * cdf[:, -1:]
-        sampled = torch.searchsorted(cdf, u).clamp_max(cdf.shape[-1] - 1).view(-1)
+        u = torch.rand(probs.shape[0] // w, 1, device=probs.device).repeat_interleave(w, dim=0)
+        sampled = _inverse_cdf(probs, u)
     else:
         sampled = torch.multinomial(probs, 1).view(-1)
     return torch.where(is_greedy, greedy, sampled.view(-1))
