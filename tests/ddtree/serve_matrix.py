@@ -163,11 +163,6 @@ def install_plugins() -> Path:
     return plug
 
 
-# sglang sizes a server's pool from the memory free at its start minus (1 - fraction) x the card's: with many
-# servers on one card, each capped by --max-total-tokens, an 80 GB card needs a larger fraction than the H200's 0.5
-# (SM_MEM_FRACTION=0.75 there) for the last servers to find room
-MEM_FRACTION = os.environ.get("SM_MEM_FRACTION", "0.5")
-
 class Server:
     def __init__(self, name: str, variant: str | None, budget: int | None, graph: bool, port: int):
         self.name, self.variant, self.budget, self.graph, self.port = name, variant, budget, graph, port
@@ -183,7 +178,7 @@ class Server:
     def cmd(self) -> list[str]:
         c = [sys.executable, "-m", "sglang.launch_server", "--model-path", MODEL["path"], *MODEL["load"],
              "--skip-tokenizer-init", "--attention-backend", "triton", "--sampling-backend", "pytorch",
-             "--disable-radix-cache", "--mem-fraction-static", MEM_FRACTION, "--max-total-tokens", "40000",
+             "--disable-radix-cache", "--mem-fraction-static", "0.5", "--max-total-tokens", "40000",
              "--enable-metrics", "--port", str(self.port), "--host", "127.0.0.1",
              # below Linux's ephemeral range (32768+): there, any outgoing connection can take the port
              # between sglang's check and its bind (2 of 28 servers lost to EADDRINUSE on 33108 / 33116)
