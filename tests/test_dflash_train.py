@@ -360,3 +360,58 @@ def test_init_from_target_copies_the_targets_last_layers(target) -> None:
         for n in ("self_attn.q_proj", "mlp.down_proj", "input_layernorm"):
             assert torch.allclose(dst.get_submodule(n).weight, src.get_submodule(n).weight, atol=1e-6), n
         assert torch.allclose(dst.self_attn.q_norm.weight, torch.ones_like(dst.self_attn.q_norm.weight))
+
+
+def test_a_saved_corpus_comes_back_whole_and_only_for_its_own_recipe(tmp_path: Path) -> None:
+    seqs = dflash_train.Corpus([torch.arange(5, 17), torch.arange(40, 49), torch.tensor([3, 4, 5, 6])], [4, 2, 1])
+    meta = dflash_train.corpus_meta(TINY, n=3, max_new=12, seed=0)
+    path = dflash_train.save_corpus(seqs, tmp_path / "c" / "corpus.pt", meta)
+    back = dflash_train.load_corpus(path, meta)
+    assert [x.tolist() for x in back] == [x.tolist() for x in seqs] and back.prompt_lens == [4, 2, 1]
+    assert all(x.dtype == torch.long for x in back)
+    for other in (dflash_train.corpus_meta(TINY, n=3, max_new=12, seed=1),
+                  dflash_train.corpus_meta({**TINY, "hidden_size": 32}, n=3, max_new=12, seed=0)):
+        with pytest.raises(ValueError, match="another recipe or target"):
+            dflash_train.load_corpus(path, other)
+
+
+def test_training_goes_on_from_an_exported_drafter(target, tmp_path: Path) -> None:
+    """--resume: the exported drafter's weights are where the next call starts (its first loss is the first call's
+    last, not a fresh drafter's), the steps add up, and a drafter of another shape is refused."""
+    m, cfg, seqs = target
+    model, first = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=120, anchors_per_seq=8, lr=3e-3,
+                                      seed=0, log=lambda *_: None)
+    out = dflash_train.export(model, cfg, tmp_path / "d", first)
+    state, prior = dflash_train.load_drafter(out)
+    _, fresh = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=20, anchors_per_seq=8, lr=1e-4, seed=1,
+                                  log=lambda *_: None)
+    _, again = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=20, anchors_per_seq=8, lr=1e-4, seed=1,
+                                  log=lambda *_: None, init_state=state, prior=prior)
+    assert again["loss_first"] < fresh["loss_first"] - 0.5, (again["loss_first"], fresh["loss_first"])
+    assert abs(again["loss_first"] - first["loss_last"]) < 0.5 * first["loss_last"]
+    assert again["steps_total"] == 140 and again["resumed_from"]["steps"] == 120 and fresh["steps_total"] == 20
+    with pytest.raises(ValueError, match="another shape"):
+        dflash_train.train(m, seqs, cfg, block=8, layers=2, steps=2, anchors_per_seq=8, seed=0,
+                           log=lambda *_: None, init_state=state, prior=prior)
+    with pytest.raises(ValueError, match="not a drafter"):
+        dflash_train.load_drafter(tmp_path / "nothing")
+
+
+def test_train_drafter_refuses_a_drafter_it_cannot_go_on_with(target, tmp_path: Path, capsys) -> None:
+    from testbed.models.__main__ import main
+
+    m, cfg, seqs = target
+    model, report = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=2, anchors_per_seq=8, seed=0,
+                                       log=lambda *_: None)
+    d = dflash_train.export(model, cfg, tmp_path / "d", report)
+    tdir = tmp_path / "t"
+    tdir.mkdir()
+    (tdir / "config.json").write_text(json.dumps(cfg))
+    args = ["train-drafter", "--target", str(tdir), "--out", str(tmp_path / "o"), "--device", "cpu"]
+    assert main([*args, "--resume", str(tmp_path / "none")]) == 2
+    assert "not a drafter" in capsys.readouterr().err
+    assert main([*args, "--resume", str(d), "--layers", "2"]) == 2
+    assert "1 layer(s)" in capsys.readouterr().err
+    assert main([*args, "--resume", str(d), "--init-from-target"]) == 2
+    assert "one of them" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

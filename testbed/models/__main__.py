@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="block position j's loss weighs exp(-(j-1)/DECAY); 0: every position alike")
     t.add_argument("--init-from-target", action="store_true",
                    help="the draft layers start as copies of the target's last layers")
+    t.add_argument("--resume", metavar="DIR", help="go on training the drafter an earlier train-drafter exported "
+                   "(the same --layers and --block-size); its steps count on in the report")
+    t.add_argument("--corpus", metavar="FILE", help="the target-written corpus: read from FILE when it holds this "
+                   "recipe's (--seqs, --max-new, --seed, the target), else written by the target and saved there")
     i = sub.add_parser("inflate", help="a small Llama checkpoint (and its DFlash drafter) at a larger compute "
                        "shape (default Llama-3-8B's), the same logits")
     i.add_argument("--src", required=True, help="Hugging Face Llama checkpoint dir")
@@ -132,16 +136,47 @@ def _train(a: argparse.Namespace) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device; pass --device cpu (slow)", file=sys.stderr)
         return 2
+    init_state = prior = None
+    if a.resume:
+        if a.init_from_target:
+            print("error: --resume and --init-from-target: a drafter starts from one of them", file=sys.stderr)
+            return 2
+        try:
+            init_state, prior = dflash_train.load_drafter(a.resume)
+        except (ValueError, OSError) as e:
+            print(f"error: --resume {e}", file=sys.stderr)
+            return 2
+        if (prior.get("layers"), prior.get("block_size")) != (a.layers, a.block_size):
+            print(f"error: --resume {a.resume}: its drafter has {prior.get('layers')} layer(s) and block "
+                  f"{prior.get('block_size')}; this run asks for {a.layers} and {a.block_size}", file=sys.stderr)
+            return 2
     start = time.time()
     tok = AutoTokenizer.from_pretrained(a.target)
     target = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16).to(a.device).eval()
-    seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed, device=a.device,
-                                            batch=a.gen_batch)
+    meta = dflash_train.corpus_meta(target_cfg, n=a.seqs, max_new=a.max_new, seed=a.seed)
+    seqs = None
+    if a.corpus and Path(a.corpus).is_file():
+        try:
+            seqs = dflash_train.load_corpus(a.corpus, meta, device=a.device)
+            print(f"[train-drafter] corpus of {len(seqs)} sequences from {a.corpus}", flush=True)
+        except (ValueError, RuntimeError, KeyError) as e:
+            print(f"error: --corpus {e}", file=sys.stderr)
+            return 2
+    if prior is not None and prior.get("corpus") not in (None, meta):
+        print(f"error: --resume {a.resume}: its drafter was trained on another corpus ({prior['corpus']}); its "
+              "held-out tenth would not be held out of this one", file=sys.stderr)
+        return 2
+    if seqs is None:
+        seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed,
+                                                device=a.device, batch=a.gen_batch)
+        if a.corpus:
+            dflash_train.save_corpus(seqs, a.corpus, meta)
     model, report = dflash_train.train(target, seqs, target_cfg, block=a.block_size, layers=a.layers,
                                        steps=a.steps, seed=a.seed, device=a.device, anchors_per_seq=a.anchors,
                                        seqs_per_step=a.seqs_per_step, lr=a.lr, position_decay=a.position_decay,
-                                       init_from_target=a.init_from_target,
+                                       init_from_target=a.init_from_target, init_state=init_state, prior=prior,
                                        deadline=start + a.max_seconds if a.max_seconds else None)
+    report["corpus"] = meta
     # the gate's suite, held out of the corpus: the offline figure that predicts a served accept length there
     suite = dflash_train.suite_corpus(target, tok, device=a.device, max_new=a.max_new)
     report["offline_suite"] = dflash_train.suite_acceptance(model, target, suite, report["target_layer_ids"],

@@ -8,7 +8,8 @@
 #   install3  .carry/sglang/p3                         sgl-kernel 0.4.5, flashinfer (p2+p3 exceed one call's carry)
 #   (the SmolLM2 GGUF rides in four pieces, .carry/gguf/p0..p3 from tests/ddtree/split_gguf.sh: p0..p2 with
 #   install1..3, p3 with the step that first needs the target)
-#   train     .carry/gguf/p3                           the drafter alone (TRAIN_ARGS below); drafter -> $OUT
+#   train     .carry/gguf/p3                           the drafter alone (TRAIN_ARGS below); drafter -> $OUT; after
+#                                                      RESUME=1 (carrying .carry/drafter too) goes on training it
 #   drafter   .carry/drafter [.carry/jit]              a drafter an earlier gate30 returned, for gate30 (and
 #                                                      the JIT cache a matrix step returned)
 #   matrix    .carry/gguf/p3 .carry/ddtree-srv         the full serve matrix (28 servers, two waves); warms
@@ -106,15 +107,29 @@ case $step in
     # machine (2026-12-03). Carry .carry/gguf/p3; gate30 then finds /tmp/smollm2-dflash. One sequence's forward
     # is about 17 ms whatever its anchors (1,500 steps of 8 sequences x 16 anchors took 204 s, 2026-12-04), so
     # a step takes 64 anchors of 8 sequences; --max-seconds cuts the steps to what fits the call.
+    # RESUME=1 goes on training the drafter the `drafter` step brought or this call carries (.carry/drafter;
+    # train-drafter --resume: device time comes in short calls, so the drafter's steps add up over sessions).
+    # The corpus the target wrote rides along as .carry/drafter/corpus.pt, written by the first call that had
+    # none (2,400 answers took 146 s on the H100, 2026-12-05). Beside four compiling servers (`trainwarm`,
+    # 2026-12-05) a step of 64 anchors x 8 sequences took 0.38 s: 394 steps in 148 s, too few (loss 5.26).
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
-    cat /tmp/gguf/part* > /tmp/gguf/smollm2.gguf || exit 1
-    PYTHONPATH=$PYTHONPATH:.:./src python3 -m testbed.models convert --gguf /tmp/gguf/smollm2.gguf --out /tmp/smollm2 || exit 1
-    PYTHONPATH=$PYTHONPATH:.:./src timeout 560 python3 -m testbed.models train-drafter "${TRAIN_ARGS[@]}" \
-      --max-seconds "${TRAIN_S:-500}" > /tmp/train.log 2>&1
+    ensure_target || exit 1
+    more=(--corpus /tmp/corpus/corpus.pt); mkdir -p /tmp/corpus
+    [ -f .carry/drafter/corpus.pt ] && cp .carry/drafter/corpus.pt /tmp/corpus/
+    if [ -n "${RESUME:-}" ]; then
+      parts=(/tmp/drafter-parts/drafter.tar.part-*); [ -e "${parts[0]}" ] || parts=(.carry/drafter/drafter.tar.part-*)
+      rm -rf /tmp/drafter-prev && mkdir -p /tmp/drafter-prev &&
+        cat "${parts[@]}" | tar -C /tmp/drafter-prev -xf - || { echo "no drafter" >&2; exit 2; }
+      more+=(--resume /tmp/drafter-prev/smollm2-dflash)
+    fi
+    PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-560}" python3 -m testbed.models train-drafter \
+      "${TRAIN_ARGS[@]}" "${more[@]}" --max-seconds "${TRAIN_S:-500}" > /tmp/train.log 2>&1
     rc=$?; echo "train rc=$rc" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/"
-    # the drafter comes back for later sessions (carry it as .carry/drafter)
-    [ "$rc" = 0 ] && tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-" ;;
+    [ -f .carry/drafter/corpus.pt ] || cp /tmp/corpus/corpus.pt "$OUT/" 2>/dev/null
+    # the drafter comes back for later sessions (carry it as .carry/drafter), its report as a raw for docs/results
+    [ "$rc" = 0 ] && cp /tmp/smollm2-dflash/train.json "$OUT/drafter-train.json" &&
+      tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-" ;;
   drafter)
     # a drafter an earlier gate30 returned (drafter.tar.part-*), carried as .carry/drafter, for gate30 to unpack
     mkdir -p /tmp/drafter-parts && cp .carry/drafter/drafter.tar.part-* /tmp/drafter-parts/ && ls /tmp/drafter-parts ;;
