@@ -10,7 +10,7 @@ import sys
 
 FAULT_NAMES = ("mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride", "no_residual",
                "verify_temperature", "heldout_a", "heldout_b", "stop_step_end", "row_params", "shared_rng",
-               "step_rng_replay")  # engine.FAULTS, kept
+               "step_rng_replay", "heldout_c", "heldout_d", "heldout_e")  # engine.FAULTS, kept
 # here too so that argument parsing needs no numpy import (BLAS threads are set before numpy loads)
 
 

@@ -53,6 +53,15 @@ Stop-string fault (STOP_FAULTS): a verify step commits several tokens at once, a
 - stop_step_end: the engine checks the request's stop strings once per step, only whether the text ends with
   one after the step's last token, so a stop string completed inside a step is missed and decoding goes on.
   Without stop strings in a request it is the correct engine.
+
+Held-out faults (HELDOUT_FAULTS, held out until 2026-12-05, written blind to the gate); T=0 stays exact:
+- heldout_c: the T>0 walk reads each visited node's target row by the node's depth (a chain draft's gather),
+  not by its index in the tree: right while the path is nodes 0, 1, 2, ..., wrong after a later sibling is
+  accepted (the next draws then come from a sibling's context);
+- heldout_d: the top-p cut keeps the tokens whose cumulative mass stays below top_p and drops the token that
+  crosses it (the + 1 forgotten; at least one token kept), in prefill and verify alike. Harmless at top_p 1;
+- heldout_e: the step's "every row is greedy" flag (sglang's is_all_greedy) is computed with any() for all(),
+  so a sampling row decodes greedily in every step it shares with a greedy row.
 """
 
 from __future__ import annotations
@@ -82,7 +91,9 @@ SAMPLER_FAULTS = ("no_residual", "verify_temperature", "heldout_a", "heldout_b")
 STOP_FAULTS = ("stop_step_end",)  # a step's committed tokens checked against the stop strings
 # the step's per-row sampling state (parameters, generators): T=0 stays the target's
 BATCH_FAULTS = ("row_params", "shared_rng", "step_rng_replay")
-FAULTS = VERIFY_FAULTS + SAMPLER_FAULTS + STOP_FAULTS + BATCH_FAULTS
+# held out until 2026-12-05, written blind to the gate: T=0 stays the target's
+HELDOUT_FAULTS = ("heldout_c", "heldout_d", "heldout_e")
+FAULTS = VERIFY_FAULTS + SAMPLER_FAULTS + STOP_FAULTS + BATCH_FAULTS + HELDOUT_FAULTS
 DFLASH_BLOCK = 8      # the DFlash block size: the drafter's depth bound is block - 1
 PAGE = 16             # KV positions per page
 MAX_BUDGET, MAX_TOPK = 255, 64   # the DDTree server-argument bounds (patches/ddtree/sglang_ddtree/config.py)
@@ -126,7 +137,7 @@ class EngineConfig(StrictModel):
     speculative: bool = Field(default=True, description="false: target-only decoding (the baseline)")
     fault: Literal["mask_width", "rope_offset", "stale_kv", "foreign_kv", "row_stride", "no_residual",
                    "verify_temperature", "heldout_a", "heldout_b", "stop_step_end", "row_params", "shared_rng",
-                   "step_rng_replay"] | None = None
+                   "step_rng_replay", "heldout_c", "heldout_d", "heldout_e"] | None = None
     budget: int = Field(default=5, ge=1, le=MAX_BUDGET, description="drafted nodes per verify (w = budget + 1)")
     topk: int = Field(default=4, ge=1, le=MAX_TOPK, description="children per tree node at most")
     n_slots: int = Field(default=4, ge=2, le=64, description="KV slots: also the most rows a step batches")
@@ -492,20 +503,23 @@ class Engine:
         step's sampling table holds every row's parameters in row order; a row's draws read theirs by index."""
         table = [r.req for r in rows]  # a request's sampling parameters are its entry
         sampling = [i for i, r in enumerate(rows) if not r.greedy]
+        # the step skips the sampler when every row is greedy (sglang's is_all_greedy); heldout_e: any() for all()
+        all_greedy = (any if self.cfg.fault == "heldout_e" else all)(r.greedy for r in rows)
         for i, row in enumerate(rows):
             p = table[i]
-            rng = row.rng
+            greedy = row.greedy or all_greedy
+            rng = None if greedy else row.rng
             if not row.greedy and self.cfg.fault == "row_params" and len(sampling) > 1:
                 p = table[sampling[(sampling.index(i) + 1) % len(sampling)]]  # the next sampling row's
             if not row.greedy and self.cfg.fault == "shared_rng":
                 rng = rows[sampling[0]].rng
             try:
                 if row.n_past == 0:
-                    self._prefill(row, p, rng)
+                    self._prefill(row, p, rng, greedy)
                 else:
-                    if not row.greedy and self.cfg.fault == "step_rng_replay":
+                    if not greedy and self.cfg.fault == "step_rng_replay":
                         rng = row.rng = np.random.default_rng(row.seed)
-                    self._verify_step(row, p, rng)
+                    self._verify_step(row, p, rng, greedy)
             except Exception as exc:  # this request's failure (a client gone, a bug): its own
                 row.error, row.done = exc, True
 
@@ -513,9 +527,11 @@ class Engine:
         if greedy:
             return row_logits
         temp = 1.0 if verify and self.cfg.fault == "verify_temperature" else p.temperature
-        return node_probs(row_logits, temp, p.top_p, p.top_k, self.cfg.fault if verify else None, p.min_p)
+        # the sampler faults live in the verify pass; heldout_d in the top-p cut both share (the prefill's draw too)
+        fault = self.cfg.fault if verify or self.cfg.fault == "heldout_d" else None
+        return node_probs(row_logits, temp, p.top_p, p.top_k, fault, p.min_p)
 
-    def _prefill(self, row: _Row, p: Request, rng: np.random.Generator | None) -> None:
+    def _prefill(self, row: _Row, p: Request, rng: np.random.Generator | None, greedy: bool) -> None:
         cfg, lm = self.cfg, self.lm
         ids = row.req.prompt_ids
         n = len(ids)
@@ -527,12 +543,12 @@ class Engine:
         row.drafter.extend(ids)
         row.drafter.observe(ids[n - seen:], lg)
         row.n_past = n
-        _, tok = accept_tree([[]], [0], lambda _u: self._dist(lg[-1], p, row.greedy, False), rng)
+        _, tok = accept_tree([[]], [0], lambda _u: self._dist(lg[-1], p, greedy, False), rng)
         row.done = self._emit(row.gen, [(tok, lg[-1], False)], row.req, row.on_tokens)
         row.drafter.extend([tok])
         row.tok = tok
 
-    def _verify_step(self, row: _Row, p: Request, rng: np.random.Generator | None) -> None:
+    def _verify_step(self, row: _Row, p: Request, rng: np.random.Generator | None, greedy: bool) -> None:
         cfg, lm = self.cfg, self.lm
         gen, drafter, slot, n_past = row.gen, row.drafter, row.slot, row.n_past
         assert drafter is not None
@@ -551,7 +567,12 @@ class Engine:
         def node_dist(u: int) -> np.ndarray:
             if u not in probs:
                 rows[u] = h[u] @ lm.out_t
-                probs[u] = self._dist(rows[u], p, row.greedy, True)
+                src = rows[u]
+                if cfg.fault == "heldout_c" and not greedy:
+                    # the fault: the T>0 walk gathers its rows by depth (a chain draft's path position): node u's
+                    # own row only while the path is nodes 0, 1, 2, ..., else another branch's (greedy reads rows[u])
+                    src = h[depths[u]] @ lm.out_t
+                probs[u] = self._dist(src, p, greedy, True)
             return probs[u]
 
         path, bonus = accept_tree(tree.children(), tree.tokens, node_dist, rng,

@@ -20,12 +20,12 @@ _TOP_P_CANDIDATES = 512  # top-p first looks among this many most likely tokens,
 
 
 def target_probs(logits: np.ndarray, temperature: float, top_p: float | None = None,
-                 top_k: int | None = None, min_p: float | None = None) -> np.ndarray:
+                 top_k: int | None = None, min_p: float | None = None, fault: str | None = None) -> np.ndarray:
     """The sampling distribution (float64, sums to 1) of one logits row at temperature > 0: softmax of
     logits / T, cut to the top_k most likely tokens (0 or None: no cut), then to the smallest set of most
     likely tokens whose mass reaches top_p (the token that crosses it included), then to the tokens with at
     least min_p times the most likely one's probability, renormalised after each cut (the order this engine
-    names in its /props `samplers`)."""
+    names in its /props `samplers`). fault: the engine's sampler fault, if any (heldout_d lives here)."""
     if temperature <= 0:
         raise ValueError("target_probs needs a temperature > 0 (T=0 is greedy)")
     z = np.asarray(logits, dtype=np.float64) / temperature
@@ -46,6 +46,8 @@ def target_probs(logits: np.ndarray, temperature: float, top_p: float | None = N
         order = cand[np.argsort(-p[cand], kind="stable")]
         csum = np.cumsum(p[order])
         cut = int(np.searchsorted(csum, top_p, side="left")) + 1
+        if fault == "heldout_d":  # the fault: only the tokens whose cumsum < top_p (the + 1 forgotten), at least one
+            cut = max(1, cut - 1)
         q = np.zeros_like(p)
         keep = order[:cut]
         q[keep] = p[keep]
@@ -62,7 +64,7 @@ def node_probs(row: np.ndarray, temperature: float, top_p: float | None = None, 
     engine's sampler fault, if any)."""
     if fault == "heldout_a":  # the fault: the verify pass drops the request's top-p and top-k
         top_p, top_k = None, None
-    return target_probs(row, temperature, top_p, top_k, min_p)
+    return target_probs(row, temperature, top_p, top_k, min_p, fault)
 
 
 def sample(p: np.ndarray, rng: np.random.Generator, u: float | None = None) -> int:

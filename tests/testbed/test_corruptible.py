@@ -28,6 +28,9 @@ from testbed.corruptible.engine import (
     Request,
     set_blas_threads,
 )
+from testbed.corruptible.engine import (
+    HELDOUT_FAULTS as BLIND_HELDOUT_FAULTS,
+)
 from testbed.corruptible.sampling import (
     accept_tree,
     emitted_law,
@@ -401,6 +404,61 @@ def test_batch_faults_keep_t0_exact_and_change_batched_draws(plain: Engine, faul
         assert alone != [want[1], want[3]] and _alone(bad, [reqs[1], reqs[3]]) == alone
     else:
         assert alone == [want[1], want[3]]
+
+
+# ---------------------------------------------------------------------------- faults written blind to the gate
+
+
+def _sampled(e: Engine, ids: list[int], seed: int, top_p: float | None = 0.95, n: int = 40) -> list[int]:
+    return [t.token for t in e.generate(Request(ids, n, 0.8, top_p, None, seed)).tokens]
+
+
+def test_blind_heldout_faults_are_the_engines() -> None:
+    assert BLIND_HELDOUT_FAULTS == ("heldout_c", "heldout_d", "heldout_e")
+    assert set(BLIND_HELDOUT_FAULTS) <= set(FAULTS)
+
+
+def test_heldout_c_rows_by_depth_keeps_t0_and_changes_tree_draws(plain: Engine) -> None:
+    """heldout_c: the T>0 walk reads node u's row at h[depth(u)]. Greedy answers are the target's; at T=0.8, top-p
+    0.95 the same seeds give other answers (a later sibling gets accepted now and then); with top-k 1 every tree
+    is a chain (node d at depth d), where the fault is harmless."""
+    ok, bad = Engine(EngineConfig()), Engine(EngineConfig(fault="heldout_c"))
+    ids = _ids(plain, POEM)
+    assert [t.token for t in bad.generate(Request(ids, 32)).tokens] == _greedy(plain, ids, 32)
+    assert [_sampled(bad, ids, s) for s in (11, 12)] != [_sampled(ok, ids, s) for s in (11, 12)]
+    chain_ok, chain_bad = Engine(EngineConfig(topk=1)), Engine(EngineConfig(topk=1, fault="heldout_c"))
+    assert _sampled(chain_bad, ids, 11, n=24) == _sampled(chain_ok, ids, 11, n=24)
+
+
+def test_heldout_d_top_p_cut_drops_the_crossing_token(plain: Engine) -> None:
+    """heldout_d: the top-p cut keeps only the tokens whose cumulative mass is below top_p. On a row whose nucleus
+    at 0.85 holds 4 tokens the fault keeps 3; at least one token is kept; top-p 1 is untouched. In the engine:
+    greedy answers are the target's, T=0.8 top-p 0.95 answers part with the same seeds, and without top-p the
+    faulted engine samples what the right one samples."""
+    row = np.log([0.35, 0.25, 0.2, 0.1, 0.06, 0.04]) * 0.8
+    assert np.count_nonzero(node_probs(row, 0.8, 0.85)) == 4
+    assert np.count_nonzero(node_probs(row, 0.8, 0.85, None, "heldout_d")) == 3
+    assert np.count_nonzero(node_probs(row, 0.8, 0.05, None, "heldout_d")) == 1
+    assert np.array_equal(node_probs(row, 0.8, None, None, "heldout_d"), node_probs(row, 0.8))
+    ok, bad = Engine(EngineConfig()), Engine(EngineConfig(fault="heldout_d"))
+    ids = _ids(plain, PROSE)
+    assert [t.token for t in bad.generate(Request(ids, 32)).tokens] == _greedy(plain, ids, 32)
+    assert [_sampled(bad, ids, s) for s in (11, 12)] != [_sampled(ok, ids, s) for s in (11, 12)]
+    assert _sampled(bad, ids, 11, None, 24) == _sampled(ok, ids, 11, None, 24)
+
+
+def test_heldout_e_any_greedy_row_makes_the_step_greedy(plain: Engine) -> None:
+    """heldout_e: the step's all-greedy flag is any(). In a batch of two greedy and two seeded sampling requests the
+    greedy answers are exact and the sampling rows are decoded greedily while they share steps with greedy rows
+    (their answers change); alone, or batched with sampling rows only, they are the right engine's."""
+    ok, bad = Engine(EngineConfig()), Engine(EngineConfig(fault="heldout_e"))
+    reqs = _mixed(plain)
+    want = _alone(ok, reqs)
+    got = _together(bad, reqs)
+    assert got[0] == want[0] and got[2] == want[2]          # the greedy rows
+    assert got[1] != want[1] or got[3] != want[3]           # the sampling rows
+    assert _alone(bad, [reqs[1], reqs[3]]) == [want[1], want[3]]
+    assert _together(bad, [reqs[1], reqs[3]]) == [want[1], want[3]]
 
 
 def test_acceptance_on_a_real_verify_step_follows_the_target(blas1: None) -> None:
