@@ -64,3 +64,55 @@ def test_the_live_baselines_hot_answers_are_asked_of_the_baseline_client() -> No
         got = gate._baseline_hot_answers(progress)
     assert {b.text for b in got} == {"answer of baseline"} and cand.asked == []
     assert {kw["temperature"] for kw in base.asked} == {0.8} and gate.client is cand
+
+
+class TimedClient(FakeClient):
+    """A candidate that takes a few milliseconds an answer and records each request's interval and temperature."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.spans: list[tuple[float, float, float]] = []
+
+    def chat(self, messages: Any, **kw: Any) -> ChatResult:
+        import time
+
+        t0 = time.perf_counter()
+        time.sleep(0.004)
+        self.spans.append((kw["temperature"], t0, time.perf_counter()))
+        return super().chat(messages, **kw)
+
+
+def _suite_counts(gate: Gate) -> tuple[int, int]:
+    n = len(gate.suite.prompts)
+    hot = sum(len(gate.seeds(t, False)) for t in gate.cfg.temperatures if t > 0) * n
+    return n, hot
+
+
+def test_greedy_companions_share_every_sampled_requests_batches() -> None:
+    """sampling.companions (on by default): while the interleaved suite runs, greedy requests stay in flight, so
+    every sampled request's life overlaps a greedy one; the suite's own answers are all that come back."""
+    gate, _, base = _gate()
+    gate.cfg.temperatures = [0.0, 0.8]
+    cand = TimedClient("candidate")
+    gate.client = cand
+    with Progress(console=gate.console) as progress:
+        samples = gate._request_phases(progress, False)
+    n, hot = _suite_counts(gate)
+    assert len(samples) == n + hot and {s.purpose for s in samples} == {"suite"}
+    greedy = [(a, b) for t, a, b in cand.spans if t == 0]
+    sampled = [(a, b) for t, a, b in cand.spans if t > 0]
+    assert len(sampled) == hot and len(greedy) > n and gate.companion_requests == len(greedy) - n
+    assert all(any(ga < b and a < gb for ga, gb in greedy) for a, b in sampled)
+    assert base.asked == []
+
+
+def test_no_companions_without_interleaving_or_when_set_to_zero() -> None:
+    for over in ({"companions": 0}, {"interleave": False}):
+        gate, _, _ = _gate(sampling=over)
+        gate.cfg.temperatures = [0.0, 0.8]
+        cand = TimedClient("candidate")
+        gate.client = cand
+        with Progress(console=gate.console) as progress:
+            gate._request_phases(progress, False)
+        n, hot = _suite_counts(gate)
+        assert len(cand.spans) == n + hot and gate.companion_requests == 0, over

@@ -13,10 +13,12 @@ the fluency judge (the weaker mode, labelled in every report); the backstop is z
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -162,6 +164,7 @@ class Gate:
         self._judge_ready = False
         if not self._oracle_everywhere():  # the judge may decide: one clear error before any request
             self._prepare_judge()
+        self.companion_requests = 0  # greedy requests sent beside the suite (_companions)
         self.derive_seeds = recording_baseline and cfg.likelihood.enabled  # and in oracle mode (run)
 
     def _oracle_everywhere(self) -> bool:
@@ -325,6 +328,40 @@ class Gate:
         summary = self._summary(ctx, cases, passed, model, time.perf_counter() - t_start)
         return GateResult(self.client.base_url, model, self.kind, passed, cases, samples, summary)
 
+    @contextlib.contextmanager
+    def _companions(self, n: int) -> Iterator[None]:
+        """`n` greedy requests kept in flight while the body runs: each companion sends the suite's prompts at T=0
+        one after another, so the server's batches hold a greedy row beside every sampled one (an engine whose
+        sampled rows change with a greedy batch mate shows in the per-token test). Their answers are load: not
+        kept, not judged; the body's end waits for each companion's last answer."""
+        if n <= 0 or not self.suite.prompts:
+            yield
+            return
+        stop = threading.Event()
+        sent = [0] * n
+
+        def loop(i: int) -> None:
+            k = i
+            while not stop.is_set():
+                p = self.suite.prompts[k % len(self.suite.prompts)]
+                self._generate(self.client, p, 0.0, self.cfg.seed, "companion")
+                sent[i] += 1
+                k += n
+
+        threads = [threading.Thread(target=loop, args=(i,), daemon=True, name=f"companion-{i}") for i in range(n)]
+        for t in threads:
+            t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+            self.companion_requests += sum(sent)
+            if not self.console.is_terminal:
+                self.console.print(f"[companion] {sum(sent)} greedy request(s) beside the suite", highlight=False,
+                                   markup=False)
+
     def _request_phases(self, progress: Progress, derived_seeds: bool) -> list[Sample]:
         """Every request of the gate but the baseline's and the scorer's: the suite at each temperature, then the
         determinism repeats (sequential, then concurrent) and the seed-variation requests when enabled."""
@@ -335,7 +372,8 @@ class Gate:
             import random
 
             random.Random(cfg.seed).shuffle(jobs)
-        samples = self._run_all(self.client, jobs, progress, "suite")
+        with self._companions(cfg.sampling.companions if cfg.sampling.interleave else 0):
+            samples = self._run_all(self.client, jobs, progress, "suite")
         if cfg.determinism.enabled:
             for pid in cfg.determinism.prompt_ids:
                 p = self.suite.get(pid)
