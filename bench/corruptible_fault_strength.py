@@ -47,7 +47,11 @@ DEFAULT_CONFIG = REPO / "testbed" / "corruptible" / "gate-profile.yaml"
 # the walk faults measured again as if the drafter proposed the target's own top-k at every node (a drafter as good
 # as a trained DFlash one is at its best): how strong the same fault is where drafts are usually accepted
 ORACLE = ("no_residual", "heldout_b")
-KEYS = (*SAMPLER_FAULTS, *(f"{f}@oracle" for f in ORACLE))
+# the faults written blind to the gate whose effect is a node's law (heldout_d, the top-p cut one token short);
+# heldout_c moves the law only off the first-child path and heldout_e only beside a greedy batch mate: no one
+# node's law, so they are gated, not measured here
+LAW_FAULTS = (*SAMPLER_FAULTS, "heldout_d")
+KEYS = (*LAW_FAULTS, *(f"{f}@oracle" for f in ORACLE))
 
 
 def fault_laws(row: np.ndarray, kids: list[int], t: float, top_p: float | None, top_k: int | None,
@@ -58,7 +62,7 @@ def fault_laws(row: np.ndarray, kids: list[int], t: float, top_p: float | None, 
     places a token, validation/tokenlaw.py) of k tokens drawn from that law, each with its own uniform."""
     want = node_probs(row, t, top_p, top_k, None, min_p)
     laws = {}
-    for f in SAMPLER_FAULTS:
+    for f in LAW_FAULTS:
         walk = node_probs(row, 1.0 if f == "verify_temperature" else t, top_p, top_k, f, min_p)
         laws[f] = emitted_law(walk, kids, residual=f != "no_residual", held_last=f == "heldout_b")
     order = np.argsort(-want, kind="stable")
