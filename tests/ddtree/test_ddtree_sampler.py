@@ -208,6 +208,8 @@ def described_batch(fault: str | None, batch=BATCH) -> tuple[list, bool]:
         rows = [r if b in GREEDY_ROWS else (1.0, *r[1:]) for b, r in enumerate(rows)]
     elif fault == "verify_no_top_p":
         rows = [(t, k, 1.0, m) for (t, k, _, m) in rows]
+    elif fault == "greedy_if_any" and GREEDY_ROWS:
+        rows = [r if b in GREEDY_ROWS else (0.0, *r[1:]) for b, r in enumerate(rows)]
     elif fault == "row_shift":
         sampling = [b for b, (t, k, _, _) in enumerate(batch) if not (t <= 1e-5 or k == 1)]
         for i, b in enumerate(sampling):
@@ -380,7 +382,7 @@ def test_faults_are_known_and_off_by_default(monkeypatch) -> None:
     with pytest.raises(ValueError, match="known test faults"):
         S.read_test_fault()
     assert set(S.TEST_FAULTS) == {"step_shared_random", "step_replay_random", "verify_temperature_one",
-                                  "verify_no_top_p", "row_shift", "min_p_on_t1"}
+                                  "verify_no_top_p", "row_shift", "min_p_on_t1", "greedy_if_any"}
     with pytest.raises(ValueError):
         S.node_draws(torch.zeros(2, 3), torch.ones(1, 1), torch.ones(1, dtype=torch.int32) * 3, torch.ones(1),
                      torch.zeros(1), 2, fault="nope")
@@ -511,6 +513,7 @@ def test_step_replay_random_keeps_each_steps_law_and_repeats_it(logits, seeded) 
     ("verify_temperature_one", [(1.0, 8, 0.9, 0.1), (0.0, TOP_K_ALL, 1.0, 0.0)]),  # T = 1 already
     ("verify_no_top_p", [(0.7, 8, 1.0, 0.1), (1.0, TOP_K_ALL, 1.0, 0.0)]),  # top_p = 1 already
     ("min_p_on_t1", [(0.7, 8, 0.9, 0.0), (1.0, TOP_K_ALL, 0.95, 0.2)]),  # min_p = 0 or T = 1
+    ("greedy_if_any", [(0.7, 8, 0.9, 0.0), (1.0, TOP_K_ALL, 0.95, 0.2)]),  # no greedy request in the batch
 ])
 def test_fault_is_invisible_where_its_comment_says(fault, batch) -> None:
     """Same generator state, same draws as the correct sampler, bit for bit."""

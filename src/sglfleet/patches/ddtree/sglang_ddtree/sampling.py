@@ -49,6 +49,10 @@ TEST_FAULTS = (
     # the temperature-scaled ones: at T < 1 it keeps tokens the correct support drops, at T > 1 it drops tokens
     # it keeps. Requests with min_p = 0 or T = 1 are unaffected.
     "min_p_on_t1",
+    # batch mates: the step's all-greedy shortcut (sglang's is_all_greedy) computed with any() for all(): in a step
+    # whose batch holds a greedy request (T = 0 or top_k == 1), every sampling request is decoded greedily too. A
+    # batch of sampling requests only, or a request alone, is unaffected.
+    "greedy_if_any",
 )
 
 # at or below this temperature a request is greedy (argmax), as in sglang's sampler
@@ -145,6 +149,8 @@ def node_draws(
     sequential = (req_m > 0).any()
     # greedy by the request's own parameters, whatever the fault
     is_greedy = torch.repeat_interleave((req_t <= GREEDY_T) | (req_k == 1), w)
+    if fault == "greedy_if_any" and bool(is_greedy.any()):
+        is_greedy = torch.ones_like(is_greedy)
     if fault == "row_shift":
         src = next_sampling_row(~((req_t <= GREEDY_T) | (req_k == 1)))
         req_t, req_k, req_p, req_m = req_t[src], req_k[src], req_p[src], req_m[src]
