@@ -40,7 +40,10 @@ def test_determinism_answers_are_asked_with_logprobs() -> None:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
+        # no greedy companions: their T=0 requests of the same prompts are load, asked without alternatives
+        # (test_gate_clients.py tests them)
         cfg = GateConfig.model_validate({"temperatures": [0.0, 0.8], "judge": {"enabled": False},
+                                         "sampling": {"companions": 0},
                                          "variation": {"enabled": False}, "quality": {"enabled": False},
                                          "long_copy": {"enabled": False}, "max_tokens": 4})
         Gate(f"http://127.0.0.1:{srv.server_address[1]}", cfg).run()

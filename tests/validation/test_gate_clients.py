@@ -116,3 +116,24 @@ def test_no_companions_without_interleaving_or_when_set_to_zero() -> None:
             gate._request_phases(progress, False)
         n, hot = _suite_counts(gate)
         assert len(cand.spans) == n + hot and gate.companion_requests == 0, over
+
+
+class FailingClient(TimedClient):
+    """A target whose every request fails."""
+
+    def chat(self, messages: Any, **kw: Any) -> ChatResult:
+        from sglfleet.pipeline.errors import TargetError
+
+        super().chat(messages, **kw)
+        raise TargetError("connection refused")
+
+
+def test_a_companion_stops_at_the_targets_first_error() -> None:
+    gate, _, _ = _gate()
+    gate.cfg.temperatures = [0.0, 0.8]
+    cand = FailingClient("candidate")
+    gate.client = cand
+    with Progress(console=gate.console) as progress:
+        samples = gate._request_phases(progress, False)
+    n, hot = _suite_counts(gate)
+    assert all(s.error for s in samples) and gate.companion_requests == 1 and len(cand.spans) == n + hot + 1

@@ -344,9 +344,11 @@ class Gate:
             k = i
             while not stop.is_set():
                 p = self.suite.prompts[k % len(self.suite.prompts)]
-                self._generate(self.client, p, 0.0, self.cfg.seed, "companion")
+                s = self._generate(self.client, p, 0.0, self.cfg.seed, "companion")
                 sent[i] += 1
                 k += n
+                if s.error:  # the target fails: the suite's own requests report it; no retry loop beside them
+                    return
 
         threads = [threading.Thread(target=loop, args=(i,), daemon=True, name=f"companion-{i}") for i in range(n)]
         for t in threads:
