@@ -88,33 +88,33 @@ def _suite_counts(gate: Gate) -> tuple[int, int]:
     return n, hot
 
 
-def test_greedy_companions_share_every_sampled_requests_batches() -> None:
-    """sampling.companions (on by default): while the interleaved suite runs, greedy requests stay in flight, so
-    every sampled request's life overlaps a greedy one; the suite's own answers are all that come back."""
-    gate, _, base = _gate()
+def _suite_run(client: type[TimedClient], **over: Any) -> tuple[Gate, TimedClient, list, int, int]:
+    """The suite phase at T 0 and 0.8 against a fresh ``client``: the gate, the client, the samples, and the suite's
+    T=0 and T>0 request counts."""
+    gate, _, base = _gate(**over)
     gate.cfg.temperatures = [0.0, 0.8]
-    cand = TimedClient("candidate")
+    cand = client("candidate")
     gate.client = cand
     with Progress(console=gate.console) as progress:
         samples = gate._request_phases(progress, False)
-    n, hot = _suite_counts(gate)
+    assert base.asked == []
+    return (gate, cand, samples, *_suite_counts(gate))
+
+
+def test_greedy_companions_share_every_sampled_requests_batches() -> None:
+    """sampling.companions (on by default): while the interleaved suite runs, greedy requests stay in flight, so
+    every sampled request's life overlaps a greedy one; the suite's own answers are all that come back."""
+    gate, cand, samples, n, hot = _suite_run(TimedClient)
     assert len(samples) == n + hot and {s.purpose for s in samples} == {"suite"}
     greedy = [(a, b) for t, a, b in cand.spans if t == 0]
     sampled = [(a, b) for t, a, b in cand.spans if t > 0]
     assert len(sampled) == hot and len(greedy) > n and gate.companion_requests == len(greedy) - n
     assert all(any(ga < b and a < gb for ga, gb in greedy) for a, b in sampled)
-    assert base.asked == []
 
 
 def test_no_companions_without_interleaving_or_when_set_to_zero() -> None:
     for over in ({"companions": 0}, {"interleave": False}):
-        gate, _, _ = _gate(sampling=over)
-        gate.cfg.temperatures = [0.0, 0.8]
-        cand = TimedClient("candidate")
-        gate.client = cand
-        with Progress(console=gate.console) as progress:
-            gate._request_phases(progress, False)
-        n, hot = _suite_counts(gate)
+        gate, cand, _, n, hot = _suite_run(TimedClient, sampling=over)
         assert len(cand.spans) == n + hot and gate.companion_requests == 0, over
 
 
@@ -129,11 +129,5 @@ class FailingClient(TimedClient):
 
 
 def test_a_companion_stops_at_the_targets_first_error() -> None:
-    gate, _, _ = _gate()
-    gate.cfg.temperatures = [0.0, 0.8]
-    cand = FailingClient("candidate")
-    gate.client = cand
-    with Progress(console=gate.console) as progress:
-        samples = gate._request_phases(progress, False)
-    n, hot = _suite_counts(gate)
+    gate, cand, samples, n, hot = _suite_run(FailingClient)
     assert all(s.error for s in samples) and gate.companion_requests == 1 and len(cand.spans) == n + hot + 1
