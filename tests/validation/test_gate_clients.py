@@ -118,6 +118,15 @@ def test_no_companions_without_interleaving_or_when_set_to_zero() -> None:
         assert len(cand.spans) == n + hot and gate.companion_requests == 0, over
 
 
+def test_no_companions_when_nothing_is_sampled() -> None:
+    gate, _, _ = _gate()
+    cand = TimedClient("candidate")
+    gate.client = cand
+    with Progress(console=gate.console) as progress:
+        gate._request_phases(progress, False)
+    assert len(cand.spans) == len(gate.suite.prompts) and gate.companion_requests == 0
+
+
 class FailingClient(TimedClient):
     """A target whose every request fails."""
 

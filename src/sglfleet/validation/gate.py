@@ -374,7 +374,9 @@ class Gate:
             import random
 
             random.Random(cfg.seed).shuffle(jobs)
-        with self._companions(cfg.sampling.companions if cfg.sampling.interleave else 0):
+        # companions only where there is something to mix them with: interleaved sampled requests
+        mix = cfg.sampling.interleave and any(t > 0 for t in cfg.temperatures)
+        with self._companions(cfg.sampling.companions if mix else 0):
             samples = self._run_all(self.client, jobs, progress, "suite")
         if cfg.determinism.enabled:
             for pid in cfg.determinism.prompt_ids:
