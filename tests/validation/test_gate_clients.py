@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import pytest
 from rich.console import Console
 from rich.progress import Progress
 
@@ -110,6 +111,22 @@ def test_greedy_companions_share_every_sampled_requests_batches() -> None:
     sampled = [(a, b) for t, a, b in cand.spans if t > 0]
     assert len(sampled) == hot and len(greedy) > n and gate.companion_requests == len(greedy) - n
     assert all(any(ga < b and a < gb for ga, gb in greedy) for a, b in sampled)
+
+
+def test_a_companions_answer_is_not_read_by_the_detectors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A companion's answer is load: the text detectors and the backstop read only the answers the gate keeps."""
+    from sglfleet.validation import gate as gate_mod
+
+    read: list[str] = []
+    real = gate_mod.score_text
+
+    def counting(text: str, thresholds: Any) -> Any:
+        read.append(text)
+        return real(text, thresholds)
+
+    monkeypatch.setattr(gate_mod, "score_text", counting)
+    gate, _, samples, n, hot = _suite_run(TimedClient)
+    assert gate.companion_requests > 0 and len(read) == len(samples) == n + hot
 
 
 def test_no_companions_without_interleaving_or_when_set_to_zero() -> None:

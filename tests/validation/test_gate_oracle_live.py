@@ -68,6 +68,8 @@ def test_the_correct_engine_passes_with_the_target_deciding_every_temperature(
     assert "fluency@T0.8" not in cases  # the judge does not decide where the target does
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["summary"]["verdict_mode"] == modes
+    # the interleaved suite ran with greedy companions beside it, counted in the summary
+    assert report["summary"]["companion_requests"] == result.summary.companion_requests > 0
 
 
 @pytest.mark.parametrize("extra", [

@@ -100,6 +100,7 @@ class GateSummary:
     judge_s: float | None
     skipped_checks: list[dict[str, str]]
     waivers: list[dict[str, Any]]
+    companion_requests: int = 0  # greedy requests kept in flight beside the suite (sampling.companions), not judged
 
     @property
     def passed(self) -> bool:
@@ -227,8 +228,9 @@ class Gate:
         timings = (r.raw.get("last_chunk") or {}).get("timings") or r.raw.get("timings") or {}
         if "draft_n" in timings:
             s.draft_n, s.draft_accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
-        s.findings = score_text(s.text, cfg.thresholds)
-        s.backstop = self.backstop.findings(s.text, s.finish_reason)
+        if purpose != "companion":  # a companion's answer is load, thrown away: no detector reads it
+            s.findings = score_text(s.text, cfg.thresholds)
+            s.backstop = self.backstop.findings(s.text, s.finish_reason)
         if r.logprobs is not None and not ids_only:
             s.logprobs = encode_logprobs(r.logprobs)
         return s
@@ -424,6 +426,7 @@ class Gate:
             judge_s=round(self.judge_s, 2) if self.judge_s is not None else None,
             skipped_checks=[{"name": c.name, "reason": c.message} for c in cases if c.skipped],
             waivers=[c.details["waiver"] for c in cases if c.details.get("waiver")],
+            companion_requests=self.companion_requests,
         )
 
     # ------------------------------------------------------------------ the target's likelihood at T>0
