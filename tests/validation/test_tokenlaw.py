@@ -15,17 +15,21 @@ import pytest
 
 from sglfleet.validation.config import LikelihoodConfig
 from sglfleet.validation.likelihood import check_trust, gate_token_power, token_verdict
-from sglfleet.validation.scorers import AnswerScore
+from sglfleet.validation.scorers import AnswerScore, per_token
 from sglfleet.validation.tokenlaw import (
     FAMILIES,
     ORDERS,
     Alphas,
+    EdgeCount,
     PowerInput,
     SamplingParams,
+    binomial_lower,
     binomial_upper,
     chi2_sf,
     dispersion,
     dispersion_inflation,
+    edge_of,
+    edge_p,
     ks_critical,
     ks_p,
     ks_uniform,
@@ -200,9 +204,17 @@ def test_the_power_statement_finds_a_small_greedy_share_at_gate_size() -> None:
         row = row_from_logits(logits, p.temperature)
         law = law_of(row, p, ORDERS["sglang"])
         draws.append(wrong_draws(row, law, p, ORDERS["sglang"], rng))
-    pw = token_power(np.asarray(draws), 6000, 0.0, 6000, 0, A, 0.9, 60, 1)
+    d = np.asarray(draws)
+    e = d[:, -1]
+    cut = ~np.isnan(e)  # the baseline's 6,000 tokens at these positions draw the token at the cut as often as expected
+    base_edge = EdgeCount(round(3 * float(e[cut].sum())), 3 * float(e[cut].sum()), 3 * int(cut.sum()))
+    a = Alphas(ks=5e-4, mean=3e-4, outside=2e-4, edge=1e-4)
+    pw = token_power(d, 6000, 0.0, 6000, 0, a, 0.9, 60, 1, base_edge=base_edge)
     fam = pw["families"]
     assert set(fam) == set(FAMILIES) and pw["estimated"]
+    # a support one token short is refused through the draws at the cut, and only through them
+    assert fam["cut_short"]["min_rate"] is not None and fam["cut_short"]["min_rate"] <= 0.5
+    assert token_power(d, 6000, 0.0, 6000, 0, A, 0.9, 20, 1)["families"]["cut_short"]["min_rate"] is None
     assert fam["greedy"]["min_rate"] is not None and fam["greedy"]["min_rate"] <= 0.1
     assert fam["greedy"]["rejection_rate"]["0.001"] < 0.5  # tiny shares are not claimed
     # the bisection brackets the share: every tried share at or above it is refused at the target, none below it
@@ -494,3 +506,87 @@ def test_dispersion_allows_the_scorers_own_inflation_measured_on_the_baseline() 
                    base_answers=base)
     assert v.ok and v.dispersion_inflation > 1.0, v.reason
     assert dispersion_inflation(*dispersion([rng.random(40) for _ in range(100)])) == 1.0
+
+
+def cut_short(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The correct law with its least likely kept token cut away (top-p / top-k / min-p placed one token short)."""
+    q = reference_law(logits, p, "sglang")
+    kept = np.flatnonzero(q)
+    if kept.size > 1:
+        q[kept[np.argmin(q[kept])]] = 0.0
+    return q / q.sum()
+
+
+def cut_on_sharper_law(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The cut placed on the law at 0.8 of the request's temperature (a sharper law: a smaller nucleus, a higher
+    min-p bar), the tokens drawn from p_T over what it keeps: the support shrinks by a varying number of tokens."""
+    sharp = reference_law(logits, SamplingParams(0.8 * p.temperature, p.top_p, p.top_k, p.min_p), "sglang")
+    q = reference_law(logits, SamplingParams(p.temperature), "sglang") * (sharp > 0)
+    return q / q.sum()
+
+
+def edge_run(n_pos: int, seed: int, law: object = None) -> tuple[list[float | None], EdgeCount]:
+    """n_pos positions of random logits under MIX's parameters, SGLang's order, each token drawn from the correct
+    law or from `law(logits, params)`, placed in the correct law by scorers.per_token: the PITs and the draws at
+    the law's cut."""
+    rng = np.random.default_rng(seed)
+    by_params: dict[int, tuple[list, list[int]]] = {}
+    for k in range(n_pos):
+        logits = rng.normal(0, 2.5, V)
+        j = k % len(MIX)
+        q = law(logits, MIX[j]) if callable(law) else reference_law(logits, MIX[j], "sglang")
+        rows, seq = by_params.setdefault(j, ([], []))
+        rows.append(row_from_logits(logits, MIX[j].temperature))
+        seq.append(int(rng.choice(V, p=q)))
+    u: list[float | None] = []
+    edge = EdgeCount()
+    for j, (rows, seq) in by_params.items():
+        got = per_token(f"e{seed}/{j}", MIX[j].temperature, rows, seq, MIX[j], ORDERS["sglang"])
+        u += list(got["tok_pit"])
+        edge = edge + got["edge"]
+    return u, edge
+
+
+def test_the_edge_is_the_least_likely_kept_token_where_the_law_is_cut_inside_the_row() -> None:
+    rng = np.random.default_rng(5)
+    row = row_from_logits(rng.normal(0, 2.5, V), 0.8)
+    law = law_of(row, SamplingParams(0.8, 1.0, 20), ORDERS["sglang"])
+    assert law.n == 20 and edge_of(row, law) == pytest.approx(float(law.q[19]) / law.total)
+    assert edge_of(row, law_of(row, SamplingParams(0.8), ORDERS["sglang"])) is None  # no cut
+    assert edge_of(row, law_of(row, SamplingParams(0.8, 1.0, 1), ORDERS["sglang"])) is None  # one token kept
+    top = row_from_topk(float(row.lp[0]), int(row.ids[0]), zip(row.lp[:5], row.ids[:5], strict=True), 0.8)
+    assert edge_of(top, law_of(top, SamplingParams(0.8, 1.0, 20), ORDERS["sglang"])) is None  # cut past the listing
+
+
+def test_a_correct_sampler_draws_the_token_at_the_cut_as_often_as_the_law_says() -> None:
+    for seed in (11, 12, 13):
+        u, ce = edge_run(1200, seed)
+        _, be = edge_run(2400, seed + 100)
+        assert ce.positions > 700 and ce.expected > 10, ce
+        assert abs(ce.drawn - ce.expected) < 4 * math.sqrt(ce.expected), ce
+        assert edge_p(ce, be) > 1e-3
+        v = token_test(u, edge_run(2400, seed + 100)[0], Alphas(ks=4e-4, mean=3e-4, outside=1.5e-4, edge=1e-4),
+                       cand_edge=ce, base_edge=be)
+        assert v.ok and v.edge_positions == ce.positions, v.reason
+
+
+@pytest.mark.parametrize(("law", "n"), [(cut_short, 1200), (cut_on_sharper_law, 3000)])
+def test_a_support_cut_short_of_the_requests_cut_is_refused_at_the_cut(law: object, n: int) -> None:
+    """The class: the sampler's support ends short of the request's cut (top-p, top-k or min-p placed a token or
+    more too far in, or on another law). The draws' PITs shift only near 1, where KS and the mean see little; the
+    token at the cut is never drawn. (The sharper law's cut moves only where top-p or min-p decides it, not top-k:
+    a weaker fault, refused at a larger size.)"""
+    u, ce = edge_run(n, 21, law)
+    bu, be = edge_run(2400, 121)
+    assert ce.drawn < ce.expected / 2 and ce.expected > 10, ce
+    v = token_test(u, bu, Alphas(ks=4e-4, mean=3e-4, outside=1.5e-4, edge=1e-4), cand_edge=ce, base_edge=be)
+    assert not v.ok and v.edge_p < 1e-4 and "the law's cut" in v.reason, v.reason
+
+
+def test_the_edge_test_allows_a_scorer_that_misplaces_the_cut_alike_on_both_sides() -> None:
+    """The scorer's cut and the engine's can differ by its numerics: both sides then draw the scorer's cut token
+    less often than it expects, and the comparison with the baseline cancels that."""
+    ce, be = EdgeCount(6, 20.0, 900), EdgeCount(13, 40.0, 1800)
+    assert edge_p(ce, be) > 0.3
+    assert edge_p(EdgeCount(0, 20.0, 900), EdgeCount(0, 40.0, 1800)) == 1.0  # nothing drawn on either side
+    assert binomial_lower(0, 40, 1 / 3) == pytest.approx((2 / 3) ** 40)

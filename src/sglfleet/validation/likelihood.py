@@ -161,11 +161,12 @@ def _alphas(lc: Any, n_temperatures: int, token: bool = True) -> tuple[float, fl
 
 
 def token_alphas(lc: Any, n_temperatures: int) -> tokenlaw.Alphas:
-    """The per-token test's alphas: `token_share` of the temperature's alpha, two fifths to the KS test, three
-    tenths to the mean u, three twentieths each to the count of tokens outside the law and to the answers'
-    dispersion."""
+    """The per-token test's alphas: `token_share` of the temperature's alpha, seven twentieths to the KS test, a
+    quarter to the mean u, three twentieths each to the count of tokens outside the law and to the answers'
+    dispersion, a tenth to the draws at the law's cut (tokenlaw.edge_p)."""
     a_tok = lc.alpha / max(1, n_temperatures) * lc.token_share
-    return tokenlaw.Alphas(ks=0.4 * a_tok, mean=0.3 * a_tok, outside=0.15 * a_tok, dispersion=0.15 * a_tok)
+    return tokenlaw.Alphas(ks=0.35 * a_tok, mean=0.25 * a_tok, outside=0.15 * a_tok, dispersion=0.15 * a_tok,
+                           edge=0.1 * a_tok)
 
 
 def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int,
@@ -182,7 +183,9 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
     tv = tokenlaw.token_test(cp, bp, alphas, approximate=sum(a.approx_tokens for a in cand),
                              limit=lc.token_noise_limit, cand_excess=[e for a in cand for e in a.tok_excess],
                              exact_cut=exact_cut, cand_answers=[a.tok_pit or () for a in cand],
-                             base_answers=[a.tok_pit or () for a in base])
+                             base_answers=[a.tok_pit or () for a in base],
+                             cand_edge=sum((a.edge for a in cand), tokenlaw.EdgeCount()),
+                             base_edge=sum((a.edge for a in base), tokenlaw.EdgeCount()))
     if lc.token_power_reps:
         tv.power = tokenlaw.power_statement([power_input(tv.as_dict(), base, alphas)], lc.token_power_target,
                                             lc.token_power_reps, lc.rng_seed)
@@ -193,9 +196,10 @@ def power_input(tv: dict[str, Any], base: list[AnswerScore], alphas: tokenlaw.Al
     """One temperature's test as the power statement needs it: the wrong laws' draws over the baseline's tokens
     and the test's own sizes and allowances (`tv`: its TokenVerdict as a dict, as the verdict keeps it)."""
     draws = np.asarray([w for a in base for w in a.wrong or ()], dtype=np.float64)
-    draws = draws.reshape(-1, draws.shape[1] if draws.ndim == 2 else 2 * len(tokenlaw.FAMILIES))
+    draws = draws.reshape(-1, draws.shape[1] if draws.ndim == 2 else 2 * len(tokenlaw.FAMILIES) + 1)
     return tokenlaw.PowerInput(draws, tv["n_candidate"] + tv["outside_candidate"], tv["noise_allowance"],
-                               tv["n_baseline"], tv["outside_baseline"], alphas, tv["mean_allowance"])
+                               tv["n_baseline"], tv["outside_baseline"], alphas, tv["mean_allowance"],
+                               sum((a.edge for a in base), tokenlaw.EdgeCount()))
 
 
 def gate_token_power(sides: list[tuple[dict[str, Any] | None, list[AnswerScore]]], lc: Any) -> dict[str, Any] | None:

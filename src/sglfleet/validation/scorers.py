@@ -33,6 +33,9 @@ PROBE_MESSAGES = [{"role": "user", "content": "Say hello."}]
 # ---------------------------------------------------------------------------- scores
 
 
+NO_EDGE = tokenlaw.EdgeCount()
+
+
 @dataclass(frozen=True)
 class AnswerScore:
     """One answer scored under the target model, token by token (natural log)."""
@@ -58,6 +61,8 @@ class AnswerScore:
     wrong: tuple[tuple[float, ...], ...] | None = None
     approx_tokens: int = 0  # tokens whose law reached into a server row's unlisted tail (placed approximately)
     tok_excess: tuple[float, ...] = ()  # each outside token's distance past the law's cut (tokenlaw.outside_excess)
+    # the draws of the token at the law's cut, where the law is cut inside the listed candidates (tokenlaw.edge_of)
+    edge: tokenlaw.EdgeCount = NO_EDGE
 
     @property
     def n_tokens(self) -> int:
@@ -158,7 +163,7 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
     pits: list[float | None] = []
     wrong: list[tuple[float, ...]] = []
     excess: list[float] = []
-    approx = 0
+    approx, edge_drawn, edge_exp, edge_n = 0, 0, 0.0, 0
     for k, (row, tok) in enumerate(zip(rows, seq, strict=True)):
         law = tokenlaw.law_of(row, params, order)
         hit = np.flatnonzero(row.ids == tok)
@@ -168,7 +173,11 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
             excess.append(tokenlaw.outside_excess(row, law, rank, temperature))
         wrong.append(tokenlaw.wrong_draws(row, law, params, order, rng))
         approx += law.approximate
-    return {"tok_pit": tuple(pits), "wrong": tuple(wrong), "tok_excess": tuple(excess), "approx_tokens": approx}
+        e = tokenlaw.edge_of(row, law)
+        if e is not None:
+            edge_n, edge_exp, edge_drawn = edge_n + 1, edge_exp + e, edge_drawn + (rank == law.n - 1)
+    return {"tok_pit": tuple(pits), "wrong": tuple(wrong), "tok_excess": tuple(excess), "approx_tokens": approx,
+            "edge": tokenlaw.EdgeCount(edge_drawn, edge_exp, edge_n)}
 
 
 def drawn_count(ids: tuple[int, ...] | None, seq: list[int]) -> int:

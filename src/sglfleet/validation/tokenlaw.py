@@ -61,7 +61,7 @@ ORDERS: dict[str, tuple[str, ...]] = {
 }
 STEP_NAMES = frozenset({"temperature", "joint", "top_k", "top_p", "min_p"})
 # the wrong laws the power statement mixes into a correct sampler's tokens
-FAMILIES = ("greedy", "untruncated", "kept_at_t1", "flat")
+FAMILIES = ("greedy", "untruncated", "kept_at_t1", "flat", "cut_short")
 
 
 @dataclass(frozen=True)
@@ -280,6 +280,15 @@ def outside_excess(row: Row, law: Law, rank: int | None, temperature: float) -> 
     return float(np.exp(row.lp[law.n:end] * a - row.log_z).sum())
 
 
+def edge_of(row: Row, law: Law) -> float | None:
+    """The probability, under the law, of its least likely kept candidate (the token at its cut), where the law is
+    cut inside the listed candidates (no tail kept, at least one listed candidate cut away, two or more kept);
+    None elsewhere (an untruncated law has no cut; a cut among the unlisted tokens is not placed exactly)."""
+    if law.lump > 0 or law.n < 2 or law.n >= row.lp.size:
+        return None
+    return float(law.q[-1]) / law.total
+
+
 MIN_MARGIN = 0.01  # p_T mass: the least margin past the cut a token must lie to count as clearly outside
 
 
@@ -294,13 +303,16 @@ def wrong_draws(row: Row, law: Law, p: SamplingParams, order: Sequence[str], rng
                 ) -> tuple[float, ...]:
     """For each wrong law of FAMILIES, one token's PIT under the correct law when the token comes from that law
     instead (NaN: outside the support), then each wrong law's total-variation distance from the correct one at
-    this position (the power statement reports its deviation in those units): greedy (the most likely token),
-    untruncated (p_T with no top-k/top-p/min-p), kept_at_t1 (the kept candidates at T=1), flat (uniform over the
-    kept candidates)."""
-    return (*_wrong_pits(row, law, p, rng), *wrong_tv(row, law, p))
+    this position (the power statement reports its deviation in those units), then the probability of the token at
+    the law's cut (edge_of; NaN: no cut inside the row): greedy (the most likely token), untruncated (p_T with no
+    top-k/top-p/min-p), kept_at_t1 (the kept candidates at T=1), flat (uniform over the kept candidates),
+    cut_short (the law without the token at its cut: a support that ends one token short; the law itself where
+    it has no cut inside the row)."""
+    e = edge_of(row, law)
+    return (*_wrong_pits(row, law, p, rng, e), *wrong_tv(row, law, p), math.nan if e is None else e)
 
 
-def wrong_tv(row: Row, law: Law, p: SamplingParams) -> tuple[float, float, float, float]:
+def wrong_tv(row: Row, law: Law, p: SamplingParams) -> tuple[float, float, float, float, float]:
     """The total-variation distance of each wrong law of FAMILIES from the correct law at one position."""
     q = law.q / law.total
     lump = law.lump / law.total
@@ -318,10 +330,11 @@ def wrong_tv(row: Row, law: Law, p: SamplingParams) -> tuple[float, float, float
         flat = 0.5 * (float(np.abs(1.0 / law.n - q).sum()) + lump)
     else:
         t1 = flat = 1.0
-    return greedy, untruncated, t1, flat
+    return greedy, untruncated, t1, flat, edge_of(row, law) or 0.0
 
 
-def _wrong_pits(row: Row, law: Law, p: SamplingParams, rng: np.random.Generator) -> list[float]:
+def _wrong_pits(row: Row, law: Law, p: SamplingParams, rng: np.random.Generator, edge: float | None
+                ) -> list[float]:
     v = float(rng.random())
     out = []
     # greedy
@@ -343,6 +356,12 @@ def _wrong_pits(row: Row, law: Law, p: SamplingParams, rng: np.random.Generator)
         out.append(float(pit(law, r, v) or 0.0))
     else:
         out += [math.nan, math.nan]
+    # cut_short: the kept candidates but the last; where the law has no cut inside the row, a draw of the law itself
+    if edge is None:
+        out.append(v)
+    else:
+        r = int(rng.choice(law.n - 1, p=law.q[:-1] / float(law.q[:-1].sum())))
+        out.append(float(pit(law, r, v) or 0.0))
     return out
 
 
@@ -409,6 +428,42 @@ def binomial_upper(k: int, n: int, p: float) -> float:
     return min(1.0, math.exp(m) * sum(math.exp(t - m) for t in terms))
 
 
+def binomial_lower(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p)."""
+    return 1.0 if k >= n else 1.0 - binomial_upper(k + 1, n, p)
+
+
+@dataclass(frozen=True)
+class EdgeCount:
+    """How often the law's cut token was drawn (`drawn`) at the positions whose law is cut inside the listed
+    candidates (`positions`), and how often the law says it should be (`expected`: the sum of its probability
+    there, edge_of)."""
+
+    drawn: int = 0
+    expected: float = 0.0
+    positions: int = 0
+
+    def __add__(self, other: EdgeCount) -> EdgeCount:
+        return EdgeCount(self.drawn + other.drawn, self.expected + other.expected, self.positions + other.positions)
+
+
+def edge_p(cand: EdgeCount, base: EdgeCount) -> float:
+    """The edge test's p: the candidate draws the token at the law's cut less often than the baseline, relative to
+    what the law expects on each side. A sampler whose support is cut too far in (top-p, top-k or min-p placed one
+    token or more short, a cut computed on a sharper law) never draws it, where the other statistics see only a
+    small shift of u near 1. Conditional on the total drawn, the candidate's count is Binomial with the share of
+    the expectation that is the candidate's (two Poisson rates compared): the scorer's own misplacement of the cut,
+    alike on both sides, cancels. One-sided: too many draws at the cut is a flatter law, which the KS and mean
+    tests see."""
+    m = cand.drawn + base.drawn
+    tot = cand.expected + base.expected
+    if cand.positions == 0 or base.positions == 0 or tot <= 0:
+        return 1.0
+    if m == 0:  # neither side drew it: the scorer does not place the engine's cut; nothing to compare
+        return 1.0
+    return binomial_lower(cand.drawn, m, cand.expected / tot)
+
+
 NOISE_P = 0.01  # the baseline's own u count as non-uniform (the scorer's deviation allowed) below this p
 MEDIAN_K = 0.8276  # the median of the Kolmogorov distribution
 
@@ -454,6 +509,14 @@ class TokenVerdict:
     dispersion_inflation: float = 1.0
     dispersion_p: float = 1.0
     alpha_dispersion: float = 0.0
+    # the draws of the token at the law's cut (edge_p): the candidate's and the baseline's counts and expectations
+    edge_candidate: int = 0
+    edge_expected_candidate: float = 0.0
+    edge_baseline: int = 0
+    edge_expected_baseline: float = 0.0
+    edge_positions: int = 0
+    edge_p: float = 1.0
+    alpha_edge: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -549,6 +612,7 @@ class Alphas:
     mean: float
     outside: float
     dispersion: float = 0.0  # 0: the answers' dispersion is not tested (a test given no answer grouping)
+    edge: float = 0.0  # 0: the draws at the law's cut are not tested (edge_p)
 
 
 def decide(cand_u: np.ndarray, n_out_c: int, n_base: int, n_out_b: int, allow: float, a: Alphas,
@@ -567,12 +631,14 @@ def decide(cand_u: np.ndarray, n_out_c: int, n_base: int, n_out_b: int, allow: f
 def token_test(cand: Sequence[float | None], base: Sequence[float | None], alphas: Alphas,
                approximate: int = 0, limit: float = 0.05, cand_excess: Sequence[float] = (),
                exact_cut: bool = False, cand_answers: Sequence[Sequence[float | None]] = (),
-               base_answers: Sequence[Sequence[float | None]] = ()) -> TokenVerdict:
+               base_answers: Sequence[Sequence[float | None]] = (), cand_edge: EdgeCount | None = None,
+               base_edge: EdgeCount | None = None) -> TokenVerdict:
     """The candidate's per-token PITs (None: outside the law) against uniform, the baseline's scored the same way
     giving the scorer's allowance (module docstring). `limit`: the largest allowance the test accepts: beyond it
     the scorer does not reproduce the engine's law and the test cannot judge (a fail, with that reason).
     `cand_answers` / `base_answers`: the same PITs by answer, for the dispersion test (tested when given and
-    alphas.dispersion > 0)."""
+    alphas.dispersion > 0). `cand_edge` / `base_edge`: the draws at the law's cut, for the edge test (tested when
+    given and alphas.edge > 0)."""
     cu = np.asarray([x for x in cand if x is not None], dtype=np.float64)
     bu = np.asarray([x for x in base if x is not None], dtype=np.float64)
     oc, ob = len(cand) - cu.size, len(base) - bu.size
@@ -596,6 +662,13 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         v.dispersion_inflation = dispersion_inflation(d_b, k_b)
         v.dispersion_p = chi2_sf(d_c / v.dispersion_inflation, k_c) if k_c else 1.0
         disp_bad = v.dispersion_p < alphas.dispersion
+    edge_bad = False
+    if alphas.edge > 0 and cand_edge is not None and base_edge is not None:
+        v.edge_candidate, v.edge_expected_candidate = cand_edge.drawn, round(cand_edge.expected, 3)
+        v.edge_baseline, v.edge_expected_baseline = base_edge.drawn, round(base_edge.expected, 3)
+        v.edge_positions, v.alpha_edge = cand_edge.positions, alphas.edge
+        v.edge_p = edge_p(cand_edge, base_edge)
+        edge_bad = v.edge_p < alphas.edge
     v.outside_margin = MIN_MARGIN if exact_cut else math.inf
     v.farthest_outside = max(cand_excess, default=0.0)
     v.clearly_outside = sum(1 for e in cand_excess if e > v.outside_margin)
@@ -606,7 +679,7 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         v.reason = (f"the scorer does not reproduce the engine's law on the baseline's own tokens (KS {bd:.3f}, "
                     f"p {bp:.2g}; allowance {allow:.3f} > {limit:g}): wrong sampler order or parameters, or another "
                     "model")
-    elif not ok or v.clearly_outside or disp_bad:
+    elif not ok or v.clearly_outside or disp_bad or edge_bad:
         v.ok = False
         parts = []
         if v.clearly_outside:
@@ -627,12 +700,20 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
                          f"{v.baseline_dispersion or 0.0:.2f}x, scorer inflation {v.dispersion_inflation:.2f}), p "
                          f"{v.dispersion_p:.2g} < {alphas.dispersion:.2g} (random numbers shared or replayed across "
                          "positions, or a law wrong per request)")
+        if edge_bad:
+            parts.append(f"the token at the law's cut drawn {v.edge_candidate} times where the law expects "
+                         f"{v.edge_expected_candidate:.1f} (baseline {v.edge_baseline} of "
+                         f"{v.edge_expected_baseline:.1f}), p {v.edge_p:.2g} < {alphas.edge:.2g}: the sampler's "
+                         "support ends short of the request's top-k/top-p/min-p cut")
         v.reason = "; ".join(parts)
     else:
         v.reason = (f"{cu.size} tokens: KS {d:.4f} (allowance {allow:.4f}) p {p:.3g}; mean u {v.mean_u:.4f} p "
                     f"{pm:.3g}; outside the law {oc} (baseline {ob}) p {p_out:.3g}")
         if v.dispersion is not None:
             v.reason += f"; answers' dispersion {v.dispersion:.2f} over {v.answers} answers p {v.dispersion_p:.3g}"
+        if v.alpha_edge > 0:
+            v.reason += (f"; at the law's cut {v.edge_candidate} drawn, {v.edge_expected_candidate:.1f} expected "
+                         f"(baseline {v.edge_baseline} of {v.edge_expected_baseline:.1f}) p {v.edge_p:.3g}")
     return v
 
 
@@ -649,6 +730,7 @@ class PowerInput:
     n_out_b: int
     alphas: Alphas
     allow_mean: float = 0.0
+    base_edge: EdgeCount | None = None  # the baseline's draws at the law's cut (the edge test; None: not tested)
 
 
 # below this mean total-variation distance a family is no deviation from the law at all (kept_at_t1 at T=1, or
@@ -657,10 +739,22 @@ TV_FLOOR = 1e-4
 
 
 def _refused_once(x: PowerInput, col: np.ndarray, r: float, rng: np.random.Generator) -> bool:
+    """One simulated candidate: each of its tokens at a baseline position drawn at random, from the wrong law
+    (`col`: its PITs) with probability r, else from the correct law (a uniform u); refused by any statistic."""
     m = int(rng.binomial(x.n_cand, r))
-    picked = col[rng.integers(col.size, size=m)]
-    u = np.concatenate([rng.random(x.n_cand - m), picked[~np.isnan(picked)]])
-    return not decide(u, int(np.isnan(picked).sum()), x.n_base, x.n_out_b, x.allow, x.alphas, x.allow_mean)[0]
+    at = rng.integers(col.size, size=x.n_cand)
+    picked = col[at[:m]]
+    u = np.concatenate([picked, rng.random(x.n_cand - m)])  # u[i] is a draw at position at[i]
+    inside = u[~np.isnan(u)]
+    if not decide(inside, int(np.isnan(picked).sum()), x.n_base, x.n_out_b, x.allow, x.alphas, x.allow_mean)[0]:
+        return True
+    if x.base_edge is None or x.alphas.edge <= 0 or x.draws.shape[1] <= 2 * len(FAMILIES):
+        return False
+    e = x.draws[at, 2 * len(FAMILIES)]  # the law's cut: a token drawn there has u in its top e of (0, 1)
+    cut = ~np.isnan(e)
+    drawn = int(np.sum(cut & ~np.isnan(u) & (u >= 1.0 - np.where(cut, e, 0.0))))
+    cand = EdgeCount(drawn, float(e[cut].sum()), int(cut.sum()))
+    return edge_p(cand, x.base_edge) < x.alphas.edge
 
 
 def _rejection(inputs: Sequence[PowerInput], j: int, r: float, reps: int, rng: np.random.Generator) -> float:
@@ -742,13 +836,16 @@ def power_statement(inputs: Sequence[PowerInput], target: float, reps: int, seed
 
 
 def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out_b: int, alphas: Alphas,
-                target: float, reps: int, seed: int, allow_mean: float = 0.0) -> dict[str, Any]:
+                target: float, reps: int, seed: int, allow_mean: float = 0.0, base_edge: EdgeCount | None = None
+                ) -> dict[str, Any]:
     """power_statement for one temperature's test."""
-    return power_statement([PowerInput(draws, n_cand, allow, n_base, n_out_b, alphas, allow_mean)], target, reps,
-                           seed)
+    return power_statement([PowerInput(draws, n_cand, allow, n_base, n_out_b, alphas, allow_mean, base_edge)],
+                           target, reps, seed)
 
 
-__all__ = ["FAMILIES", "ORDERS", "TV_FLOOR", "Alphas", "Law", "PowerInput", "Row", "SamplingParams", "TokenVerdict",
-           "binomial_upper", "decide", "ks_critical", "ks_p", "ks_uniform", "law_of", "noise_allowance", "order_of",
-           "pit", "power_statement", "row_from_logits", "row_from_topk", "token_power", "token_test", "uniform_of",
-           "wrong_draws"]
+__all__ = [
+    "FAMILIES", "ORDERS", "TV_FLOOR", "Alphas", "EdgeCount", "Law", "PowerInput", "Row", "SamplingParams",
+    "TokenVerdict", "binomial_lower", "binomial_upper", "decide", "edge_of", "edge_p", "ks_critical", "ks_p",
+    "ks_uniform", "law_of", "noise_allowance", "order_of", "pit", "power_statement", "row_from_logits",
+    "row_from_topk", "token_power", "token_test", "uniform_of", "wrong_draws",
+]
