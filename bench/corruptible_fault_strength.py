@@ -52,14 +52,17 @@ ORACLE = ("no_residual", "heldout_b")
 # node's law, so they are gated, not measured here
 LAW_FAULTS = (*SAMPLER_FAULTS, "heldout_d")
 KEYS = (*LAW_FAULTS, *(f"{f}@oracle" for f in ORACLE))
+CORRECT = "correct"  # the request's own law: the baseline's draws in power_by_size
 
 
 def fault_laws(row: np.ndarray, kids: list[int], t: float, top_p: float | None, top_k: int | None,
                min_p: float | None, oracle_k: int, rng: np.random.Generator, k: int
-               ) -> dict[str, tuple[float, np.ndarray]]:
-    """Each sampler fault at one visited node (kids: its drafted children's tokens): the emitted law's distance
-    from p_T, and the PITs under p_T (descending-probability order, randomized, NaN outside the law: as the gate
-    places a token, validation/tokenlaw.py) of k tokens drawn from that law, each with its own uniform."""
+               ) -> dict[str, tuple[float, np.ndarray, np.ndarray]]:
+    """Each sampler fault at one visited node (kids: its drafted children's tokens), and the correct law under
+    CORRECT: the emitted law's distance from p_T; the PITs under p_T (descending-probability order, randomized, NaN
+    outside the law: as the gate places a token, validation/tokenlaw.py) of k tokens drawn from that law, each with
+    its own uniform; and for the edge test (tokenlaw.edge_p) per draw the probability of the token at p_T's cut
+    where p_T is cut (two or more tokens kept; NaN elsewhere), negated when the draw is that token."""
     want = node_probs(row, t, top_p, top_k, None, min_p)
     laws = {}
     for f in LAW_FAULTS:
@@ -69,37 +72,58 @@ def fault_laws(row: np.ndarray, kids: list[int], t: float, top_p: float | None, 
     for f in ORACLE:
         laws[f"{f}@oracle"] = emitted_law(want, [int(x) for x in order[:oracle_k]], residual=f != "no_residual",
                                           held_last=f == "heldout_b")
+    laws[CORRECT] = want
     before = np.empty_like(want)
     before[order] = np.cumsum(want[order]) - want[order]  # p_T mass strictly ahead of each token in that order
+    kept = int(np.count_nonzero(want))
+    cut = kept < want.size and kept >= 2
+    edge_tok = int(order[kept - 1]) if cut else -1
     out = {}
     for f, law in laws.items():
         c = np.cumsum(law)
         x = np.minimum(np.searchsorted(c, rng.random(k) * c[-1], side="right"), law.size - 1)
         u = before[x] + rng.random(k) * want[x]
         u[want[x] <= 0] = np.nan
-        out[f] = (total_variation(law, want), u)
+        e = np.full(k, float(want[edge_tok]) if cut else np.nan)
+        e[x == edge_tok] *= -1.0
+        out[f] = (total_variation(law, want), u, e)
     return out
 
 
-def power_by_size(pool: dict[str, np.ndarray], sizes: list[int], alphas: tokenlaw.Alphas, reps: int,
-                  rng: np.random.Generator) -> list[dict[str, Any]]:
-    """Per gate size (candidate tokens at one temperature, a clean baseline twice as large): the probability that
-    the per-token test (tokenlaw.decide, the shipped alphas) refuses an engine with each fault, every token drawn
-    from the fault's law: n PITs taken without replacement from the fault's pool of draws. Sizes beyond a pool
-    are not stated."""
+def _edge(e: np.ndarray) -> tokenlaw.EdgeCount:
+    """The draws at the law's cut of a sample of fault_laws' edge column (negative: the draw was the cut token)."""
+    at = ~np.isnan(e)
+    return tokenlaw.EdgeCount(int(np.sum(e[at] < 0)), float(np.abs(e[at]).sum()), int(at.sum()))
+
+
+def power_by_size(pool: dict[str, tuple[np.ndarray, np.ndarray]], sizes: list[int], alphas: tokenlaw.Alphas,
+                  reps: int, rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Per gate size (candidate tokens at one temperature, a clean baseline twice as large drawn from CORRECT's
+    pool): the probability that the per-token test (tokenlaw.decide and the edge test, the shipped alphas)
+    refuses an engine with each fault, every token drawn from the fault's law: n draws taken without replacement
+    from the fault's pool. Sizes beyond a pool are not stated. `refused_without_edge`: the same without the edge
+    test (what the gate refused before it had one)."""
     out = []
+    bu, be = pool[CORRECT]
     for n in sizes:
-        row: dict[str, Any] = {"tokens": n, "refused": {}}
-        for f, u in pool.items():
-            if n > u.size:
-                row["refused"][f] = None
+        row: dict[str, Any] = {"tokens": n, "refused": {}, "refused_without_edge": {}}
+        for f, (u, e) in pool.items():
+            if f == CORRECT or n > u.size or 2 * n > bu.size:
+                row["refused"][f] = row["refused_without_edge"][f] = None
                 continue
-            hits = 0
+            hits = hits_no_edge = 0
             for _ in range(reps):
-                pick = u[rng.choice(u.size, size=n, replace=False)]
+                at = rng.choice(u.size, size=n, replace=False)
+                pick = u[at]
                 inside = pick[~np.isnan(pick)]
-                hits += not tokenlaw.decide(inside, int(pick.size - inside.size), 2 * n, 0, 0.0, alphas)[0]
+                bad = not tokenlaw.decide(inside, int(pick.size - inside.size), 2 * n, 0, 0.0, alphas)[0]
+                hits_no_edge += bad
+                if not bad:
+                    base = _edge(be[rng.choice(bu.size, size=2 * n, replace=False)])
+                    bad = tokenlaw.edge_p(_edge(e[at]), base) < alphas.edge
+                hits += bad
             row["refused"][f] = hits / reps
+            row["refused_without_edge"][f] = hits_no_edge / reps
         out.append(row)
     return out
 
@@ -137,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     sums: dict[str, dict[str, float]] = {f"{t:g}": dict.fromkeys(KEYS, 0.0) for t in temps}
     tokens: dict[str, int] = dict.fromkeys(sums, 0)
     per_answer: list[dict[str, Any]] = []
-    draws: dict[str, dict[str, list[np.ndarray]]] = {k: {f: [] for f in KEYS} for k in sums}
+    draws: dict[str, dict[str, list[np.ndarray]]] = {k: {f: [] for f in (*KEYS, CORRECT)} for k in sums}
+    edges: dict[str, dict[str, list[np.ndarray]]] = {k: {f: [] for f in (*KEYS, CORRECT)} for k in sums}
     rng = np.random.default_rng(20261205)
     t0 = time.time()
     for t in temps:
@@ -158,17 +183,20 @@ def main(argv: list[str] | None = None) -> int:
                     for u in path:
                         got = fault_laws(rows[u], [toks[c] for c in children[u]], t, top_p, top_k, min_p,
                                          ecfg.topk, rng, a.draws_per_token)
-                        for f, (d, us) in got.items():
-                            acc[f] += d
+                        for f, (d, us, es) in got.items():
+                            if f != CORRECT:
+                                acc[f] += d
                             draws[f"{t:g}"][f].append(us)
+                            edges[f"{t:g}"][f].append(es)
                         walked[0] += 1
 
                 req = Request(ids, a.max_tokens or cfg.max_tokens or p.max_tokens, t, top_p, top_k,
                               answer_seed(seed, p.id, t), None, min_p)
                 gen = engine.generate(req, on_walk=on_walk)
-                n = walked[0] + 1  # the prefill's token: p_T under every fault
-                for f in KEYS:
+                n = walked[0] + 1  # the prefill's token: p_T under every fault (its row is not seen: no edge)
+                for f in (*KEYS, CORRECT):
                     draws[f"{t:g}"][f].append(rng.random(a.draws_per_token))
+                    edges[f"{t:g}"][f].append(np.full(a.draws_per_token, np.nan))
                 key = f"{t:g}"
                 for f in KEYS:
                     sums[key][f] += acc[f]
@@ -181,13 +209,14 @@ def main(argv: list[str] | None = None) -> int:
                       + ", ".join(f"{f} {acc[f] / n:.4f}" for f in KEYS)
                       + f" ({time.time() - t0:.0f} s)", flush=True)
     alphas = token_alphas(cfg.likelihood, 3)  # the shipped profiles' three T>0 temperatures
-    power = {k: power_by_size({f: np.concatenate(v) for f, v in fs.items()}, sizes, alphas, a.reps, rng)
+    power = {k: power_by_size({f: (np.concatenate(v), np.concatenate(edges[k][f])) for f, v in fs.items()}, sizes,
+                              alphas, a.reps, rng)
              for k, fs in draws.items()}
     out: dict[str, Any] = {**provenance(sys.argv), "config": a.config, "engine": ecfg.model_dump(),
                            "temperatures": temps, "seeds": seeds,
                            "mean_tv": {k: {f: v / max(1, tokens[k]) for f, v in fs.items()} for k, fs in sums.items()},
                            "tokens": tokens, "power_alphas": {"ks": alphas.ks, "mean": alphas.mean,
-                                                              "outside": alphas.outside},
+                                                              "outside": alphas.outside, "edge": alphas.edge},
                            "power": power, "answers": per_answer}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
@@ -195,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, rows in power.items():
         for r in rows:
             print(f"T={k} {r['tokens']} tokens: refused "
-                  + ", ".join(f"{f} {v:.2f}" if v is not None else f"{f} -" for f, v in r["refused"].items()))
+                  + ", ".join(f"{f} {v:.2f} ({r['refused_without_edge'][f]:.2f} without the edge test)"
+                              if v is not None else f"{f} -" for f, v in r["refused"].items() if f != CORRECT))
     print(f"wrote {a.out}")
     return 0
 

@@ -590,3 +590,20 @@ def test_the_edge_test_allows_a_scorer_that_misplaces_the_cut_alike_on_both_side
     assert edge_p(ce, be) > 0.3
     assert edge_p(EdgeCount(0, 20.0, 900), EdgeCount(0, 40.0, 1800)) == 1.0  # nothing drawn on either side
     assert binomial_lower(0, 40, 1 / 3) == pytest.approx((2 / 3) ** 40)
+
+
+def test_the_edge_test_is_conservative_when_the_sampler_is_correct() -> None:
+    """2,000 null gates: the cut token's probability differs per position (0.5 where two tokens are kept), each
+    side's draws are Bernoulli; the conditional test refuses at most at alpha (Bernoulli counts vary less than the
+    Poisson counts it assumes)."""
+    rng = np.random.default_rng(31)
+    ps = []
+    for _ in range(2000):
+        pc, pb = rng.uniform(0.002, 0.5, 300) ** 2 * 2, rng.uniform(0.002, 0.5, 600) ** 2 * 2
+        ce = EdgeCount(int((rng.random(pc.size) < pc).sum()), float(pc.sum()), pc.size)
+        be = EdgeCount(int((rng.random(pb.size) < pb).sum()), float(pb.sum()), pb.size)
+        ps.append(edge_p(ce, be))
+    ps_ = np.asarray(ps)
+    for alpha in (0.01, 0.05, 0.2):
+        assert (ps_ < alpha).mean() <= alpha * 1.2 + 0.005, (alpha, (ps_ < alpha).mean())
+    assert (ps_ < 0.2).mean() > 0.05  # not a test that never refuses

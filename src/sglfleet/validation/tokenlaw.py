@@ -38,8 +38,15 @@ chi-square with 1 degree of freedom) a chi-square tail at most. A sampler whose 
 replay their random numbers, or whose law is wrong for a whole request in a direction that differs between
 requests (another row's temperature, a per-request random effect), moves every u of an answer together: the
 pooled KS and mean can stay uniform while each answer's mean strays.
+And the draws at the law's cut (`edge_p`): where the request's top-k / top-p / min-p cuts the law inside the
+scorer's row, its least likely kept token is drawn with a probability the law states; a sampler whose support
+ends short of the cut (a truncation placed a token or more too far in, or computed on another law) never draws
+it, while its u move only within the top few hundredths of (0, 1), where KS and the mean see little (a top-p cut
+one token short, written blind to the gate, passed them at the test bed's size, 2026-12-05). The candidate's count
+against its expectation is compared with the baseline's, so the scorer's own misplacement of the cut cancels.
 `token_power` states what that refuses: the smallest fraction of tokens drawn from a wrong law (greedy,
-untruncated, the kept set at T=1, flat) refused with the target probability at the gate's own token count, by
+untruncated, the kept set at T=1, flat, the law cut one token short) refused with the target probability at
+the gate's own token count, by
 Monte Carlo from the baseline's rows.
 """
 
