@@ -371,7 +371,8 @@ def render_token_power_size(raw: dict[str, Any], path: str) -> str:
     lines += ["", f"Rows: the baseline's own tokens ({', '.join(f'T{t}: {n}' for t, n in rows.items())}), "
               f"{raw.get('reps')} Monte Carlo draws per share tried, power target {raw.get('target'):.0%}, alphas "
               f"KS {raw['alphas']['ks']:.2g} / mean {raw['alphas']['mean']:.2g} / outside "
-              f"{raw['alphas']['outside']:.2g} per temperature.", "",
+              f"{raw['alphas']['outside']:.2g}"
+              + (f" / edge {raw['alphas']['edge']:.2g}" if raw["alphas"].get("edge") else "") + " per temperature.", "",
               f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', {}).get('cpus', '?')} cores, commit "
               f"{raw.get('commit', '?')}; command: `{raw.get('command', '?')}`"]
     return "\n".join(lines) + "\n"
@@ -389,13 +390,17 @@ def render_corruptible_fault_strength(raw: dict[str, Any], path: str) -> str:
             cells = []
             for r in raw["power"][t]:
                 v = r["refused"].get(f)
-                cells.append("—" if v is None else f"{v:.0%}")
+                w = (r.get("refused_without_edge") or {}).get(f)
+                cells.append("—" if v is None else f"{v:.0%}" + (f" ({w:.0%})" if w is not None and w != v else ""))
             lines.append(f"| {f} | {t} | {raw['mean_tv'][t][f]:.4f} | " + " | ".join(cells) + " |")
     toks = ", ".join(f"T{t}: {_num(n)}" for t, n in raw["tokens"].items())
+    pa = raw["power_alphas"]
+    edge = (f", edge {pa['edge']:.2g}; in brackets where it differs: without the edge test" if pa.get("edge")
+            else "")
     lines += ["", f"Tokens walked by the correct engine: {toks} ({len(raw['answers'])} answers, seeds "
               f"{raw['seeds']}); engine budget {raw['engine']['budget']}, top-k {raw['engine']['topk']}. Refusal: "
-              f"the per-token test at the shipped alphas (KS {raw['power_alphas']['ks']:.2g}, mean "
-              f"{raw['power_alphas']['mean']:.2g}, outside {raw['power_alphas']['outside']:.2g}) over gates whose "
+              f"the per-token test at the shipped alphas (KS {pa['ks']:.2g}, mean {pa['mean']:.2g}, outside "
+              f"{pa['outside']:.2g}{edge}) over gates whose "
               "every token comes from the fault's law; — where the fault's pool of draws is smaller than the gate.",
               "", f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', {}).get('cpus', '?')} cores, commit "
               f"{raw.get('commit', '?')}; command: `{raw.get('command', '?')}`"]

@@ -98,11 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         base_inputs[t] = power_input(tv.as_dict(), scored[t], alphas)
     out: dict[str, Any] = {**provenance(sys.argv), "baseline": a.baseline, "config": a.config, "order": a.order,
                            "reps": a.reps, "target": lc.token_power_target,
-                           "alphas": {"ks": alphas.ks, "mean": alphas.mean, "outside": alphas.outside},
+                           "alphas": {"ks": alphas.ks, "mean": alphas.mean, "outside": alphas.outside,
+                                      "dispersion": alphas.dispersion, "edge": alphas.edge},
                            "rows_per_temperature": {f"{t:g}": int(base_inputs[t].draws.shape[0]) for t in temps},
                            "sizes": []}
     for n in sizes:
-        ins = {t: tokenlaw.PowerInput(x.draws, n, x.allow, x.n_base, x.n_out_b, x.alphas, x.allow_mean)
+        ins = {t: tokenlaw.PowerInput(x.draws, n, x.allow, x.n_base, x.n_out_b, x.alphas, x.allow_mean, x.base_edge)
                for t, x in base_inputs.items()}
         per_t = {f"{t:g}": tokenlaw.power_statement([x], lc.token_power_target, a.reps, lc.rng_seed)
                  for t, x in ins.items()}

@@ -79,7 +79,7 @@ sys.path.insert(0, str(SRC / "src"))  # the driver's own imports of sglfleet too
 PROFILE = SRC / "src" / "sglfleet" / "validation" / "profiles" / "sglang-smollm2.yaml"
 GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"
 FAULTS = ("verify_temperature_one", "verify_no_top_p", "row_shift", "min_p_on_t1", "step_shared_random",
-          "step_replay_random", "greedy_if_any")
+          "step_replay_random", "greedy_if_any", "support_one_short")
 BASE_PORT = 31300
 # a later session's runs take seeds no earlier session used (PRODSEQ_RUN_OFFSET=100: run r seeds 10000 * (r + 100) + j)
 RUN_OFFSET = int(os.environ.get("PRODSEQ_RUN_OFFSET", "0"))

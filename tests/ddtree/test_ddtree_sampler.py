@@ -57,13 +57,15 @@ LAW_FAULTS = [f for f in S.TEST_FAULTS if f not in DEPENDENCE_FAULTS]
 
 
 def reference_law(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
-                  min_p_at_t1: bool = False, sequential: bool = False) -> np.ndarray:
+                  min_p_at_t1: bool = False, sequential: bool = False, one_short: bool = False) -> np.ndarray:
     """The distribution one node's token must follow. Greedy (T <= 1e-5 or top_k == 1): a point mass on the first
     maximal logit. Otherwise q = softmax(logits / T); walking the tokens from the most probable down, a token is
     kept when its rank is below top_k, the mass of the tokens before it is below top_p and its probability is at
     least min_p times the largest (the first token always); the kept q renormalised. ``min_p_at_t1`` describes
     the min_p_on_t1 fault: the min-p test on softmax(logits) instead. ``sequential``: the batch holds a min-p
-    request, and sglang's sampler then measures top-p on the renormalised mass of the top-k survivors."""
+    request, and sglang's sampler then measures top-p on the renormalised mass of the top-k survivors.
+    ``one_short`` describes the support_one_short fault: where some tokens are cut and two or more kept, the
+    least likely kept one is cut too."""
     x = np.asarray(logits, dtype=np.float64)
     if temperature <= 1e-5 or top_k == 1:
         out = np.zeros(len(x))
@@ -83,6 +85,9 @@ def reference_law(logits: np.ndarray, temperature: float, top_k: int, top_p: flo
         if rank == 0 or (rank < top_k and before < top_p * mass_k and mine >= min_p * lead):
             kept[i] = q[i]
         before += q[i]
+    n_kept = int(np.count_nonzero(kept))
+    if one_short and 2 <= n_kept < len(x):
+        kept[[i for i in ranked if kept[i] > 0][-1]] = 0.0
     return kept / kept.sum()
 
 
@@ -200,9 +205,9 @@ def hashed_gumbel_draw(logprobs: torch.Tensor, seeds: torch.Tensor, positions: t
     return torch.from_numpy(np.argmax(noisy, axis=1)).view(n, 1).to(logprobs.device)
 
 
-def described_batch(fault: str | None, batch=BATCH) -> tuple[list, bool]:
+def described_batch(fault: str | None, batch=BATCH) -> tuple[list, dict[str, bool]]:
     """The parameters each request's draws follow under ``fault``, as its comment in TEST_FAULTS says, and
-    whether min-p is judged at T = 1."""
+    reference_law's options for it (min-p judged at T = 1; the support one token short)."""
     rows = list(batch)
     if fault == "verify_temperature_one":
         rows = [r if b in GREEDY_ROWS else (1.0, *r[1:]) for b, r in enumerate(rows)]
@@ -214,17 +219,18 @@ def described_batch(fault: str | None, batch=BATCH) -> tuple[list, bool]:
         sampling = [b for b, (t, k, _, _) in enumerate(batch) if not (t <= 1e-5 or k == 1)]
         for i, b in enumerate(sampling):
             rows[b] = batch[sampling[(i + 1) % len(sampling)]]
-    return rows, fault == "min_p_on_t1"
+    opts = {"min_p_at_t1": fault == "min_p_on_t1", "one_short": fault == "support_one_short"}
+    return rows, {k: v for k, v in opts.items() if v}
 
 
-def fits(counts: np.ndarray, logits: np.ndarray, rows, min_p_at_t1: bool = False,
-         only=SAMPLING_ROWS) -> tuple[dict[tuple[int, int], float], float]:
-    """Per node p-values of the fit, and the p-value of the summed chi-square over the nodes of ``only``."""
+def fits(counts: np.ndarray, logits: np.ndarray, rows, only=SAMPLING_ROWS, **opts: bool
+         ) -> tuple[dict[tuple[int, int], float], float]:
+    """Per node p-values of the fit, and the p-value of the summed chi-square over the nodes of ``only``
+    (``opts``: reference_law's options for a fault's described law)."""
     per, total, dof = {}, 0.0, 0
     for b in only:
         for j in range(logits.shape[1]):
-            stat, d = chi2_fit(counts[b, j], reference_law(logits[b, j], *rows[b], min_p_at_t1=min_p_at_t1,
-                                                           sequential=SEQ))
+            stat, d = chi2_fit(counts[b, j], reference_law(logits[b, j], *rows[b], sequential=SEQ, **opts))
             per[(b, j)] = chi2_sf(stat, d) if math.isfinite(stat) else 0.0
             total, dof = total + stat, dof + d
     return per, (chi2_sf(total, dof) if math.isfinite(total) else 0.0)
@@ -235,9 +241,9 @@ def logits() -> np.ndarray:
     x = make_logits(2028, len(BATCH))
     for b in SAMPLING_ROWS:  # no top-p / min-p decision within 1e-4 of its threshold (float32 vs float64)
         for fault in (None, *LAW_FAULTS):
-            rows, at_t1 = described_batch(fault)
+            rows, opts = described_batch(fault)
             t, k, p, m = rows[b]
-            if at_t1:  # min-p on T = 1 is min-p ** (1 / T) on the scaled distribution
+            if opts.get("min_p_at_t1"):  # min-p on T = 1 is min-p ** (1 / T) on the scaled distribution
                 m = m ** (1.0 / t)
             for j in range(WIDTH):
                 assert boundary_margin(x[b, j], t, k, p, m, SEQ) > 1e-4, \
@@ -382,7 +388,8 @@ def test_faults_are_known_and_off_by_default(monkeypatch) -> None:
     with pytest.raises(ValueError, match="known test faults"):
         S.read_test_fault()
     assert set(S.TEST_FAULTS) == {"step_shared_random", "step_replay_random", "verify_temperature_one",
-                                  "verify_no_top_p", "row_shift", "min_p_on_t1", "greedy_if_any"}
+                                  "verify_no_top_p", "row_shift", "min_p_on_t1", "greedy_if_any",
+                                  "support_one_short"}
     with pytest.raises(ValueError):
         S.node_draws(torch.zeros(2, 3), torch.ones(1, 1), torch.ones(1, dtype=torch.int32) * 3, torch.ones(1),
                      torch.zeros(1), 2, fault="nope")
@@ -403,11 +410,11 @@ def test_fault_fails_the_law(fault, logits, fault_draws) -> None:
 @pytest.mark.parametrize("fault", LAW_FAULTS)
 def test_fault_draws_the_law_its_comment_describes(fault, logits, fault_draws) -> None:
     counts, _ = fault_draws[fault]
-    rows, at_t1 = described_batch(fault)
-    per, total = fits(counts, logits, rows, min_p_at_t1=at_t1)
+    rows, opts = described_batch(fault)
+    per, total = fits(counts, logits, rows, **opts)
     assert min(per.values()) > ALPHA_PASS and total > ALPHA_PASS, (fault, min(per.values()), total)
     unchanged = [b for b in SAMPLING_ROWS  # rows whose described law is the correct one
-                 if all(np.allclose(reference_law(logits[b, j], *rows[b], min_p_at_t1=at_t1, sequential=SEQ),
+                 if all(np.allclose(reference_law(logits[b, j], *rows[b], sequential=SEQ, **opts),
                                     reference_law(logits[b, j], *BATCH[b], sequential=SEQ)) for j in range(WIDTH))]
     if unchanged:  # the rows the fault leaves alone still fit the correct law
         _, p_unchanged = fits(counts, logits, BATCH, only=unchanged)
@@ -514,6 +521,7 @@ def test_step_replay_random_keeps_each_steps_law_and_repeats_it(logits, seeded) 
     ("verify_no_top_p", [(0.7, 8, 1.0, 0.1), (1.0, TOP_K_ALL, 1.0, 0.0)]),  # top_p = 1 already
     ("min_p_on_t1", [(0.7, 8, 0.9, 0.0), (1.0, TOP_K_ALL, 0.95, 0.2)]),  # min_p = 0 or T = 1
     ("greedy_if_any", [(0.7, 8, 0.9, 0.0), (1.0, TOP_K_ALL, 0.95, 0.2)]),  # no greedy request in the batch
+    ("support_one_short", [(0.8, TOP_K_ALL, 1.0, 0.0), (1.0, VOCAB + 5, 1.0, 0.0), (0.0, 8, 0.9, 0.0)]),  # no cut
 ])
 def test_fault_is_invisible_where_its_comment_says(fault, batch) -> None:
     """Same generator state, same draws as the correct sampler, bit for bit."""
@@ -566,8 +574,8 @@ def test_cuda_draws_fit_the_law_and_faults_fail(logits) -> None:
                 assert (steps[1][:, list(SAMPLING_ROWS)] == steps[0][:, list(SAMPLING_ROWS)]).all(), seeded
                 continue
             assert fits(counts, logits, BATCH)[1] < ALPHA_FAIL, (fault, seeded)
-            rows, at_t1 = described_batch(fault)
-            per, total = fits(counts, logits, rows, min_p_at_t1=at_t1)
+            rows, opts = described_batch(fault)
+            per, total = fits(counts, logits, rows, **opts)
             assert min(per.values()) > ALPHA_PASS and total > ALPHA_PASS, (fault, seeded, min(per.values()), total)
 
 

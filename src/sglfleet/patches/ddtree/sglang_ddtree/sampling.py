@@ -53,6 +53,11 @@ TEST_FAULTS = (
     # whose batch holds a greedy request (T = 0 or top_k == 1), every sampling request is decoded greedily too. A
     # batch of sampling requests only, or a request alone, is unaffected.
     "greedy_if_any",
+    # parameters: the support ends one token short of the request's cut: where top-k, top-p or min-p cuts the law
+    # (two or more tokens kept, some cut), its least likely kept token is cut too (an off-by-one in the cut, as a
+    # `<=` for `<` on the mass before a token, or a top-k that counts from one). Requests whose law is not cut
+    # (no top-k / top-p / min-p, or all of them past the vocabulary) are unaffected.
+    "support_one_short",
 )
 
 # at or below this temperature a request is greedy (argmax), as in sglang's sampler
@@ -72,7 +77,8 @@ def read_test_fault() -> str | None:
 
 
 def renorm(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor,
-           min_p_probs: torch.Tensor | None = None, sequential: torch.Tensor | None = None) -> torch.Tensor:
+           min_p_probs: torch.Tensor | None = None, sequential: torch.Tensor | None = None,
+           one_short: bool = False) -> torch.Tensor:
     """Keep the top-k, top-p and min-p support of each row and renormalise (sglang's order).
 
     All three masks are computed on the same descending sort of ``probs`` (joint, not one after the other):
@@ -84,7 +90,8 @@ def renorm(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_
     whole batch to top-k renorm, then top-p renorm, then min-p when any request of the batch has min-p; top-p
     is then measured on the top-k survivors' renormalised mass. Where it is true the same happens here, so a
     request with both top-k and top-p draws exactly the law the target-only server would give it in that batch
-    (the other requests' laws are the same either way)."""
+    (the other requests' laws are the same either way). ``one_short`` (only the ``support_one_short`` test fault)
+    cuts the least likely kept token too, where the support is cut and holds two or more tokens."""
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
     ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
     keep = ranks < top_ks.clamp_min(1).unsqueeze(1)
@@ -97,6 +104,9 @@ def renorm(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_
     ref = sorted_p if min_p_probs is None else torch.gather(min_p_probs, 1, order)
     keep &= ref >= (ref[:, :1] * min_ps.unsqueeze(1))
     keep[:, 0] = True
+    if one_short:  # the kept set is a prefix of the sorted row: drop its last token where some were cut
+        n = keep.sum(dim=-1, keepdim=True)
+        keep &= ~((ranks == n - 1) & (n >= 2) & (n < probs.shape[-1]))
     sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
     out = torch.zeros_like(probs).scatter_(1, order, sorted_p)
     return out / out.sum(dim=-1, keepdim=True)
@@ -164,7 +174,8 @@ def node_draws(
     ps = torch.repeat_interleave(req_p, w)
     ms = torch.repeat_interleave(req_m, w)
     min_p_probs = torch.softmax(logits.float(), dim=-1) if fault == "min_p_on_t1" else None
-    probs = renorm(probs, ks, ps, ms, min_p_probs=min_p_probs, sequential=sequential)
+    probs = renorm(probs, ks, ps, ms, min_p_probs=min_p_probs, sequential=sequential,
+                   one_short=fault == "support_one_short")
     if seeds is not None:
         if seeded_draw is None:
             from sglang.srt.layers.sampler import multinomial_with_seed as seeded_draw
