@@ -80,6 +80,9 @@ def _per_token(tok: Any) -> dict[str, Any]:
         "outside_baseline": tok.get("outside_baseline"), "outside_p": tok.get("outside_p"),
         "noise_allowance": tok.get("noise_allowance"),
         "dispersion": tok.get("dispersion"), "dispersion_p": tok.get("dispersion_p"),
+        "edge": tok.get("edge_candidate"), "edge_expected": tok.get("edge_expected_candidate"),
+        "edge_baseline": tok.get("edge_baseline"), "edge_expected_baseline": tok.get("edge_expected_baseline"),
+        "edge_p": tok.get("edge_p") if tok.get("alpha_edge") else None,
         "min_rate": {f: v.get("min_rate") for f, v in (pw.get("families") or {}).items()},
         "min_mean_tv": pw.get("min_mean_tv_all_families")}}
 

@@ -298,7 +298,9 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
     tok = any("per_token" in (v or {}) for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
     disp = any(((v or {}).get("per_token") or {}).get("dispersion") is not None
                for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
-    disp_head = ", answers' dispersion (p)" if disp else ""
+    edge = any(((v or {}).get("per_token") or {}).get("edge_p") is not None
+               for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
+    disp_head = (", answers' dispersion (p)" if disp else "") + (", cut token drawn / expected (p)" if edge else "")
     lines = [f"| engine | w | verdict | failing checks | T>0 likelihood: p (mean NLL, worst window"
              f"{', lag-1 PIT' if lag else ''}), z | "
              + (f"per-token: tokens, KS p, mean u (p), outside (baseline){disp_head} | " if tok else "")
@@ -327,6 +329,10 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
                 if pt:
                     dd = (f", {pt['dispersion']:.2f} ({pt['dispersion_p']:.2g})" if pt.get("dispersion") is not None
                           else ", —" if disp else "")
+                    if pt.get("edge_p") is not None:
+                        dd += f", {pt['edge']} / {pt['edge_expected']:.1f} ({pt['edge_p']:.2g})"
+                    elif edge:
+                        dd += ", —"
                     cells.append(f"{t}: {pt['tokens']}, {pt['ks_p']:.2g}, {pt['mean_u']:.3f} ({pt['mean_p']:.2g}), "
                                  f"{pt['outside']} ({pt['outside_baseline']}){dd}{'' if pt['ok'] else ' **fail**'}")
             per = f"{'; '.join(cells) or '—'} | "
