@@ -353,7 +353,8 @@ def likelihood_numbers(case: dict[str, Any]) -> dict[str, Any]:
                 "outside_candidate", "outside_baseline", "outside_p", "alpha_ks", "alpha_outside", "mean_u",
                 "approximate_share", "reason", "mean_p", "mean_allowance", "baseline_mean_u", "alpha_mean",
                 "answers", "dispersion", "baseline_dispersion", "dispersion_inflation", "dispersion_p",
-                "alpha_dispersion")
+                "alpha_dispersion", "edge_candidate", "edge_expected_candidate", "edge_baseline",
+                "edge_expected_baseline", "edge_positions", "edge_p", "alpha_edge")
         out["per_token"] = {k: _num(tok.get(k)) for k in keep}
         pw = tok.get("power") or {}
         out["per_token"]["power"] = {

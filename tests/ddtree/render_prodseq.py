@@ -94,11 +94,15 @@ def token_table(raw: dict[str, Any]) -> list[str]:
     # the answers' dispersion (a test of the per-token test since 2026-12-05): a column only where a run has it
     disp = any((((g.get("likelihood") or {}).get(t) or {}).get("per_token") or {}).get("dispersion") is not None
                for gs in by.values() for g in _verdicts(gs) for t in temps)
+    # the draws at the law's cut (the edge test, since 2026-12-05): a column only where a run has it
+    edge = any((((g.get("likelihood") or {}).get(t) or {}).get("per_token") or {}).get("edge_p") is not None
+               for gs in by.values() for g in _verdicts(gs) for t in temps)
     lines = ["| build | T | runs | per-token refused | KS D (median) | KS p min / median | mean u (median) "
              "| mean p min / median | noise allowance (max) | outside the law, candidate / baseline (sum) "
              + ("| answers' dispersion (median), p min " if disp else "")
+             + ("| cut token drawn / expected, baseline (sum), p min " if edge else "")
              + "| power: smallest wrong share refused (median) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if disp else "")]
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if disp else "") + ("---|" if edge else "")]
     for server, gates in by.items():
         for t in temps:
             toks = [((g.get("likelihood") or {}).get(t) or {}).get("per_token") for g in _verdicts(gates)]
@@ -107,7 +111,7 @@ def token_table(raw: dict[str, Any]) -> list[str]:
                 cases = [((g.get("likelihood") or {}).get(t) or {}) for g in _verdicts(gates)]
                 why = next((c.get("message") for c in cases if c.get("message")), "no likelihood case")
                 lines.append(f"| {server} | {t} | {len(cases)} | no per-token numbers: {str(why)[:160]} "
-                             "| — | — | — | — | — | — | — |" + (" — |" if disp else ""))
+                             "| — | — | — | — | — | — | — |" + (" — |" if disp else "") + (" — |" if edge else ""))
                 continue
             ps = [x.get("ks_p") for x in toks if x.get("ks_p") is not None]
             ds = [x.get("ks_d") for x in toks if x.get("ks_d") is not None]
@@ -117,6 +121,13 @@ def token_table(raw: dict[str, Any]) -> list[str]:
             dv = [x["dispersion"] for x in toks if x.get("dispersion") is not None]
             dp = [x["dispersion_p"] for x in toks if x.get("dispersion_p") is not None]
             dcell = (f"{_f(statistics.median(dv)) if dv else '—'}, {_p(min(dp)) if dp else '—'} | " if disp else "")
+            ex = [x for x in toks if x.get("edge_p") is not None]
+            if edge:
+                dcell += (f"{sum(int(x['edge_candidate']) for x in ex)} / "
+                          f"{sum(float(x['edge_expected_candidate']) for x in ex):.1f}, "
+                          f"{sum(int(x['edge_baseline']) for x in ex)} / "
+                          f"{sum(float(x['edge_expected_baseline']) for x in ex):.1f}, "
+                          f"{_p(min(float(x['edge_p']) for x in ex))} | " if ex else "— | ")
             rates = [(x.get("power") or {}).get("min_rate_all_families") for x in toks]
             rates_ok = [r for r in rates if r is not None]
             lines.append(
