@@ -39,6 +39,8 @@ from sglfleet.validation.tokenlaw import (
     power_statement,
     row_from_logits,
     row_from_topk,
+    serial,
+    serial_p,
     token_power,
     token_test,
     uniform_of,
@@ -607,3 +609,51 @@ def test_the_edge_test_is_conservative_when_the_sampler_is_correct() -> None:
     for alpha in (0.01, 0.05, 0.2):
         assert (ps_ < alpha).mean() <= alpha * 1.2 + 0.005, (alpha, (ps_ < alpha).mean())
     assert (ps_ < 0.2).mean() > 0.05  # not a test that never refuses
+
+
+def serial_answers(n_answers: int, length: int, seed: int, shared: bool = False, two_token_steps: float = 1 / 3
+                   ) -> list[list[float]]:
+    """Answers of random-logit positions at T 0.8, each token drawn by inverse CDF in vocabulary order (as
+    torch.multinomial and FlashInfer draw), placed by its vocabulary-order mid-PIT (scorers.pit_of_row). With
+    `shared`, the tokens of one verify step (two with probability `two_token_steps`, else one) share their
+    uniform, as the DDTree worker's step_shared_random test fault draws."""
+    from sglfleet.validation.scorers import pit_of_row
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_answers):
+        mids: list[float] = []
+        v, left = 0.0, 0
+        for _ in range(length):
+            if left == 0 or not shared:
+                v, left = float(rng.random()), (2 if rng.random() < two_token_steps else 1)
+            left -= 1
+            q = np.exp(rng.normal(0, 2.5, V) / 0.8)
+            q /= q.sum()
+            tok = int(min(np.searchsorted(np.cumsum(q), v * q.sum(), side="right"), V - 1))
+            mids.append(pit_of_row(dict(enumerate(np.log(q).tolist())), tok))
+            if not shared:
+                v = float(rng.random())
+        out.append(mids)
+    return out
+
+
+def test_the_serial_test_holds_its_alpha_under_independent_draws() -> None:
+    ps = []
+    for seed in range(300):
+        c, b = serial_answers(8, 25, 1000 + seed), serial_answers(16, 25, 5000 + seed)
+        ps.append(serial_p(serial(c), serial(b))[1])
+    ps_ = np.asarray(ps)
+    assert (ps_ < 0.05).mean() <= 0.08 and (ps_ < 0.2).mean() > 0.08, (ps_ < 0.05).mean()
+
+
+def test_the_serial_test_refuses_a_uniform_shared_by_the_tokens_of_a_step() -> None:
+    """One step in three emits two tokens (the served accept length of the H100 run, 2026-12-05), and those two
+    share their uniform: their tokens' laws are exact, so KS, the mean and the answers' dispersion see nothing."""
+    c, b = serial_answers(60, 30, 77, shared=True), serial_answers(120, 30, 78)
+    z, p = serial_p(serial(c), serial(b))
+    assert z > 4 and p < 1e-4, (z, p)
+    cu, bu = [x for g in c for x in g], [x for g in b for x in g]
+    v = token_test(cu, bu, Alphas(ks=4e-4, mean=3e-4, outside=1.5e-4, serial=1e-4), cand_mid=c, base_mid=b)
+    assert not v.ok and "consecutive tokens" in v.reason and v.serial_pairs == 60 * 29, v.reason
+    assert token_test(cu, bu, Alphas(ks=4e-4, mean=3e-4, outside=1.5e-4)).ok  # the marginals alone pass

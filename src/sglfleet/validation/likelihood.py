@@ -161,12 +161,13 @@ def _alphas(lc: Any, n_temperatures: int, token: bool = True) -> tuple[float, fl
 
 
 def token_alphas(lc: Any, n_temperatures: int) -> tokenlaw.Alphas:
-    """The per-token test's alphas: `token_share` of the temperature's alpha, seven twentieths to the KS test, a
-    quarter to the mean u, three twentieths each to the count of tokens outside the law and to the answers'
-    dispersion, a tenth to the draws at the law's cut (tokenlaw.edge_p)."""
+    """The per-token test's alphas: `token_share` of the temperature's alpha, three tenths to the KS test, a
+    quarter to the mean u, three twentieths to the count of tokens outside the law, a tenth each to the answers'
+    dispersion, the draws at the law's cut (tokenlaw.edge_p) and consecutive tokens' dependence
+    (tokenlaw.serial_p)."""
     a_tok = lc.alpha / max(1, n_temperatures) * lc.token_share
-    return tokenlaw.Alphas(ks=0.35 * a_tok, mean=0.25 * a_tok, outside=0.15 * a_tok, dispersion=0.15 * a_tok,
-                           edge=0.1 * a_tok)
+    return tokenlaw.Alphas(ks=0.3 * a_tok, mean=0.25 * a_tok, outside=0.15 * a_tok, dispersion=0.1 * a_tok,
+                           edge=0.1 * a_tok, serial=0.1 * a_tok)
 
 
 def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int,
@@ -185,7 +186,8 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
                              exact_cut=exact_cut, cand_answers=[a.tok_pit or () for a in cand],
                              base_answers=[a.tok_pit or () for a in base],
                              cand_edge=sum((a.edge for a in cand), tokenlaw.EdgeCount()),
-                             base_edge=sum((a.edge for a in base), tokenlaw.EdgeCount()))
+                             base_edge=sum((a.edge for a in base), tokenlaw.EdgeCount()),
+                             cand_mid=[a.pit for a in cand if a.pit], base_mid=[a.pit for a in base if a.pit])
     if lc.token_power_reps:
         tv.power = tokenlaw.power_statement([power_input(tv.as_dict(), base, alphas)], lc.token_power_target,
                                             lc.token_power_reps, lc.rng_seed)

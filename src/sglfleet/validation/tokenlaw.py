@@ -53,6 +53,7 @@ Monte Carlo from the baseline's rows.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -471,6 +472,32 @@ def edge_p(cand: EdgeCount, base: EdgeCount) -> float:
     return binomial_lower(cand.drawn, m, cand.expected / tot)
 
 
+def serial(groups: Sequence[Sequence[float]]) -> tuple[float, float, int]:
+    """(mean, mean square, count) of the products (m_t - 1/2)(m_{t+1} - 1/2) of consecutive tokens' mid-PITs in
+    vocabulary order (AnswerScore.pit) within each answer. A mid-PIT has mean exactly 1/2 under the law the token
+    was drawn from whatever came before, so under a correct sampler the products have mean 0 (martingale
+    differences); draws that share one uniform within a verify step (an inverse-CDF draw in vocabulary order at
+    each node of the step) give nearly equal mid-PITs to consecutive tokens and a positive mean."""
+    prods = [(a - 0.5) * (b - 0.5) for g in groups for a, b in itertools.pairwise(g)]
+    if not prods:
+        return 0.0, 0.0, 0
+    x = np.asarray(prods, dtype=np.float64)
+    return float(x.mean()), float((x * x).mean()), int(x.size)
+
+
+def serial_p(cand: tuple[float, float, int], base: tuple[float, float, int]) -> tuple[float, float]:
+    """(z, two-sided p) of the candidate's mean product against the baseline's (serial): the scorer's own
+    departure from the engine's law (a server's top-k row renormalised) moves both sides alike and cancels."""
+    (rc, vc, nc), (rb, vb, nb) = cand, base
+    if nc < 2 or nb < 2:
+        return 0.0, 1.0
+    se = math.sqrt(vc / nc + vb / nb)
+    if se <= 0:
+        return 0.0, 1.0
+    z = (rc - rb) / se
+    return z, math.erfc(abs(z) / math.sqrt(2.0))
+
+
 NOISE_P = 0.01  # the baseline's own u count as non-uniform (the scorer's deviation allowed) below this p
 MEDIAN_K = 0.8276  # the median of the Kolmogorov distribution
 
@@ -524,6 +551,14 @@ class TokenVerdict:
     edge_positions: int = 0
     edge_p: float = 1.0
     alpha_edge: float = 0.0
+    # consecutive tokens within answers (serial_p): the mean product of their centred vocabulary-order mid-PITs,
+    # candidate and baseline, the pairs, z and p
+    serial_candidate: float | None = None
+    serial_baseline: float | None = None
+    serial_pairs: int = 0
+    serial_z: float = 0.0
+    serial_p: float = 1.0
+    alpha_serial: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -620,6 +655,7 @@ class Alphas:
     outside: float
     dispersion: float = 0.0  # 0: the answers' dispersion is not tested (a test given no answer grouping)
     edge: float = 0.0  # 0: the draws at the law's cut are not tested (edge_p)
+    serial: float = 0.0  # 0: consecutive tokens' vocabulary-order mid-PITs are not tested (serial_p)
 
 
 def decide(cand_u: np.ndarray, n_out_c: int, n_base: int, n_out_b: int, allow: float, a: Alphas,
@@ -639,13 +675,15 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
                approximate: int = 0, limit: float = 0.05, cand_excess: Sequence[float] = (),
                exact_cut: bool = False, cand_answers: Sequence[Sequence[float | None]] = (),
                base_answers: Sequence[Sequence[float | None]] = (), cand_edge: EdgeCount | None = None,
-               base_edge: EdgeCount | None = None) -> TokenVerdict:
+               base_edge: EdgeCount | None = None, cand_mid: Sequence[Sequence[float]] = (),
+               base_mid: Sequence[Sequence[float]] = ()) -> TokenVerdict:
     """The candidate's per-token PITs (None: outside the law) against uniform, the baseline's scored the same way
     giving the scorer's allowance (module docstring). `limit`: the largest allowance the test accepts: beyond it
     the scorer does not reproduce the engine's law and the test cannot judge (a fail, with that reason).
     `cand_answers` / `base_answers`: the same PITs by answer, for the dispersion test (tested when given and
     alphas.dispersion > 0). `cand_edge` / `base_edge`: the draws at the law's cut, for the edge test (tested when
-    given and alphas.edge > 0)."""
+    given and alphas.edge > 0). `cand_mid` / `base_mid`: each answer's vocabulary-order mid-PITs, for the serial
+    test (tested when given and alphas.serial > 0)."""
     cu = np.asarray([x for x in cand if x is not None], dtype=np.float64)
     bu = np.asarray([x for x in base if x is not None], dtype=np.float64)
     oc, ob = len(cand) - cu.size, len(base) - bu.size
@@ -676,6 +714,13 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         v.edge_positions, v.alpha_edge = cand_edge.positions, alphas.edge
         v.edge_p = edge_p(cand_edge, base_edge)
         edge_bad = v.edge_p < alphas.edge
+    serial_bad = False
+    if alphas.serial > 0 and cand_mid and base_mid:
+        sc, sb = serial(cand_mid), serial(base_mid)
+        v.serial_candidate, v.serial_baseline, v.serial_pairs = round(sc[0], 6), round(sb[0], 6), sc[2]
+        v.serial_z, v.serial_p = serial_p(sc, sb)
+        v.alpha_serial = alphas.serial
+        serial_bad = v.serial_p < alphas.serial
     v.outside_margin = MIN_MARGIN if exact_cut else math.inf
     v.farthest_outside = max(cand_excess, default=0.0)
     v.clearly_outside = sum(1 for e in cand_excess if e > v.outside_margin)
@@ -686,7 +731,7 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         v.reason = (f"the scorer does not reproduce the engine's law on the baseline's own tokens (KS {bd:.3f}, "
                     f"p {bp:.2g}; allowance {allow:.3f} > {limit:g}): wrong sampler order or parameters, or another "
                     "model")
-    elif not ok or v.clearly_outside or disp_bad or edge_bad:
+    elif not ok or v.clearly_outside or disp_bad or edge_bad or serial_bad:
         v.ok = False
         parts = []
         if v.clearly_outside:
@@ -712,12 +757,19 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
                          f"{v.edge_expected_candidate:.1f} (baseline {v.edge_baseline} of "
                          f"{v.edge_expected_baseline:.1f}), p {v.edge_p:.2g} < {alphas.edge:.2g}: the sampler's "
                          "support ends short of the request's top-k/top-p/min-p cut")
+        if serial_bad:
+            parts.append(f"consecutive tokens' draws are not independent: their vocabulary-order PITs move together "
+                         f"(mean product {v.serial_candidate:+.5f} against the baseline's {v.serial_baseline:+.5f} "
+                         f"over {v.serial_pairs} pairs, z {v.serial_z:+.1f}, p {v.serial_p:.2g} < "
+                         f"{alphas.serial:.2g}: random numbers shared between the tokens of a step)")
         v.reason = "; ".join(parts)
     else:
         v.reason = (f"{cu.size} tokens: KS {d:.4f} (allowance {allow:.4f}) p {p:.3g}; mean u {v.mean_u:.4f} p "
                     f"{pm:.3g}; outside the law {oc} (baseline {ob}) p {p_out:.3g}")
         if v.dispersion is not None:
             v.reason += f"; answers' dispersion {v.dispersion:.2f} over {v.answers} answers p {v.dispersion_p:.3g}"
+        if v.alpha_serial > 0:
+            v.reason += f"; consecutive tokens z {v.serial_z:+.1f} p {v.serial_p:.3g}"
         if v.alpha_edge > 0:
             v.reason += (f"; at the law's cut {v.edge_candidate} drawn, {v.edge_expected_candidate:.1f} expected "
                          f"(baseline {v.edge_baseline} of {v.edge_expected_baseline:.1f}) p {v.edge_p:.3g}")
@@ -854,5 +906,5 @@ __all__ = [
     "FAMILIES", "ORDERS", "TV_FLOOR", "Alphas", "EdgeCount", "Law", "PowerInput", "Row", "SamplingParams",
     "TokenVerdict", "binomial_lower", "binomial_upper", "decide", "edge_of", "edge_p", "ks_critical", "ks_p",
     "ks_uniform", "law_of", "noise_allowance", "order_of", "pit", "power_statement", "row_from_logits",
-    "row_from_topk", "token_power", "token_test", "uniform_of", "wrong_draws",
+    "row_from_topk", "serial", "serial_p", "token_power", "token_test", "uniform_of", "wrong_draws",
 ]
