@@ -83,6 +83,8 @@ def _per_token(tok: Any) -> dict[str, Any]:
         "edge": tok.get("edge_candidate"), "edge_expected": tok.get("edge_expected_candidate"),
         "edge_baseline": tok.get("edge_baseline"), "edge_expected_baseline": tok.get("edge_expected_baseline"),
         "edge_p": tok.get("edge_p") if tok.get("alpha_edge") else None,
+        "serial_z": tok.get("serial_z") if tok.get("alpha_serial") else None,
+        "serial_p": tok.get("serial_p") if tok.get("alpha_serial") else None,
         "min_rate": {f: v.get("min_rate") for f, v in (pw.get("families") or {}).items()},
         "min_mean_tv": pw.get("min_mean_tv_all_families")}}
 

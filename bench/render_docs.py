@@ -300,7 +300,10 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
                for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
     edge = any(((v or {}).get("per_token") or {}).get("edge_p") is not None
                for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
-    disp_head = (", answers' dispersion (p)" if disp else "") + (", cut token drawn / expected (p)" if edge else "")
+    serial = any(((v or {}).get("per_token") or {}).get("serial_p") is not None
+                 for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
+    disp_head = ((", answers' dispersion (p)" if disp else "") + (", cut token drawn / expected (p)" if edge else "")
+                 + (", consecutive tokens z (p)" if serial else ""))
     lines = [f"| engine | w | verdict | failing checks | T>0 likelihood: p (mean NLL, worst window"
              f"{', lag-1 PIT' if lag else ''}), z | "
              + (f"per-token: tokens, KS p, mean u (p), outside (baseline){disp_head} | " if tok else "")
@@ -332,6 +335,10 @@ def render_corruptible_gate(raw: dict[str, Any], path: str) -> str:
                     if pt.get("edge_p") is not None:
                         dd += f", {pt['edge']} / {pt['edge_expected']:.1f} ({pt['edge_p']:.2g})"
                     elif edge:
+                        dd += ", —"
+                    if pt.get("serial_p") is not None:
+                        dd += f", {pt['serial_z']:+.1f} ({pt['serial_p']:.2g})"
+                    elif serial:
                         dd += ", —"
                     cells.append(f"{t}: {pt['tokens']}, {pt['ks_p']:.2g}, {pt['mean_u']:.3f} ({pt['mean_p']:.2g}), "
                                  f"{pt['outside']} ({pt['outside_baseline']}){dd}{'' if pt['ok'] else ' **fail**'}")

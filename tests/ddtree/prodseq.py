@@ -354,7 +354,8 @@ def likelihood_numbers(case: dict[str, Any]) -> dict[str, Any]:
                 "approximate_share", "reason", "mean_p", "mean_allowance", "baseline_mean_u", "alpha_mean",
                 "answers", "dispersion", "baseline_dispersion", "dispersion_inflation", "dispersion_p",
                 "alpha_dispersion", "edge_candidate", "edge_expected_candidate", "edge_baseline",
-                "edge_expected_baseline", "edge_positions", "edge_p", "alpha_edge")
+                "edge_expected_baseline", "edge_positions", "edge_p", "alpha_edge", "serial_candidate",
+                "serial_baseline", "serial_pairs", "serial_z", "serial_p", "alpha_serial")
         out["per_token"] = {k: _num(tok.get(k)) for k in keep}
         pw = tok.get("power") or {}
         out["per_token"]["power"] = {

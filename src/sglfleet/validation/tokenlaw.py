@@ -44,6 +44,8 @@ ends short of the cut (a truncation placed a token or more too far in, or comput
 it, while its u move only within the top few hundredths of (0, 1), where KS and the mean see little (a top-p cut
 one token short, written blind to the gate, passed them at the test bed's size, 2026-12-05). The candidate's count
 against its expectation is compared with the baseline's, so the scorer's own misplacement of the cut cancels.
+And consecutive tokens (`serial`, `serial_p`): the products of their centred vocabulary-order mid-PITs have mean 0
+under a correct sampler; one uniform shared by a step's nodes makes them positive.
 `token_power` states what that refuses: the smallest fraction of tokens drawn from a wrong law (greedy,
 untruncated, the kept set at T=1, flat, the law cut one token short) refused with the target probability at
 the gate's own token count, by
