@@ -51,6 +51,9 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "min_mean_tv": (tok.get("power") or {}).get("min_mean_tv_all_families"),
             "mean_u": tok.get("mean_u"), "mean_p": tok.get("mean_p"), "clearly_outside": tok.get("clearly_outside"),
             "dispersion": tok.get("dispersion"), "dispersion_p": tok.get("dispersion_p"),
+            "edge_p": tok.get("edge_p") if tok.get("alpha_edge") else None,
+            "serial_z": tok.get("serial_z") if tok.get("alpha_serial") else None,
+            "serial_p": tok.get("serial_p") if tok.get("alpha_serial") else None,
             "p": {n: (stats.get(n) or {}).get("p_value") for n in ("mean_nll", "worst_window_nll", "pit_lag1")}}
     return out
 

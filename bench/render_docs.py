@@ -130,8 +130,11 @@ def render_gate_false_fails(raw: dict[str, Any], path: str) -> str:
     """A correct build gated again and again in the production sequence (bench/gate_false_fails.py): one row per
     run, the per-token test's numbers per T>0 temperature."""
     disp = any(v.get("dispersion") is not None for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
+    more = any(v.get("edge_p") is not None for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
     lines = ["| run | verdict | failing checks | per T>0: tokens, KS p, mean u (p), clearly outside, "
-             + ("answers' dispersion (p), " if disp else "") + "smallest mean TV refused at 90% |", "|---|---|---|---|"]
+             + ("answers' dispersion (p), " if disp else "")
+             + ("cut token p, consecutive tokens z (p), " if more else "")
+             + "smallest mean TV refused at 90% |", "|---|---|---|---|"]
     for r in raw["runs"]:
         cells = []
         for name, v in sorted((r.get("likelihood") or {}).items()):
@@ -139,6 +142,10 @@ def render_gate_false_fails(raw: dict[str, Any], path: str) -> str:
             mean = f"{v['mean_u']:.3f} ({v['mean_p']:.2g})" if v.get("mean_u") is not None else "—"
             dd = (f"{v['dispersion']:.2f} ({v['dispersion_p']:.2g}), " if v.get("dispersion") is not None
                   else "—, " if disp else "")
+            if v.get("edge_p") is not None:
+                dd += f"{v['edge_p']:.2g}, {v['serial_z']:+.1f} ({v['serial_p']:.2g}), "
+            elif more:
+                dd += "—, —, "
             cells.append(f"{name.split('@', 1)[1]}: {_num(v.get('tokens'))}, {v['ks_p']:.2g}, {mean}, "
                          f"{v.get('clearly_outside', '—')}, {dd}{f'{tv:.3f}' if tv is not None else '—'}")
         failed = ", ".join(f"`{c}`" for c in sorted(r.get("failed") or {})) or "—"
