@@ -173,8 +173,8 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
             excess.append(tokenlaw.outside_excess(row, law, rank, temperature))
         wrong.append(tokenlaw.wrong_draws(row, law, params, order, rng))
         approx += law.approximate
-        e = tokenlaw.edge_of(row, law)
-        if e is not None:
+        e = wrong[-1][-1]  # wrong_draws ends with the cut token's probability (edge_of; NaN: no cut in the row)
+        if not math.isnan(e):
             edge_n, edge_exp, edge_drawn = edge_n + 1, edge_exp + e, edge_drawn + (rank == law.n - 1)
     return {"tok_pit": tuple(pits), "wrong": tuple(wrong), "tok_excess": tuple(excess), "approx_tokens": approx,
             "edge": tokenlaw.EdgeCount(edge_drawn, edge_exp, edge_n)}
