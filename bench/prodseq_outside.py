@@ -43,7 +43,8 @@ def entry_label(sampling: dict[str, Any]) -> str:
 
 def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[str, Any]],
           progress: str) -> dict[str, dict[str, int]]:
-    """Per mix entry: the tokens placed, those outside the law, and the answers."""
+    """Per mix entry: the tokens placed, those outside the law, and the answers (and the first two per
+    temperature)."""
     out: dict[str, dict[str, int]] = {}
     hot = [s for s in samples if s["temperature"] > 0 and s.get("output_ids") and s.get("sampling")]
     for i, s in enumerate(hot, 1):
@@ -56,6 +57,9 @@ def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[s
         row["answers"] += 1
         row["tokens"] += len(sc.tok_pit)
         row["outside"] += sum(p is None for p in sc.tok_pit)
+        at = row.setdefault("by_temperature", {}).setdefault(f"T{s['temperature']:g}", {"tokens": 0, "outside": 0})
+        at["tokens"] += len(sc.tok_pit)
+        at["outside"] += sum(p is None for p in sc.tok_pit)
         print(f"[{progress}] {i}/{len(hot)}", file=sys.stderr, flush=True)
     return out
 

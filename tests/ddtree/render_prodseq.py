@@ -143,6 +143,42 @@ def token_table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _pooled(g: dict[str, Any]) -> dict[str, Any] | None:
+    """A gate's per-token statistics pooled over its T>0 temperatures (tokenlaw.pooled_test; the same dict in each
+    temperature's per-token test), None where the run has none."""
+    for c in (g.get("likelihood") or {}).values():
+        pooled = (c.get("per_token") or {}).get("pooled")
+        if pooled:
+            return dict(pooled)
+    return None
+
+
+def pooled_table(raw: dict[str, Any]) -> list[str]:
+    """Per build: the pooled per-token statistics over the runs, and the verdict with them (a run is refused when
+    its gate refused it or the pooled test does)."""
+    lines = ["| build | must | runs | gate refused | pooled refused | refused with both | outside the law, candidate "
+             "/ baseline (sum), p min | cut token drawn / expected (sum), p min | consecutive tokens: Stouffer z "
+             "(min / max) |", "|---|---|---|---|---|---|---|---|---|"]
+    roles = {s["name"]: s for s in raw.get("servers", [])}
+    for server, gates in _by_server(raw).items():
+        rows = [(g, _pooled(g)) for g in _verdicts(gates)]
+        rows = [(g, pl) for g, pl in rows if pl is not None]
+        if not rows:
+            continue
+        role = (roles.get(server) or {}).get("role") or gates[0].get("role")
+        pools = [pl for _, pl in rows]
+        zs = [float(pl["serial_z"]) for pl in pools]
+        lines.append(
+            f"| {server} | {'pass' if role == 'correct' else 'be refused'} | {len(rows)} | "
+            f"{sum(1 for g, _ in rows if not g.get('passed'))} | {sum(1 for pl in pools if not pl['ok'])} | "
+            f"{sum(1 for g, pl in rows if not g.get('passed') or not pl['ok'])} | "
+            f"{sum(int(pl['outside_candidate']) for pl in pools)} / {sum(int(pl['outside_baseline']) for pl in pools)}"
+            f", {_p(min(float(pl['outside_p']) for pl in pools))} | "
+            f"{sum(int(pl['edge_candidate']) for pl in pools)} / {sum(float(pl['edge_expected']) for pl in pools):.1f}"
+            f", {_p(min(float(pl['edge_p']) for pl in pools))} | {min(zs):+.1f} / {max(zs):+.1f} |")
+    return lines
+
+
 def trust_table(raw: dict[str, Any]) -> list[str]:
     """The candidate as the target's scorer: its log p_1 of the baseline's answers against the target-only server's
     recorded ones (largest over the runs and temperatures)."""
@@ -286,6 +322,10 @@ def render(raw: dict[str, Any], path: str) -> str:
               "", *trust_table(raw), "",
               f"lossless_t0 and its re-anchoring, the candidate forced onto the baseline's path {src}:", "",
               *lossless_table(raw), ""]
+    if any(_pooled(g) for g in _verdicts(raw.get("gates", []))):
+        how = (raw.get("pooled") or {}).get("what") or "computed by the gate"
+        parts += [f"The per-token statistics pooled over the T>0 temperatures (`likelihood_pooled`; {how}) {src}:",
+                  "", *pooled_table(raw), ""]
     if any(_untrusted(g) for g in _verdicts(raw.get("gates", []))):
         parts += [f"The gates whose scorer-trust check refused, and what the rest of each gate said {src} (the "
                   "trust check never compared a token there, so these are not verdicts of the production gate):", "",

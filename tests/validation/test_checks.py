@@ -201,3 +201,33 @@ def test_an_answer_asked_with_stop_strings_is_scored_without_an_end_of_turn_toke
     assert _stopped("stop") is True and _stopped("length") is False and _stopped(None) is None
     assert _stopped("stop", {"top_p": 1.0, "top_k": 0, "min_p": 0.0, "stop": ["\n\n"]}) is False
     assert _stopped("stop", {"top_p": 1.0, "top_k": 0, "min_p": 0.0}) is True
+
+
+def test_the_pooled_per_token_statistics_are_one_verdict_over_the_temperatures() -> None:
+    """likelihood_pooled: fails with the pooled test's reason when it refuses, passes when it does not, and is
+    skipped, saying why, where no temperature has a per-token test to pool."""
+    from sglfleet.validation.likelihood import LikelihoodVerdict
+    from sglfleet.validation.tokenlaw import PooledAlphas, pooled_test
+
+    cfg = _cfg(temperatures=[0.6, 0.8], determinism={"enabled": False}, variation={"enabled": False})
+    samples = [_sample("poem", t, "The sea is calm and deep tonight, the stars above it bright.") for t in (0.6, 0.8)]
+
+    def verdicts(outside: int) -> dict[float, LikelihoodVerdict]:
+        tests = [{"n_candidate": 2600, "outside_candidate": outside, "n_baseline": 5100, "outside_baseline": 2,
+                  "serial_pairs": 2600, "serial_z": 0.2} for _ in (0.6, 0.8)]
+        pooled = pooled_test(tests, PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4)).as_dict()
+        return {t: LikelihoodVerdict(t, True, 0.005, 0.5, 1, 2, {}, {}, {}, "m", per_token={**tv, "pooled": pooled})
+                for t, tv in zip((0.6, 0.8), tests, strict=True)}
+
+    def case(v: dict[float, LikelihoodVerdict], **kw: object) -> object:
+        res = run_checks(GateContext(cfg, "sglang", samples, likelihood=v, **kw))  # type: ignore[arg-type]
+        return next(r for r in res if r.name == "likelihood_pooled")
+
+    bad = case(verdicts(12))
+    assert bad.status is Status.FAIL and "wider than the request's" in bad.message, bad.message
+    good = case(verdicts(1))
+    assert good.status is Status.PASS and "over 2 T>0 temperatures" in good.message
+    off = case({}, likelihood_off="no scorer")
+    assert off.status is Status.SKIP and "no per-token test to pool" in off.message
+    broken = case({}, likelihood_error="scoring failed")
+    assert broken.status is Status.NOT_RUN

@@ -21,9 +21,11 @@ from sglfleet.validation.tokenlaw import (
     ORDERS,
     Alphas,
     EdgeCount,
+    PooledAlphas,
     PowerInput,
     SamplingParams,
     binomial_lower,
+    binomial_sum_tail,
     binomial_upper,
     chi2_sf,
     dispersion,
@@ -36,6 +38,7 @@ from sglfleet.validation.tokenlaw import (
     law_of,
     order_of,
     pit,
+    pooled_test,
     power_statement,
     row_from_logits,
     row_from_topk,
@@ -657,3 +660,81 @@ def test_the_serial_test_refuses_a_uniform_shared_by_the_tokens_of_a_step() -> N
     v = token_test(cu, bu, Alphas(ks=4e-4, mean=3e-4, outside=1.5e-4, serial=1e-4), cand_mid=c, base_mid=b)
     assert not v.ok and "consecutive tokens" in v.reason and v.serial_pairs == 60 * 29, v.reason
     assert token_test(cu, bu, Alphas(ks=4e-4, mean=3e-4, outside=1.5e-4)).ok  # the marginals alone pass
+
+
+def test_the_sum_of_binomials_tail_is_exact() -> None:
+    """One stratum: the binomial's own tail; several: a simulation of the sum agrees."""
+    assert binomial_sum_tail(12, [(17, 0.34)]) == pytest.approx(binomial_upper(12, 17, 0.34), rel=1e-9)
+    assert binomial_sum_tail(3, [(17, 0.34)], upper=False) == pytest.approx(binomial_lower(3, 17, 0.34), rel=1e-9)
+    strata = [(7, 0.2), (17, 0.34), (12, 0.6), (5, 0.0), (3, 1.0)]
+    rng = np.random.default_rng(5)
+    x = sum(rng.binomial(m, s, 200_000) for m, s in strata)
+    for k in (10, 16, 22):
+        assert binomial_sum_tail(k, strata) == pytest.approx((x >= k).mean(), abs=0.004)
+        assert binomial_sum_tail(k, strata, upper=False) == pytest.approx((x <= k).mean(), abs=0.004)
+    assert binomial_sum_tail(0, strata) == 1.0 and binomial_sum_tail(100, strata) == 0.0
+
+
+def _temperature(rng: np.random.Generator, rate: float, extra: int = 0, z: float | None = None,
+                 n_c: int = 2600, n_b: int = 5100) -> dict[str, object]:
+    """One temperature's per-token test as the verdict keeps it, for a correct sampler whose scorer puts `rate`
+    of each side's tokens outside the law (numeric noise at the cut), plus `extra` outside tokens on the
+    candidate's side; the serial z standard normal unless given."""
+    oc, ob = int(rng.poisson(rate * n_c)) + extra, int(rng.poisson(rate * n_b))
+    e_c, e_b = 45.0, 90.0
+    return {"n_candidate": n_c - oc, "outside_candidate": oc, "n_baseline": n_b - ob, "outside_baseline": ob,
+            "edge_candidate": int(rng.poisson(e_c)), "edge_expected_candidate": e_c,
+            "edge_baseline": int(rng.poisson(e_b)), "edge_expected_baseline": e_b, "serial_pairs": n_c,
+            "serial_z": float(rng.normal()) if z is None else z}
+
+
+def test_the_pooled_tests_hold_their_alpha_for_a_correct_sampler() -> None:
+    """2,000 null gates of three temperatures whose scorer noise differs (0.05 % to 0.3 % of tokens outside the
+    law at the cut, alike on both sides): each pooled statistic refuses at most at its alpha."""
+    rng = np.random.default_rng(41)
+    a = PooledAlphas(outside=0.05, edge=0.05, serial=0.05)
+    got = [pooled_test([_temperature(rng, r) for r in (0.0005, 0.0012, 0.003)], a) for _ in range(2000)]
+    for name in ("outside_p", "edge_p", "serial_p"):
+        ps = np.asarray([getattr(v, name) for v in got])
+        assert (ps < 0.05).mean() <= 0.05 * 1.2 + 0.01, (name, (ps < 0.05).mean())
+        assert (ps < 0.2).mean() > 0.05, name  # not a test that never refuses
+    assert np.mean([not v.ok for v in got]) <= 0.15 * 1.2
+
+
+def test_a_support_too_wide_at_two_temperatures_is_refused_pooled_where_each_temperature_passes() -> None:
+    """The H200 run of 2026-12-05 (min_p_on_t1, run 2): 11 / 11 / 4 candidate tokens outside the law against the
+    baseline's 3 / 5 / 6 at T 0.6 / 0.8 / 1 (the fault widens min-p below T 1 only). Each temperature's count
+    test stays above its alpha (2e-4 there); the pooled one refuses."""
+    tests = []
+    for oc, ob in ((11, 3), (11, 5), (4, 6)):
+        tests.append({"n_candidate": 2600 - oc, "outside_candidate": oc, "n_baseline": 5065 - ob,
+                      "outside_baseline": ob, "serial_pairs": 2600, "serial_z": 0.3})
+        assert binomial_upper(oc, oc + ob, 2600 / 7665) > 2e-4
+    v = pooled_test(tests, PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4))
+    assert not v.ok and v.outside_p < 1e-4 and "wider than the request's" in v.reason, v.reason
+    assert (v.outside_candidate, v.outside_baseline) == (26, 14)
+    # the same counts on the baseline's side too: nothing to refuse
+    same = [{**t, "outside_candidate": t["outside_baseline"] // 2} for t in tests]
+    assert pooled_test(same, PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4)).ok
+
+
+def test_consecutive_tokens_moving_together_at_every_temperature_are_refused_pooled() -> None:
+    """The H200 run of 2026-12-05 (step_shared_random, run 1): serial z +1.7 / +2.4 / +3.0, each short of a
+    temperature's alpha (1.3e-4, |z| 3.8); Stouffer's z +4.1 refuses. A fault at one temperature only is still
+    each temperature's test's to find: z +5 at one of three pools to +2.9."""
+    tests = [{"n_candidate": 2600, "outside_candidate": 0, "n_baseline": 5100, "outside_baseline": 0,
+              "serial_pairs": 2600, "serial_z": z} for z in (1.7, 2.4, 3.0)]
+    v = pooled_test(tests, PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4))
+    assert not v.ok and v.serial_z == pytest.approx(4.1, abs=0.01) and "move together" in v.reason, v.reason
+    one = [{**t, "serial_z": z} for t, z in zip(tests, (5.0, 0.0, 0.0), strict=True)]
+    assert pooled_test(one, PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4)).ok
+
+
+def test_a_support_cut_short_at_every_temperature_is_refused_pooled_at_the_cut() -> None:
+    """The cut token drawn 27 of 45 expected at each temperature (p 0.01 each): pooled, 81 of 135, p < 1e-4."""
+    tests = [{"n_candidate": 2600, "outside_candidate": 0, "n_baseline": 5100, "outside_baseline": 0,
+              "edge_candidate": 27, "edge_expected_candidate": 45.0, "edge_baseline": 90,
+              "edge_expected_baseline": 90.0, "serial_pairs": 2600, "serial_z": 0.0} for _ in range(3)]
+    assert edge_p(EdgeCount(27, 45.0, 500), EdgeCount(90, 90.0, 1000)) > 1e-3
+    v = pooled_test(tests, PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4))
+    assert not v.ok and v.edge_p < 1e-4 and "ends short" in v.reason, v.reason

@@ -363,6 +363,29 @@ def _likelihood(ctx: GateContext, t: float | None) -> list[CheckResult]:
     return [CheckResult("likelihood", "coherence", Status.PASS if v.ok else Status.FAIL, msg, t, ev, ORACLE)]
 
 
+def _pooled_off(ctx: GateContext) -> str | None:
+    if ctx.likelihood_error:
+        return None  # the likelihood verdict's own not_run says why
+    if not ctx.likelihood:
+        return (ctx.likelihood_off or "no target-only baseline to score against") + ": no per-token test to pool"
+    if not all((v.per_token or {}).get("pooled") for v in ctx.likelihood.values()):
+        return "the answers carry no sampling parameters (a baseline recorded before they were kept): no per-token test"
+    return None
+
+
+@register("likelihood_pooled", "coherence", applies=_pooled_off)
+def _likelihood_pooled(ctx: GateContext, t: float | None) -> list[CheckResult]:
+    """The per-token statistics pooled over every T>0 temperature (tokenlaw.pooled_test): the support kept too
+    wide or cut short, and consecutive tokens moving together, with the tokens of all temperatures at once."""
+    if ctx.likelihood_error:
+        return [CheckResult("likelihood_pooled", "coherence", Status.NOT_RUN, ctx.likelihood_error, None,
+                            mode=ORACLE)]
+    pooled = next(iter(ctx.likelihood.values())).per_token["pooled"]
+    return [CheckResult("likelihood_pooled", "coherence", Status.PASS if pooled["ok"] else Status.FAIL,
+                        f"per-token statistics pooled over the T>0 temperatures: {pooled['reason']}", None,
+                        {"pooled": pooled}, ORACLE)]
+
+
 @register("detectors", "coherence", all_temperatures, verdicts=(*DETECTORS, "fluency"))
 def _detectors(ctx: GateContext, t: float | None) -> list[CheckResult]:
     """The weaker mode's verdict at a temperature the target cannot judge; in oracle mode one line of

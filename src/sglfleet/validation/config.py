@@ -294,8 +294,9 @@ class LikelihoodConfig(StrictModel):
     (a) the support check fails any candidate token with log p_T < the support limit and (b) a stratified
     two-sample permutation test compares per-answer statistics at T. `alpha` is the
     false-fail rate of the whole T>0 verdict: split over the T>0 temperatures (Bonferroni), then
-    `support_share` of it to the support check and the rest split evenly over the three statistics (mean and
-    worst-window NLL, lag-1 autocorrelation of the tokens' mid-PITs).
+    `support_share` of it to the support check, `token_share` to the per-token test, `pooled_share` to the
+    per-token statistics pooled over the temperatures, and the rest split evenly over the three statistics (mean
+    and worst-window NLL, lag-1 autocorrelation of the tokens' mid-PITs).
     """
 
     enabled: bool = True
@@ -307,8 +308,11 @@ class LikelihoodConfig(StrictModel):
                                       description="target-only baseline seeds per prompt")
     allow_shared_seeds: bool = Field(default=False, description="let baseline_seeds overlap seeds")
     alpha: float = Field(default=0.01, gt=0, lt=0.5, description="false-fail rate of the whole T>0 verdict")
-    support_share: float = Field(default=0.2, gt=0, lt=1, description="share of each temperature's alpha "
+    support_share: float = Field(default=0.15, gt=0, lt=1, description="share of each temperature's alpha "
                                  "spent on the support check")
+    pooled_share: float = Field(default=0.05, ge=0, lt=1, description="share of each temperature's alpha spent "
+                                "on the per-token statistics pooled over every T>0 temperature (tokenlaw."
+                                "pooled_test: tokens outside the law, draws at its cut, consecutive tokens)")
     support_log_eps: float = Field(default=-18.0, lt=0, description="largest support limit log(eps), natural "
                                    "log; lowered at gate time when N*eps/top_p would exceed the support's alpha")
     window: int = Field(default=16, ge=2, description="tokens per window of the worst-window NLL")
@@ -354,8 +358,9 @@ class LikelihoodConfig(StrictModel):
         if shared and not self.allow_shared_seeds:
             raise ValueError(f"likelihood.seeds and baseline_seeds share {shared}: the test would rest on seeded "
                              "identity (set allow_shared_seeds: true to allow)")
-        if self.support_share + self.token_share >= 1:
-            raise ValueError("likelihood.support_share + token_share must leave a share for the answer statistics")
+        if self.support_share + self.token_share + self.pooled_share >= 1:
+            raise ValueError("likelihood.support_share + token_share + pooled_share must leave a share for the "
+                             "answer statistics")
         if self.sampler_order is not None:
             from sglfleet.validation.tokenlaw import order_of
 

@@ -25,8 +25,10 @@ temperature T:
    (`pit_lag1`): a sampler can keep every token's law exact and still draw successive tokens from one
    shared random number, which no NLL mean sees.
 3. **Alpha.** `alpha` is the false-fail rate of the whole T>0 verdict: alpha / (number of T>0 temperatures)
-   per temperature (Bonferroni), `support_share` of that to the support check, the rest split evenly over
-   the statistics (a statistic the scorer cannot give keeps its share unspent).
+   per temperature (Bonferroni), `support_share` of that to the support check, `token_share` to the per-token
+   test (validation/tokenlaw.py), `pooled_share` to its statistics pooled over the temperatures
+   (tokenlaw.pooled_test), the rest split evenly over the statistics (a statistic the scorer cannot give keeps
+   its share unspent).
 4. **Power.** From the baseline's own scored answers and corrupted variants of them (textscore/synth.py,
    scored by the same scorer), Monte Carlo draws of a candidate whose answers are corrupted with rate r give
    the rejection probability at this sample count; the verdict reports the smallest r rejected with
@@ -156,7 +158,7 @@ def _alphas(lc: Any, n_temperatures: int, token: bool = True) -> tuple[float, fl
     test's share is `token_alphas` (token False: the answers carry no sampling parameters, so the per-token test
     cannot run and its share goes back to the answer-level statistics)."""
     a_t = lc.alpha / max(1, n_temperatures)
-    share = float(getattr(lc, "token_share", 0.0)) if token else 0.0
+    share = float(getattr(lc, "token_share", 0.0)) + float(getattr(lc, "pooled_share", 0.0)) if token else 0.0
     return a_t, a_t * lc.support_share, a_t * (1 - lc.support_share - share) / len(STATS)
 
 
@@ -168,6 +170,14 @@ def token_alphas(lc: Any, n_temperatures: int) -> tokenlaw.Alphas:
     a_tok = lc.alpha / max(1, n_temperatures) * lc.token_share
     return tokenlaw.Alphas(ks=0.3 * a_tok, mean=0.25 * a_tok, outside=0.15 * a_tok, dispersion=0.1 * a_tok,
                            edge=0.1 * a_tok, serial=0.1 * a_tok)
+
+
+def pooled_alphas(lc: Any) -> tokenlaw.PooledAlphas:
+    """The pooled per-token tests' alphas: `pooled_share` of every temperature's alpha, summed over them (the
+    whole verdict's alpha times the share), two fifths each to the outside count and consecutive tokens, one
+    fifth to the draws at the law's cut (each temperature's edge test already has much power)."""
+    a = lc.alpha * float(getattr(lc, "pooled_share", 0.0))
+    return tokenlaw.PooledAlphas(outside=0.4 * a, edge=0.2 * a, serial=0.4 * a)
 
 
 def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int,
@@ -514,6 +524,10 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
         len(sides) > 1 and lc.token_power_reps) else None
     for tv in tests if together is not None else ():
         tv["power"]["all_temperatures"] = together  # type: ignore[index]
+    if getattr(lc, "pooled_share", 0.0) > 0 and tests and all(tv is not None for tv in tests):
+        pooled = tokenlaw.pooled_test([tv for tv in tests if tv is not None], pooled_alphas(lc)).as_dict()
+        for tv in tests:
+            tv["pooled"] = pooled  # type: ignore[index]
     return out
 
 

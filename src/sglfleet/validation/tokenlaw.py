@@ -57,7 +57,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -498,6 +498,118 @@ def serial_p(cand: tuple[float, float, int], base: tuple[float, float, int]) -> 
         return 0.0, 1.0
     z = (rc - rb) / se
     return z, math.erfc(abs(z) / math.sqrt(2.0))
+
+
+def binomial_sum_tail(k: int, strata: Sequence[tuple[int, float]], upper: bool = True) -> float:
+    """P(X >= k) (upper) or P(X <= k) for X the sum of independent Binomial(m, s) over `strata` of (m, s): the
+    exact law by convolution of the strata's pmfs (the counts here are tens to hundreds)."""
+    pmf = np.ones(1)
+    for m, s in strata:
+        if m <= 0 or s <= 0:  # X = 0
+            continue
+        if s >= 1:  # X = m
+            pmf = np.concatenate([np.zeros(m), pmf])
+            continue
+        j = np.arange(m + 1)
+        lg = np.asarray([math.lgamma(m + 1) - math.lgamma(i + 1) - math.lgamma(m - i + 1) for i in range(m + 1)])
+        pmf = np.convolve(pmf, np.exp(lg + j * math.log(s) + (m - j) * math.log1p(-s)))
+    if upper:
+        return float(min(1.0, pmf[max(0, k):].sum())) if k < pmf.size else 0.0
+    return float(min(1.0, pmf[:max(0, k + 1)].sum()))
+
+
+@dataclass(frozen=True)
+class PooledAlphas:
+    """The pooled tests' alphas (`pooled_test`), each over the whole gate (not per temperature)."""
+
+    outside: float
+    edge: float
+    serial: float
+
+
+@dataclass
+class PooledVerdict:
+    """The per-token statistics whose meaning does not depend on the temperature, pooled over every T>0
+    temperature of the gate (`pooled_test`)."""
+
+    ok: bool
+    temperatures: int
+    outside_candidate: int
+    outside_baseline: int
+    outside_expected: float   # the candidate's expected share of all outside tokens, summed over the temperatures
+    outside_p: float
+    edge_candidate: int
+    edge_baseline: int
+    edge_expected: float
+    edge_p: float
+    serial_z: float
+    serial_p: float
+    alphas: PooledAlphas
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["alphas"] = dict(self.alphas.__dict__)
+        return d
+
+
+def pooled_test(tests: Sequence[Mapping[str, Any]], alphas: PooledAlphas) -> PooledVerdict:
+    """Three of the per-token statistics pooled over the gate's T>0 temperatures (`tests`: each temperature's
+    TokenVerdict as a dict). A fault of the sampler's support or randomness is rarely a fault of one temperature,
+    and each temperature's test spends a third of the alpha on a third of the tokens: a support kept too wide at
+    two temperatures (9 and 12 tokens outside the law against the baseline's 1 and 5, each short of its alpha)
+    or a uniform shared by a step's tokens (consecutive-token z of +1.7 / +2.4 / +3.0) passes every temperature's
+    test and not the pooled one. Each stays conditional on its temperature, so the scorer's noise, which differs
+    between temperatures, cancels as it does per temperature:
+
+    - outside: the candidate's tokens outside the request's law, summed; under a correct sampler, given each
+      temperature's total of both sides, Binomial with the candidate's share of that temperature's tokens, so
+      the sum's law is the convolution (binomial_sum_tail); one-sided (more than its share).
+    - edge: the token at the law's cut drawn, summed; each temperature Binomial with the candidate's share of
+      the expectation (edge_p); one-sided (fewer).
+    - serial: Stouffer's z of the temperatures' serial z (each N(0, 1) under a correct sampler); two-sided."""
+    out_strata: list[tuple[int, float]] = []
+    edge_strata: list[tuple[int, float]] = []
+    oc = ob = ec = eb = 0
+    zs: list[float] = []
+    for tv in tests:
+        n_c = int(tv["n_candidate"]) + int(tv["outside_candidate"])
+        n_b = int(tv["n_baseline"]) + int(tv["outside_baseline"])
+        oc, ob = oc + int(tv["outside_candidate"]), ob + int(tv["outside_baseline"])
+        out_strata.append((int(tv["outside_candidate"]) + int(tv["outside_baseline"]), n_c / max(1, n_c + n_b)))
+        e_c, e_b = float(tv.get("edge_expected_candidate", 0.0)), float(tv.get("edge_expected_baseline", 0.0))
+        if e_c > 0 and e_b > 0:
+            d_c, d_b = int(tv.get("edge_candidate", 0)), int(tv.get("edge_baseline", 0))
+            ec, eb = ec + d_c, eb + d_b
+            edge_strata.append((d_c + d_b, e_c / (e_c + e_b)))
+        if int(tv.get("serial_pairs", 0)) >= 2:
+            zs.append(float(tv.get("serial_z", 0.0)))
+    out_exp = sum(m * s for m, s in out_strata)
+    edge_exp = sum(m * s for m, s in edge_strata)
+    p_out = binomial_sum_tail(oc, out_strata) if oc + ob else 1.0
+    p_edge = binomial_sum_tail(ec, edge_strata, upper=False) if ec + eb else 1.0
+    z = sum(zs) / math.sqrt(len(zs)) if zs else 0.0
+    p_ser = math.erfc(abs(z) / math.sqrt(2.0)) if zs else 1.0
+    v = PooledVerdict(True, len(tests), oc, ob, round(out_exp, 3), p_out, ec, eb, round(edge_exp, 3), p_edge,
+                      round(z, 4), p_ser, alphas)
+    parts = []
+    if p_out < alphas.outside:
+        parts.append(f"{oc} tokens outside the request's top-k/top-p/min-p support over the {len(tests)} T>0 "
+                     f"temperatures where the baseline's rate gives {out_exp:.1f} (baseline {ob}), p {p_out:.2g} < "
+                     f"{alphas.outside:.2g}: the sampler's support is wider than the request's")
+    if p_edge < alphas.edge:
+        parts.append(f"the token at the law's cut drawn {ec} times where {edge_exp:.1f} are expected (baseline {eb}), "
+                     f"p {p_edge:.2g} < {alphas.edge:.2g}: the sampler's support ends short of the request's cut")
+    if p_ser < alphas.serial:
+        parts.append(f"consecutive tokens' draws move together over the {len(zs)} temperatures: Stouffer z "
+                     f"{z:+.1f}, p {p_ser:.2g} < {alphas.serial:.2g} (random numbers shared or replayed between "
+                     "tokens)")
+    v.ok = not parts
+    v.reason = "; ".join(parts) or (
+        f"over {len(tests)} T>0 temperatures: outside the law {oc} (expected {out_exp:.1f}, baseline {ob}) p "
+        f"{p_out:.2g}; at the law's cut {ec} drawn, {edge_exp:.1f} expected p {p_edge:.2g}; consecutive tokens "
+        f"Stouffer z {z:+.1f} p {p_ser:.2g}")
+    return v
 
 
 NOISE_P = 0.01  # the baseline's own u count as non-uniform (the scorer's deviation allowed) below this p
