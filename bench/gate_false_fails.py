@@ -55,6 +55,11 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
             "serial_z": tok.get("serial_z") if tok.get("alpha_serial") else None,
             "serial_p": tok.get("serial_p") if tok.get("alpha_serial") else None,
             "p": {n: (stats.get(n) or {}).get("p_value") for n in ("mean_nll", "worst_window_nll", "pit_lag1")}}
+    pooled = next((c for c in report["cases"] if c["name"] == "likelihood_pooled" and not c.get("skipped")), None)
+    if pooled is not None:  # the per-token statistics pooled over the temperatures (since 2026-12-05)
+        pl = (pooled.get("details") or {}).get("pooled") or {}
+        out["pooled"] = {"ok": pooled["ok"], **{k: pl.get(k) for k in ("outside_candidate", "outside_baseline",
+                                                                     "outside_p", "edge_p", "serial_z", "serial_p")}}
     return out
 
 

@@ -131,10 +131,13 @@ def render_gate_false_fails(raw: dict[str, Any], path: str) -> str:
     run, the per-token test's numbers per T>0 temperature."""
     disp = any(v.get("dispersion") is not None for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
     more = any(v.get("edge_p") is not None for r in raw["runs"] for v in (r.get("likelihood") or {}).values())
+    pooled = any(r.get("pooled") for r in raw["runs"])
     lines = ["| run | verdict | failing checks | per T>0: tokens, KS p, mean u (p), clearly outside, "
              + ("answers' dispersion (p), " if disp else "")
              + ("cut token p, consecutive tokens z (p), " if more else "")
-             + "smallest mean TV refused at 90% |", "|---|---|---|---|"]
+             + "smallest mean TV refused at 90% |"
+             + (" pooled over T>0: outside the law (p), cut token p, Stouffer z (p) |" if pooled else ""),
+             "|---|---|---|---|" + ("---|" if pooled else "")]
     for r in raw["runs"]:
         cells = []
         for name, v in sorted((r.get("likelihood") or {}).items()):
@@ -149,7 +152,12 @@ def render_gate_false_fails(raw: dict[str, Any], path: str) -> str:
             cells.append(f"{name.split('@', 1)[1]}: {_num(v.get('tokens'))}, {v['ks_p']:.2g}, {mean}, "
                          f"{v.get('clearly_outside', '—')}, {dd}{f'{tv:.3f}' if tv is not None else '—'}")
         failed = ", ".join(f"`{c}`" for c in sorted(r.get("failed") or {})) or "—"
-        lines.append(f"| {r['run']} | {r.get('verdict', 'no verdict')} | {failed} | {'; '.join(cells) or '—'} |")
+        pl = r.get("pooled")
+        pcell = (f" {pl['outside_candidate']} of {pl['outside_candidate'] + pl['outside_baseline']} "
+                 f"({pl['outside_p']:.2g}), {pl['edge_p']:.2g}, {pl['serial_z']:+.1f} ({pl['serial_p']:.2g}) |"
+                 if pl else " — |" if pooled else "")
+        lines.append(f"| {r['run']} | {r.get('verdict', 'no verdict')} | {failed} | {'; '.join(cells) or '—'} |"
+                     + pcell)
     ff = raw.get("false_fails") or {}
     lines += ["", f"{ff.get('refused', '?')} of {ff.get('runs', '?')} runs refused.", "",
               f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', '?')}, commit {raw.get('commit', '?')}; "

@@ -66,6 +66,9 @@ def test_the_correct_engine_passes_with_the_target_deciding_every_temperature(
     assert lik.details["power"]["estimated"], lik.details["power"]
     assert cases["detectors@T0.8"].skipped and "oracle mode" in cases["detectors@T0.8"].message
     assert "fluency@T0.8" not in cases  # the judge does not decide where the target does
+    # the per-token statistics pooled over the T>0 temperatures: one verdict, run and passed on real answers
+    pooled = cases["likelihood_pooled"]
+    assert pooled.ok and not pooled.skipped and pooled.details["pooled"]["temperatures"] == 1, pooled.message
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["summary"]["verdict_mode"] == modes
     # the interleaved suite ran with greedy companions beside it, counted in the summary
