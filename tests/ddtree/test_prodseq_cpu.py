@@ -181,3 +181,27 @@ def test_the_answers_dispersion_is_kept_and_gets_its_column_only_where_a_run_has
     old = prodseq.report_numbers(_report(tmp_path))  # a run from before the statistic: no column
     raw["gates"][0].update(old)
     assert "dispersion" not in "\n".join(render_prodseq.token_table(raw))
+
+
+def test_the_pooled_statistics_are_kept_and_get_their_table_only_where_a_run_has_them(tmp_path: Path) -> None:
+    """likelihood_pooled's numbers ride in each temperature's per-token test; the raw keeps them and the page
+    gets the pooled table, with the verdict a run would have had with both."""
+    report = _report(tmp_path)
+    lik = next(c for c in report["cases"] if c["name"] == "likelihood@T0.8")
+    pooled = {"ok": False, "temperatures": 3, "outside_candidate": 26, "outside_baseline": 14,
+              "outside_expected": 13.6, "outside_p": 6.1e-05, "edge_candidate": 400, "edge_baseline": 800,
+              "edge_expected": 410.0, "edge_p": 0.3, "serial_z": 0.3, "serial_p": 0.76,
+              "alphas": {"outside": 2e-4, "edge": 1e-4, "serial": 2e-4}, "reason": "wider"}
+    lik["details"]["per_token"]["pooled"] = pooled
+    rec = prodseq.report_numbers(report)
+    assert rec["likelihood"]["T0.8"]["per_token"]["pooled"]["outside_p"] == pytest.approx(6.1e-05)
+    raw = {"date": "d", "machine": "m", "commit": "c", "calls": [{}],
+           "servers": [{"name": "fault-min_p_on_t1-b16-k4", "role": "fault"}],
+           "baseline": {"rc": 0, "wall_s": 40.0, "file": {}},
+           "gates": [{"server": "fault-min_p_on_t1-b16-k4", "role": "fault", "run": 1, "rc": 0, "wall_s": 95.0,
+                      **rec, "passed": True}]}
+    out = "\n".join(render_prodseq.pooled_table(raw))
+    assert "| fault-min_p_on_t1-b16-k4 | be refused | 1 | 0 | 1 | 1 | 26 / 14, 6.1e-05 | 400 / 410.0, 0.30 |" in out
+    assert "pooled over the T>0" in render_prodseq.render(raw, "r")
+    raw["gates"][0].update(prodseq.report_numbers(_report(tmp_path)))  # a run from before the pooled test
+    assert "pooled over the T>0" not in render_prodseq.render(raw, "r")
