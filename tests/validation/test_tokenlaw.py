@@ -738,3 +738,17 @@ def test_a_support_cut_short_at_every_temperature_is_refused_pooled_at_the_cut()
     assert edge_p(EdgeCount(27, 45.0, 500), EdgeCount(90, 90.0, 1000)) > 1e-3
     v = pooled_test(tests, PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4))
     assert not v.ok and v.edge_p < 1e-4 and "ends short" in v.reason, v.reason
+
+
+def test_the_statement_over_every_temperature_counts_the_pooled_tests() -> None:
+    """With the pooled tests' alphas, a sampler whose support is too wide at every temperature (untruncated) is
+    refused at a smaller share than by the temperatures' own tests alone; one temperature alone is unchanged."""
+    rng = np.random.default_rng(9)
+    xs = [PowerInput(_draws(rng, [SamplingParams(t, top_p=0.9)], 1200), 1500, 0.0, 3000, 4, A) for t in (0.6, 0.8, 1.0)]
+    pooled = PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4)
+    without = power_statement(xs, 0.9, 60, 3)
+    with_pooled = power_statement(xs, 0.9, 60, 3, pooled=pooled)
+    r0, r1 = without["families"]["untruncated"]["min_rate"], with_pooled["families"]["untruncated"]["min_rate"]
+    assert r0 is not None and r1 is not None and r1 < 0.95 * r0, (r0, r1)
+    one = [power_statement(xs[:1], 0.9, 60, 3, pooled=p) for p in (None, pooled)]
+    assert one[0]["families"] == one[1]["families"]

@@ -222,8 +222,9 @@ def gate_token_power(sides: list[tuple[dict[str, Any] | None, list[AnswerScore]]
     if any(tv is None for tv, _ in sides):
         return None
     alphas = token_alphas(lc, len(sides))
+    pooled = pooled_alphas(lc) if float(getattr(lc, "pooled_share", 0.0)) > 0 else None
     return tokenlaw.power_statement([power_input(tv, base, alphas) for tv, base in sides if tv is not None],
-                                    lc.token_power_target, lc.token_power_reps, lc.rng_seed + 1)
+                                    lc.token_power_target, lc.token_power_reps, lc.rng_seed + 1, pooled=pooled)
 
 
 def support_limit(lc: Any, n_tokens: int, top_p: float, a_support: float, vocab: int) -> tuple[float, float]:

@@ -911,37 +911,64 @@ class PowerInput:
 TV_FLOOR = 1e-4
 
 
-def _refused_once(x: PowerInput, col: np.ndarray, r: float, rng: np.random.Generator) -> bool:
+def _refused_once(x: PowerInput, col: np.ndarray, r: float, rng: np.random.Generator
+                  ) -> tuple[bool, int, EdgeCount | None]:
     """One simulated candidate: each of its tokens at a baseline position drawn at random, from the wrong law
-    (`col`: its PITs) with probability r, else from the correct law (a uniform u); refused by any statistic."""
+    (`col`: its PITs) with probability r, else from the correct law (a uniform u); (refused by any statistic of
+    its temperature, its tokens outside the law, its draws at the law's cut or None where not tested)."""
     m = int(rng.binomial(x.n_cand, r))
     at = rng.integers(col.size, size=x.n_cand)
     picked = col[at[:m]]
     u = np.concatenate([picked, rng.random(x.n_cand - m)])  # u[i] is a draw at position at[i]
     inside = u[~np.isnan(u)]
-    if not decide(inside, int(np.isnan(picked).sum()), x.n_base, x.n_out_b, x.allow, x.alphas, x.allow_mean)[0]:
-        return True
+    n_out = int(np.isnan(picked).sum())
+    refused = not decide(inside, n_out, x.n_base, x.n_out_b, x.allow, x.alphas, x.allow_mean)[0]
     if x.base_edge is None or x.alphas.edge <= 0 or x.draws.shape[1] <= 2 * len(FAMILIES):
-        return False
+        return refused, n_out, None
     e = x.draws[at, 2 * len(FAMILIES)]  # the law's cut: a token drawn there has u in its top e of (0, 1)
     cut = ~np.isnan(e)
     drawn = int(np.sum(cut & ~np.isnan(u) & (u >= 1.0 - np.where(cut, e, 0.0))))
     cand = EdgeCount(drawn, float(e[cut].sum()), int(cut.sum()))
-    return edge_p(cand, x.base_edge) < x.alphas.edge
+    return refused or edge_p(cand, x.base_edge) < x.alphas.edge, n_out, cand
 
 
-def _rejection(inputs: Sequence[PowerInput], j: int, r: float, reps: int, rng: np.random.Generator) -> float:
+def _pooled_refuses(inputs: Sequence[PowerInput], once: Sequence[tuple[bool, int, EdgeCount | None]],
+                    alphas: PooledAlphas) -> bool:
+    """The pooled outside and cut tests (pooled_test) of one simulated candidate over the temperatures of
+    `inputs` (the serial statistic is not simulated: the wrong laws are marginal laws)."""
+    oc = sum(o[1] for o in once)
+    strata = [(o[1] + x.n_out_b, x.n_cand / max(1, x.n_cand + x.n_base + x.n_out_b))
+              for x, o in zip(inputs, once, strict=True)]
+    if oc and binomial_sum_tail(oc, strata) < alphas.outside:
+        return True
+    edges = [(o[2], x.base_edge) for x, o in zip(inputs, once, strict=True)
+             if o[2] is not None and x.base_edge is not None]
+    edges = [(c, b) for c, b in edges if c.expected > 0 and b.expected > 0]
+    if not edges:
+        return False
+    ec = sum(c.drawn for c, _ in edges)
+    e_strata = [(c.drawn + b.drawn, c.expected / (c.expected + b.expected)) for c, b in edges]
+    return bool(ec + sum(b.drawn for _, b in edges)) and binomial_sum_tail(ec, e_strata, upper=False) < alphas.edge
+
+
+def _rejection(inputs: Sequence[PowerInput], j: int, r: float, reps: int, rng: np.random.Generator,
+               pooled: PooledAlphas | None = None) -> float:
     """The probability that a candidate whose tokens come from family j with probability r, at every temperature
-    of `inputs` at once, is refused by at least one of their tests (Monte Carlo)."""
+    of `inputs` at once, is refused by at least one of their tests, or by the pooled tests over them when
+    `pooled` alphas are given and there are two or more (Monte Carlo)."""
     hits = 0
     for _ in range(reps):
-        refused = [_refused_once(x, x.draws[:, j], r, rng) for x in inputs]
-        hits += any(refused)
+        once = [_refused_once(x, x.draws[:, j], r, rng) for x in inputs]
+        hit = any(o[0] for o in once)
+        if not hit and pooled is not None and len(inputs) > 1:
+            hit = _pooled_refuses(inputs, once, pooled)
+        hits += hit
     return hits / reps
 
 
 def power_statement(inputs: Sequence[PowerInput], target: float, reps: int, seed: int, lo: float = 1e-3,
-                    steps: int = 9, families: Sequence[str] = FAMILIES) -> dict[str, Any]:
+                    steps: int = 9, families: Sequence[str] = FAMILIES,
+                    pooled: PooledAlphas | None = None) -> dict[str, Any]:
     """What the per-token tests of `inputs` refuse together, by Monte Carlo at the gate's own token counts: per
     family of FAMILIES, the smallest share r of tokens drawn from that wrong law (at every temperature of
     `inputs`) refused with probability >= target, found by bisection on log r between `lo` and 1 (`steps`
@@ -950,7 +977,8 @@ def power_statement(inputs: Sequence[PowerInput], target: float, reps: int, seed
     deviation (`no_deviation`, left out); one not refused even at r = 1 is named in `unrefused_families` and counts
     with its whole distance (no law in its direction lies farther from p_T). The statement over all families,
     `min_mean_tv_all_families`, is the largest of those distances: every sampler law farther than that from p_T in
-    one of these directions is refused with the target probability."""
+    one of these directions is refused with the target probability. `pooled`: the pooled tests' alphas
+    (pooled_test), simulated too when `inputs` hold two or more temperatures (its outside and cut counts)."""
     rng = np.random.default_rng(seed)
     xs = [x for x in inputs if x.draws.size and x.n_cand]
     n_tok = sum(x.n_cand for x in xs)
@@ -972,7 +1000,7 @@ def power_statement(inputs: Sequence[PowerInput], target: float, reps: int, seed
             continue
 
         def rej(r: float, j: int = j, rec: dict[str, Any] = rec) -> float:
-            got = _rejection(xs, j, r, reps, rng)
+            got = _rejection(xs, j, r, reps, rng, pooled)
             rec["rejection_rate"][f"{r:.4g}"] = got
             return got
 
