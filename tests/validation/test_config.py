@@ -92,6 +92,7 @@ def test_every_mix_entry_gets_its_share_of_the_suites_pairs() -> None:
         # the same pair always gets the same entry: the candidate's and the baseline's requests share a law
         assert all(cfg.sampling_for(pid, t) == cfg.sampling_for(pid, t) for pid, t in pairs)
         # every entry at every temperature (the suite has at least as many prompts as the mix has entries)
+        assert cfg.sampling.by_temperature
         for t in hot:
             at_t = {repr(cfg.sampling_for(pid, t).as_dict()) for pid, tt in pairs if tt == t}
             assert len(at_t) == len(cfg.sampling.mix), (path.name, t, len(at_t))

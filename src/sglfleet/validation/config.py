@@ -85,6 +85,12 @@ class SamplingConfig(StrictModel):
         "suite's T=0 prompts in turn), so every sampled request shares its batches with a greedy row; their "
         "answers are load, not judged"))
     extra: dict[str, Any] = Field(default_factory=dict, description="extra request body keys")
+    by_temperature: bool = Field(default=False, description=(
+        "deal the mix temperature by temperature, so every entry has requests at every T>0 temperature (where a "
+        "temperature has as many prompts as the mix has entries); off: dealt over all (prompt, T) pairs at once. "
+        "On in the SGLang profiles, which the target's likelihood judges at every temperature; off by default: the "
+        "embedded 135M model's own answers untruncated at T=1 loop, and without a baseline the detectors judge them "
+        "(the main job's first gate failed on them, 2026-12-05)"))
 
     def plain(self, temperature: float) -> Any:
         """The tokenlaw.SamplingParams of top_p / top_k / min_p as given, no mix (requests outside the suite)."""
@@ -95,10 +101,11 @@ class SamplingConfig(StrictModel):
     def params_for(self, prompt_id: str, temperature: float,
                    pairs: Sequence[tuple[str, float]] | None = None) -> Any:
         """The tokenlaw.SamplingParams of one (prompt, T>0). `pairs`: every (prompt, T>0) of the suite; the pairs,
-        temperature by temperature and within one in an order fixed by a hash of each, take the mix's entries in
-        turn, so every entry gets its share (at least one pair when there are as many pairs as entries; by the
-        hash alone, 24 pairs left one of six entries without a request on the H200, 2026-12-04) and, where a
-        temperature has as many prompts as the mix has entries, a pair at every temperature: a fault of one
+        (with `by_temperature`) temperature by temperature and within one in an order fixed by a hash of each,
+        take the mix's entries in turn, so every entry gets its share (at least one pair when there are as many
+        pairs as entries; by the hash alone, 24 pairs left one of six entries without a request on the H200,
+        2026-12-04) and, by temperature, where a temperature has as many prompts as the mix has entries, a pair
+        at every temperature: a fault of one
         truncation at one temperature has requests to show in (dealt over all pairs at once, the H200 gates of
         2026-12-05 had no top_k 40 request at T 0.6, no top_k 20 + min-p one at T 0.8, no untruncated and no
         stop-string one at T 1). A pair outside `pairs` (or no `pairs`): its hash."""
@@ -110,7 +117,8 @@ class SamplingConfig(StrictModel):
             return int.from_bytes(hashlib.sha256(f"mix/{pid}/{t:g}".encode()).digest()[:4], "big")
 
         if self.mix:
-            ranked = sorted(dict.fromkeys(pairs or ()), key=lambda pt: (pt[1], key(*pt), pt))
+            ranked = sorted(dict.fromkeys(pairs or ()),
+                            key=lambda pt: (pt[1] if self.by_temperature else 0.0, key(*pt), pt))
             where = {pt: i for i, pt in enumerate(ranked)}
             i = where.get((prompt_id, temperature))
             m = self.mix[(key(prompt_id, temperature) if i is None else i) % len(self.mix)]
