@@ -525,10 +525,11 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
         len(sides) > 1 and lc.token_power_reps) else None
     for tv in tests if together is not None else ():
         tv["power"]["all_temperatures"] = together  # type: ignore[index]
-    if getattr(lc, "pooled_share", 0.0) > 0 and tests and all(tv is not None for tv in tests):
-        pooled = tokenlaw.pooled_test([tv for tv in tests if tv is not None], pooled_alphas(lc)).as_dict()
-        for tv in tests:
-            tv["pooled"] = pooled  # type: ignore[index]
+    known = [tv for tv in tests if tv is not None]
+    if getattr(lc, "pooled_share", 0.0) > 0 and known and len(known) == len(tests):
+        pooled = tokenlaw.pooled_test(known, pooled_alphas(lc)).as_dict()
+        for tv in known:
+            tv["pooled"] = pooled
     return out
 
 

@@ -527,6 +527,24 @@ class PooledAlphas:
     serial: float
 
 
+def pooled_counts_p(outside: Sequence[tuple[int, int, int, int]], edges: Sequence[tuple[EdgeCount, EdgeCount]]
+                    ) -> tuple[float, float, float, float]:
+    """The pooled outside and cut tests over temperatures: (the outside count's p, the candidate's expected outside
+    count, the cut count's p, its expected cut count). `outside`: per temperature (candidate tokens, candidate
+    outside, baseline tokens, baseline outside), tokens counted with their outside ones; `edges`: per temperature
+    (the candidate's, the baseline's) draws at the law's cut. Each temperature conditional on its own total:
+    Binomial with the candidate's share (of the tokens; of the expectation at the cut), the sum's law exact
+    (binomial_sum_tail); outside one-sided more, the cut one-sided fewer."""
+    out_strata = [(oc + ob, n_c / max(1, n_c + n_b)) for n_c, oc, n_b, ob in outside]
+    oc = sum(o[1] for o in outside)
+    p_out = binomial_sum_tail(oc, out_strata) if sum(m for m, _ in out_strata) else 1.0
+    used = [(c, b) for c, b in edges if c.expected > 0 and b.expected > 0]
+    e_strata = [(c.drawn + b.drawn, c.expected / (c.expected + b.expected)) for c, b in used]
+    ec = sum(c.drawn for c, _ in used)
+    p_edge = binomial_sum_tail(ec, e_strata, upper=False) if sum(m for m, _ in e_strata) else 1.0
+    return p_out, sum(m * sh for m, sh in out_strata), p_edge, sum(m * sh for m, sh in e_strata)
+
+
 @dataclass
 class PooledVerdict:
     """The per-token statistics whose meaning does not depend on the temperature, pooled over every T>0
@@ -568,26 +586,16 @@ def pooled_test(tests: Sequence[Mapping[str, Any]], alphas: PooledAlphas) -> Poo
     - edge: the token at the law's cut drawn, summed; each temperature Binomial with the candidate's share of
       the expectation (edge_p); one-sided (fewer).
     - serial: Stouffer's z of the temperatures' serial z (each N(0, 1) under a correct sampler); two-sided."""
-    out_strata: list[tuple[int, float]] = []
-    edge_strata: list[tuple[int, float]] = []
-    oc = ob = ec = eb = 0
-    zs: list[float] = []
-    for tv in tests:
-        n_c = int(tv["n_candidate"]) + int(tv["outside_candidate"])
-        n_b = int(tv["n_baseline"]) + int(tv["outside_baseline"])
-        oc, ob = oc + int(tv["outside_candidate"]), ob + int(tv["outside_baseline"])
-        out_strata.append((int(tv["outside_candidate"]) + int(tv["outside_baseline"]), n_c / max(1, n_c + n_b)))
-        e_c, e_b = float(tv.get("edge_expected_candidate", 0.0)), float(tv.get("edge_expected_baseline", 0.0))
-        if e_c > 0 and e_b > 0:
-            d_c, d_b = int(tv.get("edge_candidate", 0)), int(tv.get("edge_baseline", 0))
-            ec, eb = ec + d_c, eb + d_b
-            edge_strata.append((d_c + d_b, e_c / (e_c + e_b)))
-        if int(tv.get("serial_pairs", 0)) >= 2:
-            zs.append(float(tv.get("serial_z", 0.0)))
-    out_exp = sum(m * s for m, s in out_strata)
-    edge_exp = sum(m * s for m, s in edge_strata)
-    p_out = binomial_sum_tail(oc, out_strata) if oc + ob else 1.0
-    p_edge = binomial_sum_tail(ec, edge_strata, upper=False) if ec + eb else 1.0
+    outside = [(int(tv["n_candidate"]) + int(tv["outside_candidate"]), int(tv["outside_candidate"]),
+                int(tv["n_baseline"]) + int(tv["outside_baseline"]), int(tv["outside_baseline"])) for tv in tests]
+    edges = [(EdgeCount(int(tv.get("edge_candidate", 0)), float(tv.get("edge_expected_candidate", 0.0))),
+              EdgeCount(int(tv.get("edge_baseline", 0)), float(tv.get("edge_expected_baseline", 0.0))))
+             for tv in tests]
+    edges = [(c, b) for c, b in edges if c.expected > 0 and b.expected > 0]
+    zs = [float(tv.get("serial_z", 0.0)) for tv in tests if int(tv.get("serial_pairs", 0)) >= 2]
+    p_out, out_exp, p_edge, edge_exp = pooled_counts_p(outside, edges)
+    oc, ob = sum(o[1] for o in outside), sum(o[3] for o in outside)
+    ec, eb = sum(c.drawn for c, _ in edges), sum(b.drawn for _, b in edges)
     z = sum(zs) / math.sqrt(len(zs)) if zs else 0.0
     p_ser = math.erfc(abs(z) / math.sqrt(2.0)) if zs else 1.0
     v = PooledVerdict(True, len(tests), oc, ob, round(out_exp, 3), p_out, ec, eb, round(edge_exp, 3), p_edge,
@@ -936,19 +944,11 @@ def _pooled_refuses(inputs: Sequence[PowerInput], once: Sequence[tuple[bool, int
                     alphas: PooledAlphas) -> bool:
     """The pooled outside and cut tests (pooled_test) of one simulated candidate over the temperatures of
     `inputs` (the serial statistic is not simulated: the wrong laws are marginal laws)."""
-    oc = sum(o[1] for o in once)
-    strata = [(o[1] + x.n_out_b, x.n_cand / max(1, x.n_cand + x.n_base + x.n_out_b))
-              for x, o in zip(inputs, once, strict=True)]
-    if oc and binomial_sum_tail(oc, strata) < alphas.outside:
-        return True
+    outside = [(x.n_cand, o[1], x.n_base + x.n_out_b, x.n_out_b) for x, o in zip(inputs, once, strict=True)]
     edges = [(o[2], x.base_edge) for x, o in zip(inputs, once, strict=True)
              if o[2] is not None and x.base_edge is not None]
-    edges = [(c, b) for c, b in edges if c.expected > 0 and b.expected > 0]
-    if not edges:
-        return False
-    ec = sum(c.drawn for c, _ in edges)
-    e_strata = [(c.drawn + b.drawn, c.expected / (c.expected + b.expected)) for c, b in edges]
-    return bool(ec + sum(b.drawn for _, b in edges)) and binomial_sum_tail(ec, e_strata, upper=False) < alphas.edge
+    p_out, _, p_edge, _ = pooled_counts_p(outside, edges)
+    return p_out < alphas.outside or p_edge < alphas.edge
 
 
 def _rejection(inputs: Sequence[PowerInput], j: int, r: float, reps: int, rng: np.random.Generator,
