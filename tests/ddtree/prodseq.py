@@ -357,6 +357,9 @@ def likelihood_numbers(case: dict[str, Any]) -> dict[str, Any]:
                 "edge_expected_baseline", "edge_positions", "edge_p", "alpha_edge", "serial_candidate",
                 "serial_baseline", "serial_pairs", "serial_z", "serial_p", "alpha_serial")
         out["per_token"] = {k: _num(tok.get(k)) for k in keep}
+        for k in ("cut_candidate", "cut_baseline"):  # per truncation [tokens, outside] (the pooled counts by cut)
+            if isinstance(tok.get(k), dict):
+                out["per_token"][k] = tok[k]
         if isinstance(tok.get("pooled"), dict):  # the statistics pooled over the temperatures (likelihood_pooled)
             out["per_token"]["pooled"] = {k: v if isinstance(v, dict) else _num(v) for k, v in tok["pooled"].items()}
         pw = tok.get("power") or {}

@@ -153,12 +153,23 @@ def _pooled(g: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def _by_cut(pools: list[dict[str, Any]]) -> str:
+    """The outside counts by truncation over a build's runs: each cut's candidate tokens (sum) and its least p;
+    "not run" where the gate had no counts by cut (before 2026-12-05's twenty-eighth session)."""
+    cells = []
+    for name in ("top_k", "top_p", "min_p"):
+        got = [pl["cuts"][name] for pl in pools if isinstance(pl.get("cuts"), dict) and name in pl["cuts"]]
+        cells.append(f"{sum(int(c['candidate']) for c in got)} ({_p(min(float(c['p']) for c in got))})" if got else "—")
+    return "not run" if all(c == "—" for c in cells) else " / ".join(cells)
+
+
 def pooled_table(raw: dict[str, Any]) -> list[str]:
     """Per build: the pooled per-token statistics over the runs, and the verdict with them (a run is refused when
     its gate refused it or the pooled test does)."""
     lines = ["| build | must | runs | gate refused | pooled refused | refused with both | outside the law, candidate "
-             "/ baseline (sum), p min | cut token drawn / expected (sum), p min | consecutive tokens: Stouffer z "
-             "(min / max) |", "|---|---|---|---|---|---|---|---|---|"]
+             "/ baseline (sum), p min | by cut: outside top-k / top-p / min-p, candidate (sum), p min | cut token "
+             "drawn / expected (sum), p min | consecutive tokens: Stouffer z (min / max) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     roles = {s["name"]: s for s in raw.get("servers", [])}
     for server, gates in _by_server(raw).items():
         rows = [(g, _pooled(g)) for g in _verdicts(gates)]
@@ -173,7 +184,7 @@ def pooled_table(raw: dict[str, Any]) -> list[str]:
             f"{sum(1 for g, _ in rows if not g.get('passed'))} | {sum(1 for pl in pools if not pl['ok'])} | "
             f"{sum(1 for g, pl in rows if not g.get('passed') or not pl['ok'])} | "
             f"{sum(int(pl['outside_candidate']) for pl in pools)} / {sum(int(pl['outside_baseline']) for pl in pools)}"
-            f", {_p(min(float(pl['outside_p']) for pl in pools))} | "
+            f", {_p(min(float(pl['outside_p']) for pl in pools))} | {_by_cut(pools)} | "
             f"{sum(int(pl['edge_candidate']) for pl in pools)} / {sum(float(pl['edge_expected']) for pl in pools):.1f}"
             f", {_p(min(float(pl['edge_p']) for pl in pools))} | {min(zs):+.1f} / {max(zs):+.1f} |")
     return lines

@@ -201,7 +201,17 @@ def test_the_pooled_statistics_are_kept_and_get_their_table_only_where_a_run_has
            "gates": [{"server": "fault-min_p_on_t1-b16-k4", "role": "fault", "run": 1, "rc": 0, "wall_s": 95.0,
                       **rec, "passed": True}]}
     out = "\n".join(render_prodseq.pooled_table(raw))
-    assert "| fault-min_p_on_t1-b16-k4 | be refused | 1 | 0 | 1 | 1 | 26 / 14, 6.1e-05 | 400 / 410.0, 0.30 |" in out
+    assert ("| fault-min_p_on_t1-b16-k4 | be refused | 1 | 0 | 1 | 1 | 26 / 14, 6.1e-05 | not run | 400 / 410.0, "
+            "0.30 |") in out
+    # a gate with the counts by truncation: each cut's candidate count and least p, and the counts per temperature
+    pooled["cuts"] = {"top_p": {"candidate": 9, "baseline": 12, "expected": 7.0, "p": 0.31},
+                      "min_p": {"candidate": 14, "baseline": 1, "expected": 5.0, "p": 1.1e-05}}
+    lik["details"]["per_token"]["cut_candidate"] = {"top_k": [900, 1], "top_p": [1500, 4], "min_p": [700, 8]}
+    rec = prodseq.report_numbers(report)
+    assert rec["likelihood"]["T0.8"]["per_token"]["cut_candidate"]["min_p"] == [700, 8]
+    raw["gates"][0].update(rec)
+    out = "\n".join(render_prodseq.pooled_table(raw))
+    assert "| 26 / 14, 6.1e-05 | — / 9 (0.31) / 14 (1.1e-05) | 400 / 410.0, 0.30 |" in out, out
     assert "pooled over the T>0" in render_prodseq.render(raw, "r")
     raw["gates"][0].update(prodseq.report_numbers(_report(tmp_path)))  # a run from before the pooled test
     assert "pooled over the T>0" not in render_prodseq.render(raw, "r")

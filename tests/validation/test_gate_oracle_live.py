@@ -69,6 +69,8 @@ def test_the_correct_engine_passes_with_the_target_deciding_every_temperature(
     # the per-token statistics pooled over the T>0 temperatures: one verdict, run and passed on real answers
     pooled = cases["likelihood_pooled"]
     assert pooled.ok and not pooled.skipped and pooled.details["pooled"]["temperatures"] == 1, pooled.message
+    # the outside count by truncation ran too, over the cuts the default mix turns on
+    assert {"top_p", "top_k", "min_p"} & set(pooled.details["pooled"]["cuts"]), pooled.details["pooled"]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["summary"]["verdict_mode"] == modes
     # the interleaved suite ran with greedy companions beside it, counted in the summary

@@ -28,6 +28,8 @@ from sglfleet.validation.tokenlaw import (
     binomial_sum_tail,
     binomial_upper,
     chi2_sf,
+    cut_by,
+    cut_counts_p,
     dispersion,
     dispersion_inflation,
     edge_of,
@@ -752,3 +754,110 @@ def test_the_statement_over_every_temperature_counts_the_pooled_tests() -> None:
     assert r0 is not None and r1 is not None and r1 < 0.95 * r0, (r0, r1)
     one = [power_statement(xs[:1], 0.9, 60, 3, pooled=p) for p in (None, pooled)]
     assert one[0]["families"] == one[1]["families"]
+
+
+def test_each_token_outside_the_law_is_attributed_to_the_cuts_that_leave_it_out() -> None:
+    """cut_by asks each truncation's law alone: the 25th token of a row under top-k 20 is outside top-k's cut
+    only; with min-p 0.5 at T 0.8 every token below half the top one's p_T is outside min-p's; a token past the
+    top-p nucleus is outside top-p's. An untruncated request has no cut to blame."""
+    rng = np.random.default_rng(3)
+    row = row_from_logits(rng.normal(0, 2.5, V), 0.8)
+    o = ORDERS["sglang"]
+    assert cut_by(row, SamplingParams(0.8, 1.0, 20), o, 24) == (True, False, False)
+    assert cut_by(row, SamplingParams(0.8, 1.0, 20), o, 5) == (False, False, False)
+    pt = np.exp(row.lp / 0.8)
+    below = int(np.flatnonzero(pt < 0.5 * pt[0])[0])
+    assert cut_by(row, SamplingParams(0.8, 1.0, 0, 0.5), o, below) == (False, False, True)
+    assert cut_by(row, SamplingParams(0.8, 1.0, 0, 0.5), o, below - 1) == (False, False, False)
+    nucleus = law_of(row, SamplingParams(0.8, 0.5), o).n
+    assert cut_by(row, SamplingParams(0.8, 0.5, 0, 0.5), o, max(nucleus, below) + 3) == (False, True, True)
+    assert cut_by(row, SamplingParams(0.8), o, V - 1) == (False, False, False)
+
+
+def min_p_on_t1(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The worker fault `min_p_on_t1` written out: min-p's bar placed on the T=1 law, every other cut and the draw
+    on p_T (below T 1 the bar is lower, so min-p keeps too much)."""
+    bar = reference_law(logits, SamplingParams(1.0, min_p=p.min_p), "sglang") > 0
+    q = reference_law(logits, SamplingParams(p.temperature, p.top_p, p.top_k), "sglang") * bar
+    return q / q.sum()
+
+
+def test_the_scorer_counts_a_min_p_fault_outside_min_p_cut_only() -> None:
+    """Tokens drawn under MIX by the min_p_on_t1 fault and placed by scorers.per_token: every token outside the law
+    is outside min-p's cut (none outside top-k's or top-p's alone), and the tokens at risk are those of the
+    requests with min-p on. The correct sampler's tokens are never outside (an exact scorer)."""
+    rng = np.random.default_rng(23)
+    got = {"tokens": np.zeros(3, int), "outside": np.zeros(3, int), "none": 0}
+    for j, params in enumerate(MIX):
+        rows, seq, good = [], [], []
+        for _ in range(300):
+            logits = rng.normal(0, 2.5, V)
+            rows.append(row_from_logits(logits, params.temperature))
+            seq.append(int(rng.choice(V, p=min_p_on_t1(logits, params))))
+            good.append(int(rng.choice(V, p=reference_law(logits, params, "sglang"))))
+        tok = per_token(f"m/{j}", params.temperature, rows, seq, params, ORDERS["sglang"])
+        got["tokens"] += tok["cut_tokens"]
+        got["outside"] += tok["cut_outside"]
+        got["none"] += sum(1 for x in tok["tok_pit"] if x is None)
+        clean = per_token(f"g/{j}", params.temperature, rows, good, params, ORDERS["sglang"])
+        assert clean["cut_outside"] == (0, 0, 0) and None not in clean["tok_pit"]
+    on = [sum(1 for m in MIX if m.top_k), sum(1 for m in MIX if m.top_p < 1), sum(1 for m in MIX if m.min_p)]
+    assert list(got["tokens"]) == [300 * k for k in on]
+    assert got["outside"][0] == got["outside"][1] == 0 and got["outside"][2] == got["none"] > 20, got
+
+
+def _cuts(rng: np.random.Generator, n: int, shares: tuple[float, ...], rates: tuple[float, ...], extra: int = 0
+          ) -> dict[str, list[int]]:
+    """One side's tokens and outside counts per cut: `shares` of its n tokens turn each cut on, scorer noise puts
+    `rates` of those outside; `extra` more outside min-p's cut."""
+    out = {}
+    for name, sh, r in zip(("top_k", "top_p", "min_p"), shares, rates, strict=True):
+        m = int(sh * n)
+        out[name] = [m, int(rng.poisson(r * m)) + (extra if name == "min_p" else 0)]
+    return out
+
+
+def test_the_counts_by_cut_hold_their_alpha_for_a_correct_sampler() -> None:
+    """2,000 null gates of three temperatures whose noise differs by cut and by temperature (top-p's cumulative sum
+    flips most): each cut's pooled count refuses at most at its alpha, and refuses something at a looser one."""
+    rng = np.random.default_rng(77)
+    shares = (0.4, 0.6, 0.35)
+    rates = {0.6: (0.0004, 0.002, 0.0002), 0.8: (0.0008, 0.003, 0.0003), 1.0: (0.001, 0.004, 0.0005)}
+    ps = {k: [] for k in ("top_k", "top_p", "min_p")}
+    for _ in range(2000):
+        tests = []
+        for t in (0.6, 0.8, 1.0):
+            tests.append({"cut_candidate": _cuts(rng, 2600, shares, rates[t]),
+                          "cut_baseline": _cuts(rng, 5100, shares, rates[t])})
+        for k, c in cut_counts_p(tests).items():
+            ps[k].append(c["p"])
+    for k, v in ps.items():
+        a = np.asarray(v)
+        assert a.size == 2000 and (a < 0.05).mean() <= 0.05 * 1.2 + 0.01, (k, (a < 0.05).mean())
+        assert (a < 0.3).mean() > 0.05, k
+
+
+def test_a_fault_of_one_cut_is_refused_by_its_count_where_the_count_of_all_cuts_passes() -> None:
+    """Constructed at the H200's sizes (2,600 candidate and 5,100 baseline tokens a temperature; the noise mostly
+    at top-p's cut): a min-p kept too wide adds 3 / 8 / 0 candidate tokens outside min-p at T 0.6 / 0.8 / 1 (the
+    fault is nil at T 1). All cuts together: about 22 against the baseline's 14, short of the outside alpha; min-p's
+    own count refuses. The same gate without the extra tokens passes both."""
+    def gate(extra: tuple[int, int, int]) -> list[dict]:
+        tests = []
+        for (oc_p, ob_p, oc_m, ob_m), x in zip(((2, 3, 0, 0), (3, 4, 1, 1), (5, 6, 0, 0)), extra, strict=True):
+            cc = {"top_k": [1000, 1], "top_p": [1500, oc_p], "min_p": [900, oc_m + x]}
+            cb = {"top_k": [2000, 1], "top_p": [3000, ob_p], "min_p": [1800, ob_m]}
+            oc = cc["top_k"][1] + oc_p + oc_m + x
+            ob = cb["top_k"][1] + ob_p + ob_m
+            tests.append({"n_candidate": 2600 - oc, "outside_candidate": oc, "n_baseline": 5100 - ob,
+                          "outside_baseline": ob, "serial_pairs": 2600, "serial_z": 0.2,
+                          "cut_candidate": cc, "cut_baseline": cb})
+        return tests
+    a = PooledAlphas(outside=1.25e-4, edge=7.5e-5, serial=1.75e-4, cut=4.2e-5)
+    v = pooled_test(gate((3, 8, 0)), a)
+    assert v.outside_p > a.outside, v.reason
+    assert not v.ok and v.cuts["min_p"]["p"] < a.cut and "min-p keeps more" in v.reason, v.reason
+    assert v.cuts["top_p"]["p"] > 0.05 and v.cuts["min_p"]["candidate"] == 12
+    ok = pooled_test(gate((0, 0, 0)), a)
+    assert ok.ok and set(ok.cuts) == {"top_k", "top_p", "min_p"} and "outside the min-p cut" in ok.reason, ok.reason
+    assert pooled_test(gate((3, 8, 0)), PooledAlphas(outside=1.25e-4, edge=7.5e-5, serial=1.75e-4)).ok  # cut 0: off

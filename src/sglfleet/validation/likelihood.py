@@ -174,10 +174,11 @@ def token_alphas(lc: Any, n_temperatures: int) -> tokenlaw.Alphas:
 
 def pooled_alphas(lc: Any) -> tokenlaw.PooledAlphas:
     """The pooled per-token tests' alphas: `pooled_share` of every temperature's alpha, summed over them (the
-    whole verdict's alpha times the share), two fifths each to the outside count and consecutive tokens, one
-    fifth to the draws at the law's cut (each temperature's edge test already has much power)."""
+    whole verdict's alpha times the share): a quarter to the outside count, a quarter to the outside counts by
+    truncation (a twelfth each to top-k, top-p, min-p), 0.35 to consecutive tokens, 0.15 to the draws at the
+    law's cut (each temperature's edge test already has much power)."""
     a = lc.alpha * float(getattr(lc, "pooled_share", 0.0))
-    return tokenlaw.PooledAlphas(outside=0.4 * a, edge=0.2 * a, serial=0.4 * a)
+    return tokenlaw.PooledAlphas(outside=0.25 * a, edge=0.15 * a, serial=0.35 * a, cut=0.25 * a / len(tokenlaw.CUTS))
 
 
 def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int,
@@ -197,11 +198,18 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
                              base_answers=[a.tok_pit or () for a in base],
                              cand_edge=sum((a.edge for a in cand), tokenlaw.EdgeCount()),
                              base_edge=sum((a.edge for a in base), tokenlaw.EdgeCount()),
-                             cand_mid=[a.pit for a in cand if a.pit], base_mid=[a.pit for a in base if a.pit])
+                             cand_mid=[a.pit for a in cand if a.pit], base_mid=[a.pit for a in base if a.pit],
+                             cand_cut=_cut_counts(cand), base_cut=_cut_counts(base))
     if lc.token_power_reps:
         tv.power = tokenlaw.power_statement([power_input(tv.as_dict(), base, alphas)], lc.token_power_target,
                                             lc.token_power_reps, lc.rng_seed)
     return tv
+
+
+def _cut_counts(answers: list[AnswerScore]) -> dict[str, list[int]]:
+    """Per truncation (tokenlaw.CUTS): [the tokens of the answers whose requests turn it on, those outside it]."""
+    return {name: [sum(a.cut_tokens[i] for a in answers), sum(a.cut_outside[i] for a in answers)]
+            for i, name in enumerate(tokenlaw.CUTS)}
 
 
 def power_input(tv: dict[str, Any], base: list[AnswerScore], alphas: tokenlaw.Alphas) -> tokenlaw.PowerInput:

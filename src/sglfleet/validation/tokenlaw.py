@@ -301,6 +301,33 @@ def edge_of(row: Row, law: Law) -> float | None:
 
 MIN_MARGIN = 0.01  # p_T mass: the least margin past the cut a token must lie to count as clearly outside
 
+# the request's truncations, each of which can put a token outside the law (`cut_by`, `cuts_of`)
+CUTS = ("top_k", "top_p", "min_p")
+
+
+def cuts_of(p: SamplingParams) -> tuple[bool, bool, bool]:
+    """Which of CUTS the request turns on."""
+    return p.top_k > 0, p.top_p < 1, p.min_p > 0
+
+
+def cut_by(row: Row, p: SamplingParams, order: Sequence[str], rank: int | None) -> tuple[bool, bool, bool]:
+    """Which of the request's truncations (CUTS) put a token outside its law: each one's law alone (the others
+    off) is asked whether it holds the token. A numeric flip at the cut and a fault of one truncation (its
+    threshold on the wrong distribution, a parameter lost) leave their tokens outside different cuts: counted by
+    cut, a fault's tokens are not diluted by the others' noise (`pooled_test`). The same attribution is applied
+    to both sides, so the test stays exact whatever it attributes where the cuts interact (llama.cpp's order)."""
+    on = cuts_of(p)
+    out = []
+    for name, active in zip(CUTS, on, strict=True):
+        if not active:
+            out.append(False)
+            continue
+        alone = SamplingParams(p.temperature, top_k=p.top_k if name == "top_k" else 0,
+                               top_p=p.top_p if name == "top_p" else 1.0, min_p=p.min_p if name == "min_p" else 0.0)
+        law = law_of(row, alone, order)
+        out.append(law.lump <= 0 if rank is None else rank >= law.n)
+    return out[0], out[1], out[2]
+
 
 def uniform_of(key: str) -> float:
     """The V of one token's randomized PIT: a fixed function of the token's place (answer, position), independent
@@ -525,6 +552,29 @@ class PooledAlphas:
     outside: float
     edge: float
     serial: float
+    cut: float = 0.0  # each truncation's outside count (CUTS; 0: not tested)
+
+
+def cut_counts_p(tests: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """The outside count of each truncation (CUTS) pooled over temperatures: per cut, the candidate's tokens left
+    outside by it, the baseline's, the candidate's expected count and its p. Each temperature is a stratum
+    conditional on its total of both sides' tokens outside that cut, Binomial with the candidate's share of the
+    tokens whose requests turn the cut on (`cut_candidate` / `cut_baseline`: name -> [tokens, outside]); one-sided
+    (more). A cut no request of a side turned on is left out."""
+    out: dict[str, dict[str, float]] = {}
+    for name in CUTS:
+        strata, oc, ob = [], 0, 0
+        for tv in tests:
+            rc, c = (tv.get("cut_candidate") or {}).get(name, (0, 0))
+            rb, b = (tv.get("cut_baseline") or {}).get(name, (0, 0))
+            if rc > 0 and rb > 0:
+                strata.append((int(c) + int(b), rc / (rc + rb)))
+                oc, ob = oc + int(c), ob + int(b)
+        if strata:
+            p = binomial_sum_tail(oc, strata) if sum(m for m, _ in strata) else 1.0
+            out[name] = {"candidate": oc, "baseline": ob, "expected": round(sum(m * sh for m, sh in strata), 3),
+                         "p": p}
+    return out
 
 
 def pooled_counts_p(outside: Sequence[tuple[int, int, int, int]], edges: Sequence[tuple[EdgeCount, EdgeCount]]
@@ -564,6 +614,8 @@ class PooledVerdict:
     serial_p: float
     alphas: PooledAlphas
     reason: str = ""
+    # each truncation's outside count (cut_counts_p): name -> candidate, baseline, expected, p
+    cuts: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -585,7 +637,11 @@ def pooled_test(tests: Sequence[Mapping[str, Any]], alphas: PooledAlphas) -> Poo
       the sum's law is the convolution (binomial_sum_tail); one-sided (more than its share).
     - edge: the token at the law's cut drawn, summed; each temperature Binomial with the candidate's share of
       the expectation (edge_p); one-sided (fewer).
-    - serial: Stouffer's z of the temperatures' serial z (each N(0, 1) under a correct sampler); two-sided."""
+    - serial: Stouffer's z of the temperatures' serial z (each N(0, 1) under a correct sampler); two-sided.
+    - cuts (alphas.cut > 0): the outside count again, by the truncation that left each token outside (cut_by,
+      cut_counts_p): a fault of one truncation (min-p computed before the temperature: tokens outside min-p's cut
+      at T < 1 only) stands out against that cut's own noise, where the count of all cuts dilutes it with the
+      others' (top-p's cumulative sum flips most often)."""
     outside = [(int(tv["n_candidate"]) + int(tv["outside_candidate"]), int(tv["outside_candidate"]),
                 int(tv["n_baseline"]) + int(tv["outside_baseline"]), int(tv["outside_baseline"])) for tv in tests]
     edges = [(EdgeCount(int(tv.get("edge_candidate", 0)), float(tv.get("edge_expected_candidate", 0.0))),
@@ -600,11 +656,19 @@ def pooled_test(tests: Sequence[Mapping[str, Any]], alphas: PooledAlphas) -> Poo
     p_ser = math.erfc(abs(z) / math.sqrt(2.0)) if zs else 1.0
     v = PooledVerdict(True, len(tests), oc, ob, round(out_exp, 3), p_out, ec, eb, round(edge_exp, 3), p_edge,
                       round(z, 4), p_ser, alphas)
+    if alphas.cut > 0:
+        v.cuts = cut_counts_p(tests)
     parts = []
     if p_out < alphas.outside:
         parts.append(f"{oc} tokens outside the request's top-k/top-p/min-p support over the {len(tests)} T>0 "
                      f"temperatures where the baseline's rate gives {out_exp:.1f} (baseline {ob}), p {p_out:.2g} < "
                      f"{alphas.outside:.2g}: the sampler's support is wider than the request's")
+    for name, c in v.cuts.items():
+        if c["p"] < alphas.cut:
+            parts.append(f"{int(c['candidate'])} tokens outside the request's {name.replace('_', '-')} cut over the "
+                         f"T>0 temperatures where the baseline's rate gives {c['expected']:.1f} (baseline "
+                         f"{int(c['baseline'])}), p {c['p']:.2g} < {alphas.cut:.2g}: the sampler's "
+                         f"{name.replace('_', '-')} keeps more than the request's")
     if p_edge < alphas.edge:
         parts.append(f"the token at the law's cut drawn {ec} times where {edge_exp:.1f} are expected (baseline {eb}), "
                      f"p {p_edge:.2g} < {alphas.edge:.2g}: the sampler's support ends short of the request's cut")
@@ -616,7 +680,9 @@ def pooled_test(tests: Sequence[Mapping[str, Any]], alphas: PooledAlphas) -> Poo
     v.reason = "; ".join(parts) or (
         f"over {len(tests)} T>0 temperatures: outside the law {oc} (expected {out_exp:.1f}, baseline {ob}) p "
         f"{p_out:.2g}; at the law's cut {ec} drawn, {edge_exp:.1f} expected p {p_edge:.2g}; consecutive tokens "
-        f"Stouffer z {z:+.1f} p {p_ser:.2g}")
+        f"Stouffer z {z:+.1f} p {p_ser:.2g}" + "".join(
+            f"; outside the {k.replace('_', '-')} cut {int(c['candidate'])} (expected {c['expected']:.1f}) p "
+            f"{c['p']:.2g}" for k, c in v.cuts.items()))
     return v
 
 
@@ -681,6 +747,10 @@ class TokenVerdict:
     serial_z: float = 0.0
     serial_p: float = 1.0
     alpha_serial: float = 0.0
+    # per truncation (CUTS) the tokens of the requests that turn it on and those left outside by it, each side
+    # (cut_by; pooled over the temperatures by pooled_test)
+    cut_candidate: dict[str, list[int]] = field(default_factory=dict)
+    cut_baseline: dict[str, list[int]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -798,14 +868,16 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
                exact_cut: bool = False, cand_answers: Sequence[Sequence[float | None]] = (),
                base_answers: Sequence[Sequence[float | None]] = (), cand_edge: EdgeCount | None = None,
                base_edge: EdgeCount | None = None, cand_mid: Sequence[Sequence[float]] = (),
-               base_mid: Sequence[Sequence[float]] = ()) -> TokenVerdict:
+               base_mid: Sequence[Sequence[float]] = (), cand_cut: Mapping[str, Sequence[int]] | None = None,
+               base_cut: Mapping[str, Sequence[int]] | None = None) -> TokenVerdict:
     """The candidate's per-token PITs (None: outside the law) against uniform, the baseline's scored the same way
     giving the scorer's allowance (module docstring). `limit`: the largest allowance the test accepts: beyond it
     the scorer does not reproduce the engine's law and the test cannot judge (a fail, with that reason).
     `cand_answers` / `base_answers`: the same PITs by answer, for the dispersion test (tested when given and
     alphas.dispersion > 0). `cand_edge` / `base_edge`: the draws at the law's cut, for the edge test (tested when
     given and alphas.edge > 0). `cand_mid` / `base_mid`: each answer's vocabulary-order mid-PITs, for the serial
-    test (tested when given and alphas.serial > 0)."""
+    test (tested when given and alphas.serial > 0). `cand_cut` / `base_cut`: per truncation [tokens, outside]
+    (kept in the verdict for the pooled test)."""
     cu = np.asarray([x for x in cand if x is not None], dtype=np.float64)
     bu = np.asarray([x for x in base if x is not None], dtype=np.float64)
     oc, ob = len(cand) - cu.size, len(base) - bu.size
@@ -843,6 +915,8 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         v.serial_z, v.serial_p = serial_p(sc, sb)
         v.alpha_serial = alphas.serial
         serial_bad = v.serial_p < alphas.serial
+    v.cut_candidate = {k: [int(x) for x in n] for k, n in (cand_cut or {}).items()}
+    v.cut_baseline = {k: [int(x) for x in n] for k, n in (base_cut or {}).items()}
     v.outside_margin = MIN_MARGIN if exact_cut else math.inf
     v.farthest_outside = max(cand_excess, default=0.0)
     v.clearly_outside = sum(1 for e in cand_excess if e > v.outside_margin)
