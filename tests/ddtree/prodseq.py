@@ -78,8 +78,13 @@ SRC = Path(os.environ["PRODSEQ_SRC"]) if os.environ.get("PRODSEQ_SRC") else ROOT
 sys.path.insert(0, str(SRC / "src"))  # the driver's own imports of sglfleet too (testbed.models: the working tree's)
 PROFILE = SRC / "src" / "sglfleet" / "validation" / "profiles" / "sglang-smollm2.yaml"
 GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml"
-FAULTS = ("verify_temperature_one", "verify_no_top_p", "row_shift", "min_p_on_t1", "step_shared_random",
-          "step_replay_random", "greedy_if_any", "support_one_short")
+ALL_FAULTS = ("verify_temperature_one", "verify_no_top_p", "row_shift", "min_p_on_t1", "step_shared_random",
+              "step_replay_random", "greedy_if_any", "support_one_short")
+# PRODSEQ_FAULTS=a,b: only these faults get a server (a short device budget spent where the verdict is in doubt;
+# the raw's "faults" names the ones that ran)
+FAULTS = tuple(f for f in os.environ.get("PRODSEQ_FAULTS", ",".join(ALL_FAULTS)).split(",") if f)
+if not set(FAULTS) <= set(ALL_FAULTS):
+    raise SystemExit(f"PRODSEQ_FAULTS: unknown fault(s) {sorted(set(FAULTS) - set(ALL_FAULTS))}; known: {ALL_FAULTS}")
 BASE_PORT = 31300
 # a later session's runs take seeds no earlier session used (PRODSEQ_RUN_OFFSET=100: run r seeds 10000 * (r + 100) + j)
 RUN_OFFSET = int(os.environ.get("PRODSEQ_RUN_OFFSET", "0"))
