@@ -31,7 +31,7 @@ from bench.history import raw_header  # noqa: E402
 from sglfleet.validation.config import GateConfig  # noqa: E402
 from sglfleet.validation.scorers import ReferenceScorer  # noqa: E402
 from sglfleet.validation.suite import load_suite  # noqa: E402
-from sglfleet.validation.tokenlaw import ORDERS, SamplingParams  # noqa: E402
+from sglfleet.validation.tokenlaw import CUTS, ORDERS, SamplingParams, cut_counts_p  # noqa: E402
 
 SUITE = REPO / "src" / "sglfleet" / "validation" / "prompts" / "suite-v1.yaml"
 
@@ -60,8 +60,31 @@ def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[s
         at = row.setdefault("by_temperature", {}).setdefault(f"T{s['temperature']:g}", {"tokens": 0, "outside": 0})
         at["tokens"] += len(sc.tok_pit)
         at["outside"] += sum(p is None for p in sc.tok_pit)
+        # per truncation (tokenlaw.CUTS): the tokens of requests that turn it on, those it leaves outside
+        for i, name in enumerate(CUTS):
+            c = at.setdefault("cuts", {}).setdefault(name, [0, 0])
+            c[0] += sc.cut_tokens[i]
+            c[1] += sc.cut_outside[i]
         print(f"[{progress}] {i}/{len(hot)}", file=sys.stderr, flush=True)
     return out
+
+
+def cuts_by_temperature(rows: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
+    """One build's per-entry rows summed into per temperature, per truncation [tokens, outside]."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for r in rows.values():
+        for t, at in r.get("by_temperature", {}).items():
+            for name, (m, k) in at.get("cuts", {}).items():
+                c = out.setdefault(t, {}).setdefault(name, [0, 0])
+                c[0], c[1] = c[0] + m, c[1] + k
+    return out
+
+
+def by_cut(cand: dict[str, Any], base: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The gate's pooled outside counts by truncation (tokenlaw.cut_counts_p), this re-score's tokens on both
+    sides: the candidate's answers against the baseline file's."""
+    c, b = cuts_by_temperature(cand), cuts_by_temperature(base)
+    return cut_counts_p([{"cut_candidate": c[t], "cut_baseline": b[t]} for t in sorted(c) if t in b])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,8 +123,13 @@ def main(argv: list[str] | None = None) -> int:
             result["builds"][n] = place(scorer, prompts, [s for s in rep["samples"] if s.get("purpose") == "suite"], n)
     finally:
         scorer.close()
+    base_rows = result["builds"]["target-only (baseline file)"]
+    result["by_cut"] = {n: by_cut(result["builds"][n], base_rows) for n in names}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    for build, cuts in result["by_cut"].items():
+        print(build, " ".join(f"{k} {int(v['candidate'])}/{int(v['baseline'])} p {v['p']:.2g}"
+                              for k, v in cuts.items()))
     for build, rows in result["builds"].items():
         print(build)
         for label, r in sorted(rows.items()):

@@ -242,6 +242,13 @@ def plan(dummy_drafter: bool = False, overlap: bool = False) -> list[Srv]:
         ov = tree("b16-k4-overlap", "patched", 16, 4, "correct", {"SGLANG_DDTREE_OVERLAP": "1"})
         ov.argv = [x for x in ov.argv if x != "--disable-overlap-schedule"]
         servers.insert(4, ov)
+    # PRODSEQ_ONLY=a,b: only these candidates get a server (with the target-only one, which records the baseline)
+    only = [x for x in os.environ.get("PRODSEQ_ONLY", "").split(",") if x]
+    if only:
+        unknown = sorted(set(only) - {s.name for s in servers})
+        if unknown:
+            raise SystemExit(f"PRODSEQ_ONLY: unknown server(s) {unknown}; known: {[s.name for s in servers[1:]]}")
+        servers = [s for s in servers if s.role == "target-only" or s.name in only]
     return servers
 
 
