@@ -31,7 +31,7 @@ from bench.history import raw_header  # noqa: E402
 from sglfleet.validation.config import GateConfig  # noqa: E402
 from sglfleet.validation.scorers import ReferenceScorer  # noqa: E402
 from sglfleet.validation.suite import load_suite  # noqa: E402
-from sglfleet.validation.tokenlaw import CUTS, ORDERS, SamplingParams, cut_counts_p  # noqa: E402
+from sglfleet.validation.tokenlaw import CUTS, ORDERS, SamplingParams, cut_counts_p, pooled_counts_p  # noqa: E402
 
 SUITE = REPO / "src" / "sglfleet" / "validation" / "prompts" / "suite-v1.yaml"
 
@@ -81,21 +81,48 @@ def cuts_by_temperature(rows: dict[str, Any]) -> dict[str, dict[str, list[int]]]
 
 
 def by_cut(cand: dict[str, Any], base: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """The gate's pooled outside counts by truncation (tokenlaw.cut_counts_p), this re-score's tokens on both
-    sides: the candidate's answers against the baseline file's."""
+    """The gate's pooled outside counts by truncation (tokenlaw.cut_counts_p) and of every cut together ("all":
+    tokenlaw.pooled_counts_p), this re-score's tokens on both sides: the candidate's answers against the
+    baseline file's."""
     c, b = cuts_by_temperature(cand), cuts_by_temperature(base)
-    return cut_counts_p([{"cut_candidate": c[t], "cut_baseline": b[t]} for t in sorted(c) if t in b])
+    temps = [t for t in sorted(c) if t in b]
+    out = cut_counts_p([{"cut_candidate": c[t], "cut_baseline": b[t]} for t in temps])
+
+    def at(rows: dict[str, Any], t: str) -> tuple[int, int]:
+        got = [r["by_temperature"][t] for r in rows.values() if t in r.get("by_temperature", {})]
+        return sum(x["tokens"] for x in got), sum(x["outside"] for x in got)
+    strata = [(*at(cand, t), *at(base, t)) for t in temps]
+    p_all, expected, _, _ = pooled_counts_p(strata, [])
+    out["all"] = {"candidate": sum(s[1] for s in strata), "baseline": sum(s[3] for s in strata),
+                  "expected": round(expected, 3), "p": p_all}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reports", required=True, help="the gates/ folder of prodseq-reports.tgz")
-    ap.add_argument("--baseline", required=True, help="the baseline file the gates ran against (.json or .json.gz)")
-    ap.add_argument("--gates", required=True, help="comma-separated gate run names (folders under --reports)")
+    ap.add_argument("--recompute", help="a raw file this script wrote: recompute its by-cut tests, no scoring")
+    ap.add_argument("--reports", help="the gates/ folder of prodseq-reports.tgz")
+    ap.add_argument("--baseline", help="the baseline file the gates ran against (.json or .json.gz)")
+    ap.add_argument("--gates", help="comma-separated gate run names (folders under --reports)")
     ap.add_argument("--baseline-seeds", type=int, default=0, help="only the baseline answers of its first N seeds "
                     "(0: all)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    if a.recompute:
+        if not Path(a.recompute).is_file():
+            print(f"error: no {a.recompute}", file=sys.stderr)
+            return 2
+        result = json.loads(Path(a.recompute).read_text())
+        base_rows = result["builds"]["target-only (baseline file)"]
+        result["by_cut"] = {n: by_cut(r, base_rows) for n, r in result["builds"].items() if r is not base_rows}
+        result["recomputed"] = {k: v for k, v in raw_header("bench/prodseq_outside.py").items()
+                                if k in ("command", "date", "commit")}
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        show(result)
+        return 0
+    if not (a.reports and a.baseline and a.gates):
+        print("error: --reports, --baseline and --gates are needed (or --recompute)", file=sys.stderr)
+        return 2
     reports = Path(a.reports)
     names = [n for n in a.gates.split(",") if n]
     missing = [n for n in names if not (reports / n / "report.json").is_file()]
@@ -127,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     result["by_cut"] = {n: by_cut(result["builds"][n], base_rows) for n in names}
     result["seconds"] = round(time.perf_counter() - t0, 1)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    show(result)
+    return 0
+
+
+def show(result: dict[str, Any]) -> None:
     for build, cuts in result["by_cut"].items():
         print(build, " ".join(f"{k} {int(v['candidate'])}/{int(v['baseline'])} p {v['p']:.2g}"
                               for k, v in cuts.items()))
@@ -134,7 +166,6 @@ def main(argv: list[str] | None = None) -> int:
         print(build)
         for label, r in sorted(rows.items()):
             print(f"  {label:28s} {r['answers']:3d} answers {r['tokens']:5d} tokens {r['outside']:4d} outside")
-    return 0
 
 
 if __name__ == "__main__":
