@@ -112,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(a.recompute).is_file():
             print(f"error: no {a.recompute}", file=sys.stderr)
             return 2
-        result = json.loads(Path(a.recompute).read_text())
+        raw = Path(a.recompute).read_bytes()
+        result = json.loads(gzip.decompress(raw) if a.recompute.endswith(".gz") else raw)
         base_rows = result["builds"]["target-only (baseline file)"]
         result["by_cut"] = {n: by_cut(r, base_rows) for n, r in result["builds"].items() if r is not base_rows}
-        result["recomputed"] = {k: v for k, v in raw_header("bench/prodseq_outside.py").items()
+        result["recomputed"] = {k: v for k, v in raw_header("bench/prodseq_outside.py", argv).items()
                                 if k in ("command", "date", "commit")}
-        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+        write(Path(a.out), result)
         show(result)
         return 0
     if not (a.reports and a.baseline and a.gates):
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     scorer.order = ORDERS["sglang"]
     raw = Path(a.baseline).read_bytes()
     base = json.loads(gzip.decompress(raw) if a.baseline.endswith(".gz") else raw)
-    result: dict[str, Any] = {**raw_header("bench/prodseq_outside.py"), "reports": str(reports),
+    result: dict[str, Any] = {**raw_header("bench/prodseq_outside.py", argv), "reports": str(reports),
                               "baseline_file": a.baseline, "order": "sglang", "scorer": "reference (numpy, GGUF)",
                               "builds": {}}
     try:
@@ -153,9 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     base_rows = result["builds"]["target-only (baseline file)"]
     result["by_cut"] = {n: by_cut(result["builds"][n], base_rows) for n in names}
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    write(Path(a.out), result)
     show(result)
     return 0
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
+    """The raw file: JSON, gzip-compressed (no timestamp) where its name ends in .gz."""
+    text = (json.dumps(result, indent=1) + "\n").encode()
+    out.write_bytes(gzip.compress(text, 9, mtime=0) if out.name.endswith(".gz") else text)
 
 
 def show(result: dict[str, Any]) -> None:

@@ -355,6 +355,19 @@ def render_outside(raw: dict[str, Any], path: str) -> str:
         out.append(f"| {build} | " + " | ".join(cells) + " |")
     out += ["", f"Command: `{raw['command']}` ({raw['date']}, {raw['machine']}, commit {raw['commit']}); baseline "
             f"seeds {raw.get('baseline_seeds', 'all')}.", ""]
+    if raw.get("by_cut"):
+        names = [n for n in ("top_k", "top_p", "min_p", "all") if any(n in c for c in raw["by_cut"].values())]
+        out += ["The gate's pooled outside counts on these re-scored tokens, by the truncation that leaves each token "
+                "outside (tokenlaw.cut_counts_p; `all`: every cut together, tokenlaw.pooled_counts_p): candidate / "
+                "baseline tokens outside, p (the gate's alphas at alpha 0.01, pooled_share 0.05: 4.2e-5 a cut, "
+                "1.25e-4 all):", "",
+                "| gate | " + " | ".join(n.replace("_", "-") for n in names) + " |", "|---|" + "---|" * len(names)]
+        for build, cuts in raw["by_cut"].items():
+            cells = [f"{int(cuts[n]['candidate'])} / {int(cuts[n]['baseline'])}, {_p(float(cuts[n]['p']))}"
+                     if n in cuts else "—" for n in names]
+            out.append(f"| {build} | " + " | ".join(cells) + " |")
+        rc = raw.get("recomputed")
+        out += ["", f"By cut: `{rc['command']}` ({rc['date']}, commit {rc['commit']})." if rc else "", ""]
     return "\n".join(out)
 
 

@@ -1,0 +1,57 @@
+"""bench/prodseq_outside.py's arithmetic on a raw file (no scoring): the per-temperature counts by truncation
+summed over mix entries, the pooled p by cut and of all cuts, --recompute, and its bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import render_prodseq
+
+from bench import prodseq_outside as po
+from sglfleet.validation.tokenlaw import binomial_sum_tail
+
+
+def _entry(t: str, tokens: int, outside: int, cuts: dict[str, list[int]]) -> dict:
+    return {"answers": 3, "tokens": tokens, "outside": outside,
+            "by_temperature": {t: {"tokens": tokens, "outside": outside, "cuts": cuts}}}
+
+
+def _raw() -> dict:
+    zero = {"top_k": [0, 0], "top_p": [0, 0], "min_p": [0, 0]}
+    base = {"min_p 0.1": _entry("T0.6", 2000, 1, {**zero, "min_p": [2000, 1]}),
+            "top_p 0.95": _entry("T0.6", 2000, 4, {**zero, "top_p": [2000, 4]})}
+    cand = {"min_p 0.1": _entry("T0.6", 1000, 12, {**zero, "min_p": [1000, 12]}),
+            "top_p 0.95": _entry("T0.6", 1000, 2, {**zero, "top_p": [1000, 2]})}
+    return {"command": "c", "date": "d", "machine": "m", "commit": "x",
+            "builds": {"target-only (baseline file)": base, "fault-r01": cand}}
+
+
+def test_the_counts_by_cut_are_the_gates_pooled_test_on_the_re_scored_tokens() -> None:
+    raw = _raw()
+    got = po.by_cut(raw["builds"]["fault-r01"], raw["builds"]["target-only (baseline file)"])
+    assert set(got) == {"min_p", "top_p", "all"}  # top-k: no request turned it on
+    assert (got["min_p"]["candidate"], got["min_p"]["baseline"]) == (12, 1)
+    assert got["min_p"]["p"] == pytest.approx(binomial_sum_tail(12, [(13, 1 / 3)]))
+    assert got["all"]["p"] == pytest.approx(binomial_sum_tail(14, [(19, 2000 / 6000)]))
+    assert got["min_p"]["p"] < 1e-4 < got["top_p"]["p"]
+
+
+def test_recompute_reads_a_gzipped_raw_and_writes_the_by_cut_table(tmp_path: Path) -> None:
+    src = tmp_path / "raw.json.gz"
+    src.write_bytes(gzip.compress(json.dumps(_raw()).encode()))
+    out = tmp_path / "out.json"
+    assert po.main(["--recompute", str(src), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["by_cut"]["fault-r01"]["min_p"]["candidate"] == 12 and "--recompute" in doc["recomputed"]["command"]
+    text = render_prodseq.render_outside(doc, "raw")
+    assert "| gate | top-p | min-p | all |" in text and "| fault-r01 | 2 / 4, 0.65 | 12 / 1, 1.7e-05 | 14 / 5," in text
+    assert "By cut: `python bench/prodseq_outside.py --recompute" in text, text
+
+
+def test_bad_input_is_refused_with_exit_2(tmp_path: Path) -> None:
+    assert po.main(["--out", str(tmp_path / "o.json")]) == 2
+    assert po.main(["--recompute", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o.json")]) == 2
+    assert not (tmp_path / "o.json").exists()
