@@ -59,7 +59,8 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     if pooled is not None:  # the per-token statistics pooled over the temperatures (since 2026-12-05)
         pl = (pooled.get("details") or {}).get("pooled") or {}
         out["pooled"] = {"ok": pooled["ok"], **{k: pl.get(k) for k in ("outside_candidate", "outside_baseline",
-                                                                     "outside_p", "edge_p", "serial_z", "serial_p")}}
+                                                                     "outside_p", "edge_p", "serial_z", "serial_p",
+                                                                     "cuts")}}
     return out
 
 

@@ -153,8 +153,11 @@ def render_gate_false_fails(raw: dict[str, Any], path: str) -> str:
                          f"{v.get('clearly_outside', '—')}, {dd}{f'{tv:.3f}' if tv is not None else '—'}")
         failed = ", ".join(f"`{c}`" for c in sorted(r.get("failed") or {})) or "—"
         pl = r.get("pooled")
+        cuts = (pl or {}).get("cuts") or {}
+        least = min(cuts.items(), key=lambda kv: kv[1]["p"]) if cuts else None
         pcell = (f" {pl['outside_candidate']} of {pl['outside_candidate'] + pl['outside_baseline']} "
-                 f"({pl['outside_p']:.2g}), {pl['edge_p']:.2g}, {pl['serial_z']:+.1f} ({pl['serial_p']:.2g}) |"
+                 f"({pl['outside_p']:.2g}), {pl['edge_p']:.2g}, {pl['serial_z']:+.1f} ({pl['serial_p']:.2g})"
+                 + (f"; by cut, least p {least[1]['p']:.2g} ({least[0].replace('_', '-')})" if least else "") + " |"
                  if pl else " — |" if pooled else "")
         lines.append(f"| {r['run']} | {r.get('verdict', 'no verdict')} | {failed} | {'; '.join(cells) or '—'} |"
                      + pcell)
