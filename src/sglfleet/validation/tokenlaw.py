@@ -563,17 +563,13 @@ def cut_counts_p(tests: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, floa
     (more). A cut no request of a side turned on is left out."""
     out: dict[str, dict[str, float]] = {}
     for name in CUTS:
-        strata, oc, ob = [], 0, 0
-        for tv in tests:
-            rc, c = (tv.get("cut_candidate") or {}).get(name, (0, 0))
-            rb, b = (tv.get("cut_baseline") or {}).get(name, (0, 0))
-            if rc > 0 and rb > 0:
-                strata.append((int(c) + int(b), rc / (rc + rb)))
-                oc, ob = oc + int(c), ob + int(b)
-        if strata:
-            p = binomial_sum_tail(oc, strata) if sum(m for m, _ in strata) else 1.0
-            out[name] = {"candidate": oc, "baseline": ob, "expected": round(sum(m * sh for m, sh in strata), 3),
-                         "p": p}
+        counts = [(int(rc), int(c), int(rb), int(b)) for tv in tests
+                  for (rc, c), (rb, b) in [((tv.get("cut_candidate") or {}).get(name, (0, 0)),
+                                            (tv.get("cut_baseline") or {}).get(name, (0, 0)))] if rc > 0 and rb > 0]
+        if counts:
+            p, expected, _, _ = pooled_counts_p(counts, [])  # the all-cuts count's test, on this cut's strata
+            out[name] = {"candidate": sum(x[1] for x in counts), "baseline": sum(x[3] for x in counts),
+                         "expected": round(expected, 3), "p": p}
     return out
 
 
