@@ -29,6 +29,7 @@ sys.path[:0] = [str(REPO), str(REPO / "src")]
 
 from bench.history import raw_header  # noqa: E402
 from sglfleet.validation.config import GateConfig  # noqa: E402
+from sglfleet.validation.likelihood import pooled_alphas  # noqa: E402
 from sglfleet.validation.scorers import ReferenceScorer  # noqa: E402
 from sglfleet.validation.suite import load_suite  # noqa: E402
 from sglfleet.validation.tokenlaw import CUTS, ORDERS, SamplingParams, cut_counts_p, pooled_counts_p  # noqa: E402
@@ -98,6 +99,13 @@ def by_cut(cand: dict[str, Any], base: dict[str, Any]) -> dict[str, dict[str, fl
     return out
 
 
+def gate_alphas() -> dict[str, float]:
+    """The shipped gate's alphas of these tests (validation.likelihood.pooled_alphas of the default config): each
+    cut's count and the all-cuts count."""
+    pa = pooled_alphas(GateConfig().likelihood)
+    return {"cut": pa.cut, "all": pa.outside}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recompute", help="a raw file this script wrote: recompute its by-cut tests, no scoring")
@@ -116,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(gzip.decompress(raw) if a.recompute.endswith(".gz") else raw)
         base_rows = result["builds"]["target-only (baseline file)"]
         result["by_cut"] = {n: by_cut(r, base_rows) for n, r in result["builds"].items() if r is not base_rows}
+        result["alphas"] = gate_alphas()
         result["recomputed"] = {k: v for k, v in raw_header("bench/prodseq_outside.py", argv).items()
                                 if k in ("command", "date", "commit")}
         write(Path(a.out), result)
@@ -153,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         scorer.close()
     base_rows = result["builds"]["target-only (baseline file)"]
     result["by_cut"] = {n: by_cut(result["builds"][n], base_rows) for n in names}
+    result["alphas"] = gate_alphas()
     result["seconds"] = round(time.perf_counter() - t0, 1)
     write(Path(a.out), result)
     show(result)

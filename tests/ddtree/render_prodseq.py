@@ -345,6 +345,11 @@ def render(raw: dict[str, Any], path: str) -> str:
     return "\n".join(parts)
 
 
+def _cut_cell(c: dict[str, Any], alpha: float | None) -> str:
+    cell = f"{int(c['candidate'])} / {int(c['baseline'])}, {_p(float(c['p']))}"
+    return f"**{cell}**" if alpha is not None and float(c["p"]) < alpha else cell
+
+
 def render_outside(raw: dict[str, Any], path: str) -> str:
     """Per build and sampling-mix entry: answers, tokens, tokens outside the request's law."""
     labels = sorted({lab for rows in raw["builds"].values() for lab in rows})
@@ -357,13 +362,15 @@ def render_outside(raw: dict[str, Any], path: str) -> str:
             f"seeds {raw.get('baseline_seeds', 'all')}.", ""]
     if raw.get("by_cut"):
         names = [n for n in ("top_k", "top_p", "min_p", "all") if any(n in c for c in raw["by_cut"].values())]
+        al = raw.get("alphas")
+        alphas = (f" (the gate's alphas, as recorded: {float(al['cut']):.3g} a cut, {float(al['all']):.3g} all; "
+                  "**bold**: refused)" if al else "")
         out += ["The gate's pooled outside counts on these re-scored tokens, by the truncation that leaves each token "
                 "outside (tokenlaw.cut_counts_p; `all`: every cut together, tokenlaw.pooled_counts_p): candidate / "
-                "baseline tokens outside, p (the gate's alphas at alpha 0.01, pooled_share 0.05: 4.2e-5 a cut, "
-                "1.25e-4 all):", "",
+                f"baseline tokens outside, p{alphas}:", "",
                 "| gate | " + " | ".join(n.replace("_", "-") for n in names) + " |", "|---|" + "---|" * len(names)]
         for build, cuts in raw["by_cut"].items():
-            cells = [f"{int(cuts[n]['candidate'])} / {int(cuts[n]['baseline'])}, {_p(float(cuts[n]['p']))}"
+            cells = [_cut_cell(cuts[n], float(al["all" if n == "all" else "cut"]) if al else None)
                      if n in cuts else "—" for n in names]
             out.append(f"| {build} | " + " | ".join(cells) + " |")
         rc = raw.get("recomputed")

@@ -47,7 +47,10 @@ def test_recompute_reads_a_gzipped_raw_and_writes_the_by_cut_table(tmp_path: Pat
     doc = json.loads(out.read_text())
     assert doc["by_cut"]["fault-r01"]["min_p"]["candidate"] == 12 and "--recompute" in doc["recomputed"]["command"]
     text = render_prodseq.render_outside(doc, "raw")
-    assert "| gate | top-p | min-p | all |" in text and "| fault-r01 | 2 / 4, 0.65 | 12 / 1, 1.7e-05 | 14 / 5," in text
+    assert doc["alphas"] == {"cut": pytest.approx(0.01 * 0.05 / 4 / 3), "all": pytest.approx(0.01 * 0.05 / 4)}
+    # the shipped alphas, recorded in the raw, mark the refused cells: min-p's count, not top-p's
+    assert "| gate | top-p | min-p | all |" in text and "| fault-r01 | 2 / 4, 0.65 | **12 / 1, 1.7e-05** | " in text
+    assert "as recorded: 4.17e-05 a cut, 0.000125 all" in text, text
     assert "By cut: `python bench/prodseq_outside.py --recompute" in text, text
 
 
