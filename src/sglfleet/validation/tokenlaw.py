@@ -1012,8 +1012,9 @@ def _refused_once(x: PowerInput, col: np.ndarray, r: float, rng: np.random.Gener
 
 def _pooled_refuses(inputs: Sequence[PowerInput], once: Sequence[tuple[bool, int, EdgeCount | None]],
                     alphas: PooledAlphas) -> bool:
-    """The pooled outside and cut tests (pooled_test) of one simulated candidate over the temperatures of
-    `inputs` (the serial statistic is not simulated: the wrong laws are marginal laws)."""
+    """The pooled outside and edge tests (pooled_test) of one simulated candidate over the temperatures of
+    `inputs` (the serial statistic is not simulated: the wrong laws are marginal laws; nor the counts by
+    truncation: a family's draws are not attributed to cuts)."""
     outside = [(x.n_cand, o[1], x.n_base + x.n_out_b, x.n_out_b) for x, o in zip(inputs, once, strict=True)]
     edges = [(o[2], x.base_edge) for x, o in zip(inputs, once, strict=True)
              if o[2] is not None and x.base_edge is not None]
@@ -1048,7 +1049,9 @@ def power_statement(inputs: Sequence[PowerInput], target: float, reps: int, seed
     with its whole distance (no law in its direction lies farther from p_T). The statement over all families,
     `min_mean_tv_all_families`, is the largest of those distances: every sampler law farther than that from p_T in
     one of these directions is refused with the target probability. `pooled`: the pooled tests' alphas
-    (pooled_test), simulated too when `inputs` hold two or more temperatures (its outside and cut counts)."""
+    (pooled_test), simulated too when `inputs` hold two or more temperatures: its outside count and its draws at
+    the law's cut (the edge test), not the counts by truncation (cut_counts_p), so against a fault of one
+    truncation the statement is a lower bound."""
     rng = np.random.default_rng(seed)
     xs = [x for x in inputs if x.draws.size and x.n_cand]
     n_tok = sum(x.n_cand for x in xs)
