@@ -21,6 +21,7 @@ flatter law) give other numbers, which is why every gate report states its own.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import sys
@@ -36,7 +37,7 @@ from sglfleet.pipeline.errors import UsageError
 from sglfleet.validation import tokenlaw
 from sglfleet.validation.baseline import BaselineSample
 from sglfleet.validation.config import load_gate_config
-from sglfleet.validation.likelihood import power_input, token_alphas, token_verdict
+from sglfleet.validation.likelihood import pooled_alphas, power_input, token_alphas, token_verdict
 from sglfleet.validation.scorers import ReferenceScorer, ScoreRequest, score_all
 from sglfleet.validation.suite import load_suite
 
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         scorer.close()
     n_t = len(temps)
     alphas = token_alphas(lc, n_t)
+    pooled = pooled_alphas(lc) if lc.pooled_share > 0 else None
     base_inputs = {}
     for t in temps:
         tv = token_verdict(scored[t], scored[t], lc.model_copy(update={"token_power_reps": 0}), n_t)
@@ -100,14 +102,17 @@ def main(argv: list[str] | None = None) -> int:
                            "reps": a.reps, "target": lc.token_power_target,
                            "alphas": {"ks": alphas.ks, "mean": alphas.mean, "outside": alphas.outside,
                                       "dispersion": alphas.dispersion, "edge": alphas.edge},
+                           "pooled_alphas": None if pooled is None else dataclasses.asdict(pooled),
+                           "families": list(tokenlaw.FAMILIES),
                            "rows_per_temperature": {f"{t:g}": int(base_inputs[t].draws.shape[0]) for t in temps},
                            "sizes": []}
     for n in sizes:
-        ins = {t: tokenlaw.PowerInput(x.draws, n, x.allow, x.n_base, x.n_out_b, x.alphas, x.allow_mean, x.base_edge)
-               for t, x in base_inputs.items()}
+        ins = {t: dataclasses.replace(x, n_cand=n) for t, x in base_inputs.items()}
         per_t = {f"{t:g}": tokenlaw.power_statement([x], lc.token_power_target, a.reps, lc.rng_seed)
                  for t, x in ins.items()}
-        both = tokenlaw.power_statement(list(ins.values()), lc.token_power_target, a.reps, lc.rng_seed + 1)
+        # as the gate states it (likelihood.gate_token_power): every temperature's tests and the pooled ones
+        both = tokenlaw.power_statement(list(ins.values()), lc.token_power_target, a.reps, lc.rng_seed + 1,
+                                        pooled=pooled)
         out["sizes"].append({"tokens_per_temperature": n, "per_temperature": per_t, "all_temperatures": both})
         shown = ", ".join(f"T{t}: {v['min_mean_tv_all_families']}" for t, v in per_t.items())
         print(f"{n} tokens per temperature: {shown}; together {both['min_mean_tv_all_families']} "

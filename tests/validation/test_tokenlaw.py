@@ -17,7 +17,11 @@ from sglfleet.validation.config import LikelihoodConfig
 from sglfleet.validation.likelihood import check_trust, gate_token_power, token_verdict
 from sglfleet.validation.scorers import AnswerScore, per_token
 from sglfleet.validation.tokenlaw import (
+    CUT_MASK_COL,
+    CUTS_ON_COL,
+    DRAW_COLUMNS,
     FAMILIES,
+    N_FAMILIES,
     ORDERS,
     Alphas,
     EdgeCount,
@@ -232,7 +236,9 @@ def test_the_power_statement_finds_a_small_greedy_share_at_gate_size() -> None:
     for f in FAMILIES:
         assert 0 < fam[f]["mean_tv_of_law"] <= 1
     assert abs(fam["greedy"]["min_mean_tv"] - fam["greedy"]["min_rate"] * fam["greedy"]["mean_tv_of_law"]) < 1e-12
-    assert pw["min_mean_tv_all_families"] == max(fam[f]["min_mean_tv"] for f in FAMILIES)
+    # a family not refused even at r = 1 counts with its whole distance (here: top-k lost, a tiny deviation)
+    assert pw["min_mean_tv_all_families"] == max(
+        fam[f]["mean_tv_of_law"] if f in pw["unrefused_families"] else fam[f]["min_mean_tv"] for f in FAMILIES)
 
 
 def test_order_of_reads_a_llamacpp_chain_and_refuses_nonsense() -> None:
@@ -754,6 +760,63 @@ def test_the_statement_over_every_temperature_counts_the_pooled_tests() -> None:
     assert r0 is not None and r1 is not None and r1 < 0.95 * r0, (r0, r1)
     one = [power_statement(xs[:1], 0.9, 60, 3, pooled=p) for p in (None, pooled)]
     assert one[0]["families"] == one[1]["families"]
+
+
+def test_a_lost_truncation_is_a_wrong_law_whose_draws_are_placed_by_cut() -> None:
+    """no_top_k / no_top_p / no_min_p: the request's law with one truncation lost. Its distance from the law is
+    the total variation between the two laws written out independently; a token it draws outside the law is
+    attributed to the lost cut; a request that does not turn the cut on makes it the law itself (distance 0)."""
+    rng = np.random.default_rng(11)
+    o = ORDERS["sglang"]
+    p = SamplingParams(0.8, 0.9, 0, 0.1)
+    fam = {f: i for i, f in enumerate(FAMILIES)}
+    rows = []
+    for _ in range(300):
+        logits = rng.normal(0, 2.5, V)
+        row = row_from_logits(logits, p.temperature)
+        d = wrong_draws(row, law_of(row, p, o), p, o, rng)
+        assert len(d) == DRAW_COLUMNS and d[CUTS_ON_COL] == 2 + 4  # top-p and min-p on
+        rows.append(d)
+    q = reference_law(logits, p, "sglang")
+    for name, lost in (("no_min_p", SamplingParams(0.8, 0.9)), ("no_top_p", SamplingParams(0.8, 1.0, 0, 0.1))):
+        want = 0.5 * np.abs(reference_law(logits, lost, "sglang") - q).sum()
+        assert d[N_FAMILIES + fam[name]] == pytest.approx(want, abs=1e-9), name
+    d = np.asarray(rows)
+    out_min = np.isnan(d[:, fam["no_min_p"]])
+    assert out_min.sum() > 20 and set(d[out_min, CUT_MASK_COL + fam["no_min_p"]]) == {4.0}  # min-p's cut only
+    assert set(d[~out_min, CUT_MASK_COL + fam["no_min_p"]]) == {0.0}
+    # here min-p cuts deeper than top-p: losing top-p changes nothing; a wide min-p under a tight top-p, the reverse
+    assert not np.isnan(d[:, fam["no_top_p"]]).any() and not d[:, N_FAMILIES + fam["no_top_p"]].any()
+    pp = SamplingParams(0.8, 0.5, 0, 0.01)
+    dp = np.asarray([wrong_draws(r, law_of(r, pp, o), pp, o, rng) for r in
+                     (row_from_logits(rng.normal(0, 2.5, V), 0.8) for _ in range(300))])
+    out_p = np.isnan(dp[:, fam["no_top_p"]])
+    assert out_p.sum() > 20 and set(dp[out_p, CUT_MASK_COL + fam["no_top_p"]]) == {2.0}
+    assert not np.isnan(d[:, fam["no_top_k"]]).any() and not d[:, N_FAMILIES + fam["no_top_k"]].any()
+    plain = SamplingParams(0.8, 0.9)
+    row = row_from_logits(logits, 0.8)
+    d1 = wrong_draws(row, law_of(row, plain, o), plain, o, rng)
+    assert d1[N_FAMILIES + fam["no_min_p"]] == 0 and d1[CUTS_ON_COL] == 2
+
+
+def test_the_statement_simulates_the_counts_by_cut() -> None:
+    """A sampler that loses min-p at every temperature: its tokens outside the law are all min-p's. Counted by cut
+    against min-p's own baseline noise (2 a temperature, where every cut together has 8), the pooled test refuses
+    it at a smaller share than the all-cuts count alone; the statement simulates that count."""
+    rng = np.random.default_rng(5)
+    xs = [PowerInput(_draws(rng, [SamplingParams(t, top_p=0.9, min_p=0.1)], 1200), 1500, 0.0, 3000, 8, A,
+                     base_cut={"top_k": [0, 0], "top_p": [3008, 6], "min_p": [3008, 2]}) for t in (0.6, 0.8, 0.9)]
+    no_cut = PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4)
+    by_cut = PooledAlphas(outside=2e-4, edge=1e-4, serial=2e-4, cut=7e-5)
+    fams = ("no_min_p",)
+    r0 = power_statement(xs, 0.9, 60, 3, families=fams, pooled=no_cut)["families"]["no_min_p"]["min_rate"]
+    r1 = power_statement(xs, 0.9, 60, 3, families=fams, pooled=by_cut)["families"]["no_min_p"]["min_rate"]
+    assert r0 is not None and r1 is not None and r1 < 0.8 * r0, (r0, r1)
+    # without the baseline's counts by cut (an older report) the statement is the all-cuts one
+    old = [PowerInput(x.draws, x.n_cand, x.allow, x.n_base, x.n_out_b, x.alphas) for x in xs]
+    assert power_statement(old, 0.9, 60, 3, families=fams, pooled=by_cut)["families"]["no_min_p"]["min_rate"] == r0
+    with pytest.raises(ValueError, match="unknown wrong-law families"):
+        power_statement(xs, 0.9, 10, 3, families=("no_top_q",))
 
 
 def test_each_token_outside_the_law_is_attributed_to_the_cuts_that_leave_it_out() -> None:

@@ -216,10 +216,10 @@ def power_input(tv: dict[str, Any], base: list[AnswerScore], alphas: tokenlaw.Al
     """One temperature's test as the power statement needs it: the wrong laws' draws over the baseline's tokens
     and the test's own sizes and allowances (`tv`: its TokenVerdict as a dict, as the verdict keeps it)."""
     draws = np.asarray([w for a in base for w in a.wrong or ()], dtype=np.float64)
-    draws = draws.reshape(-1, draws.shape[1] if draws.ndim == 2 else 2 * len(tokenlaw.FAMILIES) + 1)
+    draws = draws.reshape(-1, draws.shape[1] if draws.ndim == 2 else tokenlaw.DRAW_COLUMNS)
     return tokenlaw.PowerInput(draws, tv["n_candidate"] + tv["outside_candidate"], tv["noise_allowance"],
                                tv["n_baseline"], tv["outside_baseline"], alphas, tv["mean_allowance"],
-                               sum((a.edge for a in base), tokenlaw.EdgeCount()))
+                               sum((a.edge for a in base), tokenlaw.EdgeCount()), _cut_counts(base))
 
 
 def gate_token_power(sides: list[tuple[dict[str, Any] | None, list[AnswerScore]]], lc: Any) -> dict[str, Any] | None:

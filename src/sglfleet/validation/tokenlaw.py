@@ -70,8 +70,9 @@ ORDERS: dict[str, tuple[str, ...]] = {
     "temperature_first": ("temperature", "top_k", "top_p", "min_p"),
 }
 STEP_NAMES = frozenset({"temperature", "joint", "top_k", "top_p", "min_p"})
-# the wrong laws the power statement mixes into a correct sampler's tokens
-FAMILIES = ("greedy", "untruncated", "kept_at_t1", "flat", "cut_short")
+# the wrong laws the power statement mixes into a correct sampler's tokens: its law (greedy, untruncated, kept at
+# T=1, flat over the kept tokens, a support one token short) and its parameters (one truncation of the request lost)
+FAMILIES = ("greedy", "untruncated", "kept_at_t1", "flat", "cut_short", "no_top_k", "no_top_p", "no_min_p")
 
 
 @dataclass(frozen=True)
@@ -338,19 +339,51 @@ def uniform_of(key: str) -> float:
 
 def wrong_draws(row: Row, law: Law, p: SamplingParams, order: Sequence[str], rng: np.random.Generator
                 ) -> tuple[float, ...]:
-    """For each wrong law of FAMILIES, one token's PIT under the correct law when the token comes from that law
-    instead (NaN: outside the support), then each wrong law's total-variation distance from the correct one at
-    this position (the power statement reports its deviation in those units), then the probability of the token at
-    the law's cut (edge_of; NaN: no cut inside the row): greedy (the most likely token), untruncated (p_T with no
-    top-k/top-p/min-p), kept_at_t1 (the kept candidates at T=1), flat (uniform over the kept candidates),
-    cut_short (the law without the token at its cut: a support that ends one token short; the law itself where
-    it has no cut inside the row)."""
+    """One row of the power statement's draws (DRAW_COLUMNS wide): for each wrong law of FAMILIES, one token's PIT
+    under the correct law when the token comes from that law instead (NaN: outside the support); then each wrong
+    law's total-variation distance from the correct one at this position (the power statement reports its
+    deviation in those units); then for each, the cuts (CUTS, bit i for CUTS[i]) that leave its token outside
+    (cut_by; 0 inside); then the cuts the request turns on (same bits); last, the probability of the token at the
+    law's cut (edge_of; NaN: no cut inside the row). The families: greedy (the most likely token), untruncated
+    (p_T with no top-k/top-p/min-p), kept_at_t1 (the kept candidates at T=1), flat (uniform over the kept
+    candidates), cut_short (the law without the token at its cut: a support that ends one token short; the law
+    itself where it has no cut inside the row), no_top_k / no_top_p / no_min_p (the request's law with that
+    truncation lost, the others kept; the law itself where the request does not turn it on)."""
     e = edge_of(row, law)
-    return (*_wrong_pits(row, law, p, rng, e), *wrong_tv(row, law, p), math.nan if e is None else e)
+    pits, masks, alts = _wrong_pits(row, law, p, order, rng, e)
+    return (*pits, *wrong_tv(row, law, p, alts), *masks, float(_bits(cuts_of(p))), math.nan if e is None else e)
 
 
-def wrong_tv(row: Row, law: Law, p: SamplingParams) -> tuple[float, float, float, float, float]:
-    """The total-variation distance of each wrong law of FAMILIES from the correct law at one position."""
+# the width of a wrong_draws row and where its parts lie
+N_FAMILIES = len(FAMILIES)
+DRAW_COLUMNS = 3 * N_FAMILIES + 2
+CUT_MASK_COL, CUTS_ON_COL, EDGE_COL = 2 * N_FAMILIES, 3 * N_FAMILIES, 3 * N_FAMILIES + 1
+
+
+def _bits(flags: Sequence[bool]) -> int:
+    return sum(1 << i for i, f in enumerate(flags) if f)
+
+
+def _without(p: SamplingParams, name: str) -> SamplingParams:
+    """The request's parameters with one truncation of CUTS turned off."""
+    return SamplingParams(p.temperature, top_p=1.0 if name == "top_p" else p.top_p,
+                          top_k=0 if name == "top_k" else p.top_k, min_p=0.0 if name == "min_p" else p.min_p)
+
+
+def _law_tv(a: Law, b: Law) -> float:
+    """The total-variation distance of two laws of one row at one temperature (each a prefix of the same ranked
+    candidates, plus a share of the same unlisted tail)."""
+    n = max(a.n, b.n)
+    qa = np.zeros(n)
+    qb = np.zeros(n)
+    qa[:a.n] = a.q / a.total
+    qb[:b.n] = b.q / b.total
+    return 0.5 * (float(np.abs(qa - qb).sum()) + abs(a.lump / a.total - b.lump / b.total))
+
+
+def wrong_tv(row: Row, law: Law, p: SamplingParams, alts: Sequence[Law | None]) -> tuple[float, ...]:
+    """The total-variation distance of each wrong law of FAMILIES from the correct law at one position (`alts`:
+    the no_top_k / no_top_p / no_min_p laws, None where the request does not turn that cut on)."""
     q = law.q / law.total
     lump = law.lump / law.total
     greedy = 1.0 - float(q[0]) if law.n else 1.0
@@ -367,13 +400,21 @@ def wrong_tv(row: Row, law: Law, p: SamplingParams) -> tuple[float, float, float
         flat = 0.5 * (float(np.abs(1.0 / law.n - q).sum()) + lump)
     else:
         t1 = flat = 1.0
-    return greedy, untruncated, t1, flat, edge_of(row, law) or 0.0
+    lost = [0.0 if alt is None else _law_tv(alt, law) for alt in alts]
+    return (greedy, untruncated, t1, flat, edge_of(row, law) or 0.0, *lost)
 
 
-def _wrong_pits(row: Row, law: Law, p: SamplingParams, rng: np.random.Generator, edge: float | None
-                ) -> list[float]:
+def _lost_cut_law(row: Row, p: SamplingParams, name: str, order: Sequence[str]) -> Law | None:
+    on = dict(zip(CUTS, cuts_of(p), strict=True))
+    return law_of(row, _without(p, name), order) if on[name] else None
+
+
+def _wrong_pits(row: Row, law: Law, p: SamplingParams, order: Sequence[str], rng: np.random.Generator,
+                edge: float | None) -> tuple[list[float], list[float], list[Law | None]]:
+    """(each family's PIT, the cuts that leave its token outside as bits, the lost-cut laws)."""
     v = float(rng.random())
     out = []
+    masks = [0.0] * N_FAMILIES
     # greedy
     out.append(v * float(law.q[0]) / law.total if law.n else math.nan)
     # untruncated p_T: a listed candidate or the tail lump
@@ -384,6 +425,8 @@ def _wrong_pits(row: Row, law: Law, p: SamplingParams, rng: np.random.Generator,
     r = int(rng.choice(probs.size, p=probs / probs.sum()))
     got = pit(law, None if r == row.lp.size else r, v)
     out.append(math.nan if got is None else got)
+    if got is None:
+        masks[1] = float(_bits(cut_by(row, p, order, None if r == row.lp.size else r)))
     # the kept candidates at T=1
     if law.n:
         k1 = np.exp(row.lp[:law.n])
@@ -399,7 +442,20 @@ def _wrong_pits(row: Row, law: Law, p: SamplingParams, rng: np.random.Generator,
     else:
         r = int(rng.choice(law.n - 1, p=law.q[:-1] / float(law.q[:-1].sum())))
         out.append(float(pit(law, r, v) or 0.0))
-    return out
+    # one truncation lost: a draw of that law (the law itself, v, where the request does not turn the cut on)
+    alts = [_lost_cut_law(row, p, name, order) for name in CUTS]
+    for alt in alts:
+        if alt is None:
+            out.append(v)
+            continue
+        w = np.append(alt.q, alt.lump)
+        r = int(rng.choice(w.size, p=w / w.sum()))
+        rank = None if r == alt.n else r
+        got = pit(law, rank, v)
+        out.append(math.nan if got is None else got)
+        if got is None:
+            masks[len(out) - 1] = float(_bits(cut_by(row, p, order, rank)))
+    return out, masks, alts
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -971,8 +1027,8 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
 @dataclass(frozen=True)
 class PowerInput:
     """One temperature's share of a power statement: the wrong laws' draws over the baseline's tokens (rows of
-    wrong_draws: the families' PITs, NaN outside the support, then their total-variation distances) and what
-    `decide` needs at the gate's own size."""
+    wrong_draws, DRAW_COLUMNS wide; narrower rows hold the families' PITs and distances only) and what `decide`
+    needs at the gate's own size."""
 
     draws: np.ndarray
     n_cand: int
@@ -982,6 +1038,8 @@ class PowerInput:
     alphas: Alphas
     allow_mean: float = 0.0
     base_edge: EdgeCount | None = None  # the baseline's draws at the law's cut (the edge test; None: not tested)
+    # the baseline's [tokens, outside] per truncation (CUTS; pooled_test's counts by cut; None: not tested)
+    base_cut: Mapping[str, Sequence[int]] | None = None
 
 
 # below this mean total-variation distance a family is no deviation from the law at all (kept_at_t1 at T=1, or
@@ -989,11 +1047,20 @@ class PowerInput:
 TV_FLOOR = 1e-4
 
 
-def _refused_once(x: PowerInput, col: np.ndarray, r: float, rng: np.random.Generator
-                  ) -> tuple[bool, int, EdgeCount | None]:
-    """One simulated candidate: each of its tokens at a baseline position drawn at random, from the wrong law
-    (`col`: its PITs) with probability r, else from the correct law (a uniform u); (refused by any statistic of
-    its temperature, its tokens outside the law, its draws at the law's cut or None where not tested)."""
+@dataclass(frozen=True)
+class _Simulated:
+    """One simulated candidate at one temperature (_refused_once)."""
+
+    refused: bool  # by a statistic of its temperature
+    n_out: int  # its tokens outside the law
+    edge: EdgeCount | None  # its draws at the law's cut (None: not tested)
+    cut: dict[str, list[int]] | None  # its [tokens, outside] per truncation (None: not tested)
+
+
+def _refused_once(x: PowerInput, j: int, r: float, rng: np.random.Generator) -> _Simulated:
+    """One simulated candidate: each of its tokens at a baseline position drawn at random, from wrong law j (its
+    PITs: column j of the draws) with probability r, else from the correct law (a uniform u)."""
+    col = x.draws[:, j]
     m = int(rng.binomial(x.n_cand, r))
     at = rng.integers(col.size, size=x.n_cand)
     picked = col[at[:m]]
@@ -1001,25 +1068,37 @@ def _refused_once(x: PowerInput, col: np.ndarray, r: float, rng: np.random.Gener
     inside = u[~np.isnan(u)]
     n_out = int(np.isnan(picked).sum())
     refused = not decide(inside, n_out, x.n_base, x.n_out_b, x.allow, x.alphas, x.allow_mean)[0]
-    if x.base_edge is None or x.alphas.edge <= 0 or x.draws.shape[1] <= 2 * len(FAMILIES):
-        return refused, n_out, None
-    e = x.draws[at, 2 * len(FAMILIES)]  # the law's cut: a token drawn there has u in its top e of (0, 1)
+    full = x.draws.shape[1] == DRAW_COLUMNS
+    cut_counts = None
+    if full and x.base_cut is not None:  # the tokens per cut: those of requests turning it on; outside: the wrong
+        on = x.draws[at, CUTS_ON_COL].astype(np.int64)  # law's draws that cut leaves outside
+        out_mask = np.where(np.isnan(picked), x.draws[at[:m], CUT_MASK_COL + j], 0.0).astype(np.int64)
+        cut_counts = {name: [int(np.sum((on >> i) & 1)), int(np.sum((out_mask >> i) & 1))]
+                      for i, name in enumerate(CUTS)}
+    edge_col = EDGE_COL if full else 2 * N_FAMILIES
+    if x.base_edge is None or x.alphas.edge <= 0 or x.draws.shape[1] <= edge_col:
+        return _Simulated(refused, n_out, None, cut_counts)
+    e = x.draws[at, edge_col]  # the law's cut: a token drawn there has u in its top e of (0, 1)
     cut = ~np.isnan(e)
     drawn = int(np.sum(cut & ~np.isnan(u) & (u >= 1.0 - np.where(cut, e, 0.0))))
     cand = EdgeCount(drawn, float(e[cut].sum()), int(cut.sum()))
-    return refused or edge_p(cand, x.base_edge) < x.alphas.edge, n_out, cand
+    return _Simulated(refused or edge_p(cand, x.base_edge) < x.alphas.edge, n_out, cand, cut_counts)
 
 
-def _pooled_refuses(inputs: Sequence[PowerInput], once: Sequence[tuple[bool, int, EdgeCount | None]],
-                    alphas: PooledAlphas) -> bool:
-    """The pooled outside and edge tests (pooled_test) of one simulated candidate over the temperatures of
-    `inputs` (the serial statistic is not simulated: the wrong laws are marginal laws; nor the counts by
-    truncation: a family's draws are not attributed to cuts)."""
-    outside = [(x.n_cand, o[1], x.n_base + x.n_out_b, x.n_out_b) for x, o in zip(inputs, once, strict=True)]
-    edges = [(o[2], x.base_edge) for x, o in zip(inputs, once, strict=True)
-             if o[2] is not None and x.base_edge is not None]
+def _pooled_refuses(inputs: Sequence[PowerInput], once: Sequence[_Simulated], alphas: PooledAlphas) -> bool:
+    """The pooled outside, edge and by-truncation tests (pooled_test) of one simulated candidate over the
+    temperatures of `inputs` (the serial statistic is not simulated: the wrong laws are marginal laws)."""
+    outside = [(x.n_cand, o.n_out, x.n_base + x.n_out_b, x.n_out_b) for x, o in zip(inputs, once, strict=True)]
+    edges = [(o.edge, x.base_edge) for x, o in zip(inputs, once, strict=True)
+             if o.edge is not None and x.base_edge is not None]
     p_out, _, p_edge, _ = pooled_counts_p(outside, edges)
-    return p_out < alphas.outside or p_edge < alphas.edge
+    if p_out < alphas.outside or p_edge < alphas.edge:
+        return True
+    if alphas.cut <= 0 or any(o.cut is None for o in once):
+        return False
+    by_cut = cut_counts_p([{"cut_candidate": o.cut, "cut_baseline": x.base_cut}
+                           for x, o in zip(inputs, once, strict=True)])
+    return any(c["p"] < alphas.cut for c in by_cut.values())
 
 
 def _rejection(inputs: Sequence[PowerInput], j: int, r: float, reps: int, rng: np.random.Generator,
@@ -1029,8 +1108,8 @@ def _rejection(inputs: Sequence[PowerInput], j: int, r: float, reps: int, rng: n
     `pooled` alphas are given and there are two or more (Monte Carlo)."""
     hits = 0
     for _ in range(reps):
-        once = [_refused_once(x, x.draws[:, j], r, rng) for x in inputs]
-        hit = any(o[0] for o in once)
+        once = [_refused_once(x, j, r, rng) for x in inputs]
+        hit = any(o.refused for o in once)
         if not hit and pooled is not None and len(inputs) > 1:
             hit = _pooled_refuses(inputs, once, pooled)
         hits += hit
@@ -1049,21 +1128,25 @@ def power_statement(inputs: Sequence[PowerInput], target: float, reps: int, seed
     with its whole distance (no law in its direction lies farther from p_T). The statement over all families,
     `min_mean_tv_all_families`, is the largest of those distances: every sampler law farther than that from p_T in
     one of these directions is refused with the target probability. `pooled`: the pooled tests' alphas
-    (pooled_test), simulated too when `inputs` hold two or more temperatures: its outside count and its draws at
-    the law's cut (the edge test), not the counts by truncation (cut_counts_p), so against a fault of one
-    truncation the statement is a lower bound."""
+    (pooled_test), simulated too when `inputs` hold two or more temperatures: its outside count, its draws at
+    the law's cut (the edge test) and, where the draws and the baseline's counts carry them, its counts by
+    truncation (cut_counts_p)."""
     rng = np.random.default_rng(seed)
     xs = [x for x in inputs if x.draws.size and x.n_cand]
     n_tok = sum(x.n_cand for x in xs)
     out: dict[str, Any] = {"reps": reps, "target": target, "n_tokens": n_tok, "families": {}}
     if not xs:
         return {**out, "estimated": False}
-    nf = len(families)
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown wrong-law families {unknown}; known: {list(FAMILIES)}")
+    nf = N_FAMILIES  # the draws' columns follow FAMILIES, whichever of them are asked for
     weights = np.asarray([x.n_cand for x in xs], dtype=np.float64) / n_tok
     worst: list[float] = []
     unrefused: list[str] = []
     rates: list[float | None] = []
-    for j, fam in enumerate(families):
+    for fam in families:
+        j = FAMILIES.index(fam)
         tvs = [float(x.draws[:, nf + j].mean()) if x.draws.shape[1] >= 2 * nf else math.nan for x in xs]
         mean_tv = float(np.dot(weights, tvs))
         rec: dict[str, Any] = {"mean_tv_of_law": mean_tv, "rejection_rate": {}}
@@ -1118,8 +1201,42 @@ def token_power(draws: np.ndarray, n_cand: int, allow: float, n_base: int, n_out
 
 
 __all__ = [
-    "FAMILIES", "ORDERS", "TV_FLOOR", "Alphas", "EdgeCount", "Law", "PowerInput", "Row", "SamplingParams",
-    "TokenVerdict", "binomial_lower", "binomial_upper", "decide", "edge_of", "edge_p", "ks_critical", "ks_p",
-    "ks_uniform", "law_of", "noise_allowance", "order_of", "pit", "power_statement", "row_from_logits",
-    "row_from_topk", "serial", "serial_p", "token_power", "token_test", "uniform_of", "wrong_draws",
+    "CUTS",
+    "CUTS_ON_COL",
+    "CUT_MASK_COL",
+    "DRAW_COLUMNS",
+    "EDGE_COL",
+    "FAMILIES",
+    "N_FAMILIES",
+    "ORDERS",
+    "TV_FLOOR",
+    "Alphas",
+    "EdgeCount",
+    "Law",
+    "PooledAlphas",
+    "PowerInput",
+    "Row",
+    "SamplingParams",
+    "TokenVerdict",
+    "binomial_lower",
+    "binomial_upper",
+    "decide",
+    "edge_of",
+    "edge_p",
+    "ks_critical",
+    "ks_p",
+    "ks_uniform",
+    "law_of",
+    "noise_allowance",
+    "order_of",
+    "pit",
+    "power_statement",
+    "row_from_logits",
+    "row_from_topk",
+    "serial",
+    "serial_p",
+    "token_power",
+    "token_test",
+    "uniform_of",
+    "wrong_draws",
 ]
