@@ -82,6 +82,7 @@ from pydantic import Field, model_validator
 
 from sglfleet.pipeline.config import StrictModel
 from sglfleet.pipeline.embedded import MODEL_ALIAS
+from sglfleet.textscore.cachekey import source_key
 from testbed.corruptible.drafter import Drafter, Tree
 from testbed.corruptible.sampling import accept_tree, node_probs
 
@@ -214,8 +215,7 @@ def chat_template_of(src: str | Path, cache_dir: Path) -> dict[str, Any]:
     """{"template", "eos_token_id"} of a GGUF model, read once and cached beside the judge's weights (the
     Python GGUF parser takes seconds; the cached file loads at once)."""
     s = Path(src)
-    st = s.stat()
-    out = cache_dir / f"{s.stem}-{st.st_size}-{int(st.st_mtime)}.chat-v1.json"
+    out = cache_dir / f"{source_key(s)}.chat-v1.json"
     if out.is_file():
         return json.loads(out.read_text())
     from gguf import GGUFReader
