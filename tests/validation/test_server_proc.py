@@ -70,3 +70,28 @@ def test_a_server_that_never_becomes_healthy_times_out_and_its_whole_group_is_st
     assert msg.startswith("slow: not ready after 4s (no answer on /health); log "), msg
     assert '"GET /health HTTP/1.1" 404' in msg  # the tail of what the server itself logged
     assert not group_alive(pgid) and not port_in_use(srv.url)
+
+
+@pytest.mark.skipif(not default_model_path(), reason="the embedded model (make setup) is not installed")
+def test_embedded_stop_without_a_port_stops_what_start_left_on_another_port(tmp_path: Path) -> None:
+    """`embedded start --port P` then `embedded stop --run-dir DIR` (no port, as the module's usage reads): the
+    server on P is stopped and named; it used to look only for the default port's pid file, print "not running"
+    and leave the server up. A second stop finds nothing."""
+    import os
+    import subprocess
+
+    port = _free_port()
+    run = str(tmp_path / "run")
+    base = [sys.executable, "-m", "sglfleet.pipeline.embedded"]
+    started = subprocess.run([*base, "start", "--port", str(port), "--run-dir", run, "--parallel", "1",
+                              "--threads", "1", "--ctx", "1024"], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr
+    pid = int((tmp_path / "run" / f"embedded-{port}.pid").read_text())
+    assert port_in_use(f"http://127.0.0.1:{port}")
+    out = subprocess.run([*base, "stop", "--run-dir", run], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"stopped (port {port})", out.stdout + out.stderr
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not port_in_use(f"http://127.0.0.1:{port}")
+    again = subprocess.run([*base, "stop", "--run-dir", run], capture_output=True, text=True, timeout=60)
+    assert again.stdout.strip() == "not running"

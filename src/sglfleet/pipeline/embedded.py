@@ -6,7 +6,7 @@ installed into the venv by `make setup`, which is the cache: a second start cost
 
     python -m sglfleet.pipeline.embedded serve  [--port 8080 ...]   # foreground, Ctrl-C to stop
     python -m sglfleet.pipeline.embedded start  --run-dir DIR        # background + wait for readiness
-    python -m sglfleet.pipeline.embedded stop   --run-dir DIR
+    python -m sglfleet.pipeline.embedded stop   --run-dir DIR [--port P]  # that one, or every one started in DIR
 """
 
 from __future__ import annotations
@@ -277,10 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-max", type=int)
     ap.add_argument("--run-dir", default="runs/embedded")
     args = ap.parse_args(argv)
-    if args.action == "stop":
-        port = args.port or EmbeddedConfig.model_fields["port"].default
-        stopped = stop_by_pidfile(Path(args.run_dir) / f"embedded-{port}.pid")
-        print("stopped" if stopped else "not running")
+    if args.action == "stop":  # --port: that server; without it, every server `start` left in the run dir
+        run_dir = Path(args.run_dir)
+        pid_files = [run_dir / f"embedded-{args.port}.pid"] if args.port else sorted(run_dir.glob("embedded-*.pid"))
+        stopped = [f.stem.removeprefix("embedded-") for f in pid_files if stop_by_pidfile(f)]
+        print(f"stopped (port {', '.join(stopped)})" if stopped else "not running")
         return 0
     cfg = _config_from_args(args)
     if args.action == "serve":
