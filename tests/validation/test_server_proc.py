@@ -77,6 +77,7 @@ def test_embedded_stop_without_a_port_stops_what_start_left_on_another_port(tmp_
     """`embedded start --port P` then `embedded stop --run-dir DIR` (no port, as the module's usage reads): the
     server on P is stopped and named; it used to look only for the default port's pid file, print "not running"
     and leave the server up. A second stop finds nothing."""
+    import contextlib
     import os
     import subprocess
 
@@ -87,11 +88,15 @@ def test_embedded_stop_without_a_port_stops_what_start_left_on_another_port(tmp_
                               "--threads", "1", "--ctx", "1024"], capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr
     pid = int((tmp_path / "run" / f"embedded-{port}.pid").read_text())
-    assert port_in_use(f"http://127.0.0.1:{port}")
-    out = subprocess.run([*base, "stop", "--run-dir", run], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == f"stopped (port {port})", out.stdout + out.stderr
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-    assert not port_in_use(f"http://127.0.0.1:{port}")
-    again = subprocess.run([*base, "stop", "--run-dir", run], capture_output=True, text=True, timeout=60)
-    assert again.stdout.strip() == "not running"
+    try:
+        assert port_in_use(f"http://127.0.0.1:{port}")
+        out = subprocess.run([*base, "stop", "--run-dir", run], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == f"stopped (port {port})", out.stdout + out.stderr
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        assert not port_in_use(f"http://127.0.0.1:{port}")
+        again = subprocess.run([*base, "stop", "--run-dir", run], capture_output=True, text=True, timeout=60)
+        assert again.stdout.strip() == "not running"
+    finally:  # a failure above must not leave the server running
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
