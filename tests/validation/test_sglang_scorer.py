@@ -326,3 +326,21 @@ def test_record_baseline_scores_stop_string_answers_as_the_gate_does(reference) 
             check_recorded_scores(old, rows, "b.json")
     finally:
         srv.shutdown()
+
+
+def test_the_next_token_row_is_the_prefills_row_after_the_text(reference) -> None:
+    """lossless_t0's placer (Gate._placer) on SGLang: the row of one more input position after the assistant text,
+    from the prefill's input log-probs, is the model's next-token law there; the same tokens and log-probs as the
+    reference model's own row, in one /generate call."""
+    srv, url = _peer(reference)
+    try:
+        s = make_scorer(url, GateConfig(), model="smollm2-135m-instruct")
+        before = dict(srv.calls)  # type: ignore[attr-defined]
+        for prefix in ("The ocean hums a", ""):
+            mine, ref = s.next_token_row(MSG, prefix, 32), reference.next_token_row(MSG, prefix, 32)
+            assert [a for a, _ in mine] == [a for a, _ in ref] and len(mine) == 32
+            np.testing.assert_allclose([lp for _, lp in mine], [lp for _, lp in ref], atol=1e-4)
+        assert srv.calls["/generate"] - before.get("/generate", 0) == 2  # type: ignore[attr-defined]
+        s.close()
+    finally:
+        srv.shutdown()

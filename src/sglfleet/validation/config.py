@@ -196,6 +196,11 @@ class LosslessConfig(StrictModel):
     grid_min_fraction: float = Field(default=0.9, gt=0.5, le=1, description="share of recorded log-prob "
                                      "differences that must sit on the inferred grid")
     top_logprobs: int = Field(default=5, ge=2, le=20, description="alternatives record-baseline keeps per token")
+    # Where the candidate's token is not among those recorded alternatives (a flat distribution: many tokens
+    # within rounding of each other), the gate's trusted scorer of the target lists this many at that point and
+    # the gap is measured there (validation/lossless.py, "Placing"); 0: such a difference is a divergence.
+    place_top_k: int = Field(default=64, ge=0, le=1024, description="next tokens the target's scorer lists where "
+                             "the candidate's token is not among the baseline's recorded alternatives (0: off)")
     # A live target-only server that continues a final assistant message (sglang: continue_final_message):
     # after a near-tie the candidate's other greedy path is checked against it too (validation/lossless.py).
     # Defaults to baseline_url; without either, the comparison ends at the first near-tie.

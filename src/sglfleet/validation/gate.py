@@ -49,6 +49,7 @@ from sglfleet.validation.lossless import (  # noqa: F401  (re-exported)
     Comparison,
     Continuation,
     Continue,
+    PlaceAt,
     compare_answer,
     compare_forced,
     compare_path,
@@ -59,6 +60,7 @@ from sglfleet.validation.lossless import (  # noqa: F401  (re-exported)
     lossless_case,
     lossless_missing_case,
     near_tie_rule,
+    place_at,
     read_baseline,
 )
 from sglfleet.validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
@@ -294,21 +296,25 @@ class Gate:
         weak = [t for t in cfg.temperatures if (t == 0 and not oracle_t0) or (t > 0 and likely is None)]
         if weak or self.recording_baseline:
             self._prepare_judge()
-        spec_before = read_spec_metrics(self.client, self.kind)
-        samples: list[Sample] = []
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=self.console, transient=False) as progress:
-            samples += self._request_phases(progress, likely is not None)
-            if baseline_answers is None and cfg.baseline_url and cfg.lossless.enabled and oracle_t0:
-                baseline_answers, source = self._baseline_answers(progress), cfg.baseline_url
-            verdicts: dict[float, Any] = {}
+        try:  # the scorer stays open through lossless_t0, which places tokens with it (Gate._placer)
+            spec_before = read_spec_metrics(self.client, self.kind)
+            samples: list[Sample] = []
+            with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=self.console, transient=False) as progress:
+                samples += self._request_phases(progress, likely is not None)
+                if baseline_answers is None and cfg.baseline_url and cfg.lossless.enabled and oracle_t0:
+                    baseline_answers, source = self._baseline_answers(progress), cfg.baseline_url
+                verdicts: dict[float, Any] = {}
+                if likely is not None:
+                    verdicts = self._likelihood_verdicts(likely, samples, hot, progress)
+            spec_after = read_spec_metrics(self.client, self.kind)
+            lossless = None
+            if baseline_answers is not None:
+                comps, reanchor = self._lossless_paths(samples, baseline_answers, self._placer(likely))
+                lossless = LosslessData(baseline_answers, source, comps, reanchor, self.baseline_logprobs)
+        finally:
             if likely is not None:
-                verdicts = self._likelihood_verdicts(likely, samples, hot, progress)
-        spec_after = read_spec_metrics(self.client, self.kind)
-        lossless = None
-        if baseline_answers is not None:
-            comps, reanchor = self._lossless_paths(samples, baseline_answers)
-            lossless = LosslessData(baseline_answers, source, comps, reanchor, self.baseline_logprobs)
+                likely.scorer.close()
         if cfg.judge.enabled:
             # recording a baseline, only its T=0 answers can refuse the recording (record-baseline keeps the T>0
             # detector hits of the target's own samples, and the file keeps no judge score), so only they are
@@ -537,8 +543,6 @@ class Gate:
         except TargetError as exc:
             self.likelihood_error = f"scoring failed on {plan.scorer.name}: {str(exc)[:300]}"
             return {}
-        finally:
-            plan.scorer.close()
         self.console.print(f"[likelihood] {len(cand)} candidate and {len(ref)} baseline answers scored, with the "
                            f"power estimate's variants, in {time.perf_counter() - t0:.1f}s", highlight=False,
                            markup=False)
@@ -607,20 +611,54 @@ class Gate:
             return cont, f"the candidate {self.client.base_url}, forced onto the baseline's recorded path", True
         return cont, str(url), False
 
-    def _lossless_paths(self, samples: list[Sample], ref: dict[str, str]) -> tuple[dict[str, Comparison], dict]:
+    def _placer(self, plan: _LikelihoodPlan | None) -> tuple[PlaceAt | None, str]:
+        """The target's scorer as lossless_t0's placer (lossless.compare_answer `place`): the likelihood plan's
+        scorer once it is trusted (the candidate's own prefill only after it reproduced the baseline's recorded
+        scores); (None, why) otherwise."""
+        k = self.cfg.lossless.place_top_k
+        if k <= 0:
+            return None, "lossless.place_top_k is 0"
+        if plan is None:
+            return None, f"no scorer of the target model ({self.likelihood_off or 'no likelihood plan'})"
+        if self.likelihood_error:
+            return None, f"the scorer failed: {self.likelihood_error}"
+        if plan.trust is not None and not (self.scorer_trust is not None and self.scorer_trust.ok):
+            return None, "the candidate is not trusted as the target's scorer"
+        prompts = {p.id: p for p in self.suite.prompts}
+        scorer = plan.scorer
+
+        def place(pid: str, before: str) -> list[tuple[bytes, float]] | None:
+            return scorer.next_token_row(prompts[pid].messages(), before, k)
+
+        return place, f"{scorer.name}: {scorer.method}"
+
+    def _lossless_paths(self, samples: list[Sample], ref: dict[str, str],
+                        placer: tuple[PlaceAt | None, str] = (None, "no scorer")
+                        ) -> tuple[dict[str, Comparison], dict]:
         """Every T=0 suite answer compared with the baseline's, re-anchored at near-ties where a target-only
         server can continue (validation/lossless.py); the control runs once, on the near-tie prompt with the
-        longest recorded baseline answer."""
+        longest recorded baseline answer. `placer`: the target's scorer where the candidate's token is not among
+        the baseline's recorded alternatives (Gate._placer)."""
         cfg = self.cfg
         mine = _t0_suite(samples)
         lps = self.baseline_logprobs
         tol = near_tie_rule(cfg.lossless, list(lps.values()))
         ends = end_tokens_of([(lps[pid], text) for pid, text in ref.items() if lps.get(pid)])
+        calls: list[str] = []
+        place_fn = placer[0]
+
+        def place(pid: str, before: str) -> list[tuple[bytes, float]] | None:
+            assert place_fn is not None
+            calls.append(pid)
+            return place_fn(pid, before)
+
+        pl: PlaceAt | None = place if place_fn is not None else None
         first = {pid: compare_answer(mine[pid].text if pid in mine else None, text, lps.get(pid), tol,
-                                     ends if pid in mine and mine[pid].finish_reason == "stop" else frozenset())
+                                     ends if pid in mine and mine[pid].finish_reason == "stop" else frozenset(),
+                                     place_at(pl, pid))
                  for pid, text in ref.items()}
         tied = [pid for pid, c in first.items() if c.verdict == "near_tie" and not c.ended]
-        info: dict[str, Any] = {"url": None, "control": None, "off": None}
+        info: dict[str, Any] = {"url": None, "control": None, "off": None, "placer": placer[1], "placed": calls}
         cont: Continue | None = None
         forced = False
         if tied and cfg.lossless.max_reanchors > 0:
@@ -642,11 +680,11 @@ class Gate:
             info["off"] = "lossless.max_reanchors is 0"
         if forced:
             comps = {pid: (compare_forced(pid, mine[pid].text, mine[pid].finish_reason, ref[pid], lps.get(pid), tol,
-                                          cont, cfg.lossless.max_reanchors, ends)
+                                          cont, cfg.lossless.max_reanchors, ends, pl)
                            if c.verdict == "near_tie" else c) for pid, c in first.items()}
             return comps, info
         comps = {pid: (compare_path(pid, mine[pid].text, mine[pid].finish_reason, ref[pid], lps.get(pid), tol, cont,
-                                    cfg.lossless.max_reanchors, info["off"] or "", ends)
+                                    cfg.lossless.max_reanchors, info["off"] or "", ends, pl)
                        if c.verdict == "near_tie" else c) for pid, c in first.items()}
         return comps, info
 

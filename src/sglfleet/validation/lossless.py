@@ -27,6 +27,17 @@ few recorded differences) the limit is `lossless.near_tie_nats`, and the report 
 that point is another greedy path. Without recorded log-probs (an older baseline file, a server that
 returns none) the comparison is exact, and the report says so.
 
+Placing. The baseline lists a few alternatives per token (`lossless.top_logprobs`, 5). Where the target's
+distribution is flat, more tokens than that lie within the near-tie limit, and a correct build's token at the
+first difference may be one the file does not list (the DFLASH chain on an H100, 2026-12-06: ' realm' for
+' place', the target's second likeliest token, 0.06 nats below, with five listed tokens 0.125 nats apart). Then
+the gate's trusted scorer of the target (`place`: the candidate's own prefill once it reproduced the baseline's
+recorded scores, the reference model for the embedded target, a live target-only server) lists the
+`lossless.place_top_k` likeliest next tokens after the baseline's text up to that token. Its row must list the
+baseline's own token within the near-tie limit of the recorded log-prob (else the scorer's context is not the
+baseline's and nothing is placed); the gap between the baseline's token and the candidate's is measured inside
+that one row and judged by the same rule. So nothing is excused that the target would not write as a near-tie.
+
 Re-anchoring (`lossless.reanchor_url`, a live target-only server that continues a final assistant
 message: sglang's `continue_final_message`) compares that other path too. The target-only server is
 asked to continue, greedily, from the candidate's own text up to and including its token at the
@@ -152,6 +163,18 @@ class Continuation:
 
 # (prompt id, assistant prefix) -> the continuation; raises TargetError when the request fails
 Continue = Callable[[str, str], Continuation]
+# the assistant text before a token (the comparison's own reference text) -> the target's likeliest next tokens
+# there, from a scorer of the target model (piece bytes, log p, likeliest first); None: it cannot say
+Place = Callable[[str], "list[tuple[bytes, float]] | None"]
+# the same for one gate's prompts: (prompt id, assistant text before the token) -> the likeliest next tokens
+PlaceAt = Callable[[str, str], "list[tuple[bytes, float]] | None"]
+
+
+def place_at(place: PlaceAt | None, pid: str, prefix: str = "") -> Place | None:
+    """`place` for one prompt, its texts after `prefix` (a continuation compared from the middle of an answer)."""
+    if place is None:
+        return None
+    return lambda before: place(pid, prefix + before)
 
 
 def read_baseline(path: str, model: str | None, suite: str, max_tokens: int | None) -> dict[str, Any]:
@@ -214,10 +237,13 @@ def _quote(text: str, limit: int = 90) -> str:
 
 
 def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
-                   near_tie: float | NearTieRule, end_tokens: frozenset[bytes] = frozenset()) -> Comparison:
+                   near_tie: float | NearTieRule, end_tokens: frozenset[bytes] = frozenset(),
+                   place: Place | None = None) -> Comparison:
     """Compare a candidate's T=0 answer with the baseline's (see the module docstring). `end_tokens`: the
     server's end-of-turn token(s) as its log-probs list them ('<|im_end|>'): a candidate that stops where
-    the baseline goes on chose one of those, a near-tie when it is listed close to the baseline's token."""
+    the baseline goes on chose one of those, a near-tie when it is listed close to the baseline's token.
+    `place`: a scorer of the target model, asked where the candidate's token is not among the baseline's
+    recorded alternatives (module docstring, "Placing")."""
     rule = as_rule(near_tie)
     if got is None:
         return Comparison("missing", "no T=0 answer")
@@ -263,21 +289,63 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
         # the candidate stopped at a token boundary where the baseline went on: it chose an end-of-turn token
         took = next(((a, alp) for a, alp in ref_logprobs[j][2] if a in end_tokens), None)
         k, ended = j, took is not None
+    placed = None
+    if took is None and place is not None:
+        placed = _place(place, ref_b, got_b, ref_logprobs, starts, j, byte_i, rule)
+        if placed is not None and placed[0] is not None:
+            k, took = placed[0], placed[1]
     if took is None:
         k = j
     tok, lp, top = ref_logprobs[k]
     j, start = k, starts[k]
     shown = tok.decode(errors="replace")
     if took is None:
+        why = placed[2] if placed is not None else ""
         return diverged(f"baseline token {j} {shown!r}: the candidate's token there is not among the baseline's "
-                        f"top {len(top)} alternatives", token=j)
+                        f"top {len(top)} alternatives{f'; {why}' if why else ''}", token=j)
     gap = lp - took[1]
     tie = (f"baseline token {j} {shown!r} vs the candidate's {took[0].decode(errors='replace')!r}: "
-           f"{gap:.3f} nats apart")
+           f"{gap:.3f} nats apart{placed[2] if placed is not None else ''}")
     if rule.allows(gap):
         return Comparison("near_tie", f"{where}: a near-tie ({tie}{', the end of turn' if ended else ''})", char=i,
                           token=j, gap_nats=gap, cut_byte=None if ended else start + len(took[0]), ended=ended)
     return diverged(f"{tie}, above the near-tie limit {rule.describe()}", token=j, gap_nats=gap)
+
+
+def _place(place: Place, ref_b: bytes, got_b: bytes, rows: list[TokenLogprob], starts: list[int], j: int,
+           byte_i: int, rule: NearTieRule) -> tuple[int | None, tuple[bytes, float] | None, str]:
+    """The candidate's token placed by a scorer of the target where the baseline listed too few alternatives: at
+    the latest baseline token k (j back over a few, as compare_answer looks) whose start the scorer can be asked
+    about, the scorer's row there must list the baseline's own token within the near-tie limit of its recorded
+    log-prob (else the scorer's context is not the baseline's and nothing is placed); the candidate's token is
+    then the longest listed piece it wrote from there. Its log-prob is returned on the baseline's scale: the
+    baseline's recorded log-prob minus the two tokens' gap in the scorer's row (one row, one numeric context).
+    (k, (piece, log p), note), or (None, None, why not)."""
+    why = "no scorer row at its start"
+    for k in range(j, max(-1, j - 4), -1):
+        try:
+            before = ref_b[:starts[k]].decode()
+        except UnicodeDecodeError:
+            continue  # a token that starts inside a character: the scorer is asked about text
+        try:
+            row = place(before)
+        except (TargetError, ValueError) as exc:
+            return None, None, f"the scorer could not place it ({type(exc).__name__}: {str(exc)[:120]})"
+        if not row:
+            continue
+        tok, lp, _ = rows[k]
+        mine = next((alp for a, alp in row if a == tok), None)
+        if mine is None or abs(mine - lp) > rule.limit:
+            why = (f"the scorer's row at token {k} does not list the baseline's token within "
+                   f"{rule.limit:.3g} nats of its recorded log-prob")
+            continue
+        rest = got_b[starts[k]:]
+        hit = max(((a, alp) for a, alp in row if a and a != tok and rest.startswith(a)
+                   and (k == j or starts[k] + len(a) > byte_i)), key=lambda x: len(x[0]), default=None)
+        if hit is None:
+            return None, None, f"nor among the scorer's top {len(row)} there"
+        return k, (hit[0], lp - (mine - hit[1])), f" (placed by the scorer of the target: top {len(row)})"
+    return None, None, why
 
 
 def _char_cut(data: bytes, cut: int) -> str | None:
@@ -299,13 +367,13 @@ def end_tokens_of(rows_by_text: list[tuple[list[TokenLogprob], str]]) -> frozens
 def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
                  near_tie_nats: float | NearTieRule, cont: Continue | None = None, max_reanchors: int = 16,
                  no_reanchor: str = "no lossless.reanchor_url",
-                 end_tokens: frozenset[bytes] = frozenset()) -> Comparison:
+                 end_tokens: frozenset[bytes] = frozenset(), place: PlaceAt | None = None) -> Comparison:
     """compare_answer, then, at each near-tie, re-anchor on the target-only server (module docstring).
 
     `cont` None: the first near-tie ends the comparison (`near_tie`, the reason `no_reanchor` in the detail).
     A candidate that stops at a near-tie with the end of turn is the target's own text to its end."""
     stop = end_tokens if got_finish == "stop" else frozenset()
-    first = compare_answer(got, ref, ref_logprobs, near_tie_nats, stop)
+    first = compare_answer(got, ref, ref_logprobs, near_tie_nats, stop, place_at(place, pid))
     if first.verdict != "near_tie" or got is None:
         return first
     if first.ended:
@@ -340,7 +408,8 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
                               "to the candidate's end", char=first.char, token=first.token, gap_nats=first.gap_nats,
                               reanchors=steps)
         cmp = compare_answer(rest, c.text, c.logprobs, near_tie_nats,
-                             stop | end_tokens_of([(c.logprobs, c.text)]) if c.logprobs and stop else stop)
+                             stop | end_tokens_of([(c.logprobs, c.text)]) if c.logprobs and stop else stop,
+                             place_at(place, pid, prefix))
         if cmp.verdict == "diverged" and rest.startswith(c.text):  # and not at a near-tie with its end of turn
             return Comparison("diverged", f"{at}: the target-only server ends here (finish_reason "
                               f"{c.finish_reason!r}), the candidate goes on: {_quote(rest[len(c.text):])}"
@@ -359,7 +428,7 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
 
 def compare_forced(pid: str, got: str | None, got_finish: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
                    near_tie: float | NearTieRule, cont: Continue | None, max_reanchors: int = 16,
-                   end_tokens: frozenset[bytes] = frozenset()) -> Comparison:
+                   end_tokens: frozenset[bytes] = frozenset(), place: PlaceAt | None = None) -> Comparison:
     """compare_answer, then, at each near-tie, the candidate is put back on the baseline's path: it continues,
     greedily, from the baseline's own text up to and including the baseline's token there, and its continuation
     must equal the rest of the baseline's recorded answer, up to near-ties of the recorded log-probs, forced
@@ -368,7 +437,7 @@ def compare_forced(pid: str, got: str | None, got_finish: str | None, ref: str, 
     the candidate's engine reproduces the target's whole greedy text; its own answer past the first near-tie is
     another greedy path, judged by the text detectors."""
     stop = end_tokens if got_finish == "stop" else frozenset()
-    first = compare_answer(got, ref, ref_logprobs, near_tie, stop)
+    first = compare_answer(got, ref, ref_logprobs, near_tie, stop, place_at(place, pid))
     if first.verdict != "near_tie" or got is None or ref_logprobs is None:
         return first
     if first.ended:
@@ -409,7 +478,7 @@ def compare_forced(pid: str, got: str | None, got_finish: str | None, ref: str, 
                               f"budget after {steps} forced near-tie(s)", char=first.char, token=first.token,
                               gap_nats=first.gap_nats, reanchors=steps)
         cmp = compare_answer(c.text, rest, rows[j + 1:], near_tie, end_tokens if c.finish_reason == "stop"
-                             else frozenset())
+                             else frozenset(), place_at(place, pid, prefix))
         if cmp.verdict == "near_tie" and not cmp.ended and cmp.token is not None:
             ties.append(cmp.gap_nats)
             j = j + 1 + cmp.token
@@ -471,9 +540,10 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
             f"({cmp.detail}): this server does not continue a final assistant message faithfully")
 
 
-__all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "NearTieRule", "as_rule", "compare_answer",
-           "compare_forced", "compare_path", "control_reanchor", "decode_logprobs", "encode_logprobs", "end_tokens_of",
-           "infer_logprob_step", "near_tie_rule", "read_baseline", "recorded_differences", "spelled"]
+__all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "NearTieRule", "Place", "PlaceAt", "as_rule",
+           "compare_answer", "compare_forced", "compare_path", "control_reanchor", "decode_logprobs", "encode_logprobs",
+           "end_tokens_of", "infer_logprob_step", "near_tie_rule", "place_at", "read_baseline", "recorded_differences",
+           "spelled"]
 
 
 # ------------------------------------------------------------------------------------------- the check's case

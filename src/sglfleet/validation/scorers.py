@@ -128,6 +128,8 @@ class Scorer(Protocol):
     def score(self, messages: list[dict[str, str]], answer: str, temperature: float, *, prompt_id: str = "",
               seed: int | None = None, stop: bool = False) -> AnswerScore: ...
 
+    def next_token_row(self, messages: list[dict[str, str]], prefix: str, k: int) -> list[tuple[bytes, float]]: ...
+
     def close(self) -> None: ...
 
 
@@ -380,6 +382,17 @@ class ReferenceScorer:
         return AnswerScore(prompt_id, temperature, seed, tuple(lp1.tolist()), tuple(lpt.tolist()), tuple(pieces),
                            self.window, vocab=int(logits.shape[1]), pit=tuple(pit.tolist()), **tok)
 
+    def next_token_row(self, messages: list[dict[str, str]], prefix: str, k: int) -> list[tuple[bytes, float]]:
+        """The target's `k` likeliest next tokens after the assistant text `prefix` (piece bytes, log p at T=1,
+        likeliest first): lossless_t0 places a candidate's token the baseline did not list (lossless.Place)."""
+        import numpy as np
+
+        logits = self._judge.logits(self.prompt_ids(messages) + (self.tokenize(prefix) if prefix else []), [0])
+        row = np.asarray(logits[0], dtype=np.float64)
+        lp = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
+        top = [int(i) for i in np.argsort(-lp, kind="stable")[:k]]
+        return [(piece.encode(), float(lp[i])) for i, piece in zip(top, self._judge.pieces(top), strict=True)]
+
     def close(self) -> None:
         self._judge.stop()
 
@@ -593,6 +606,21 @@ class SGLangScorer:
                                                               r.params, r.ids)))
             at += len(ids)
         return out
+
+    def next_token_row(self, messages: list[dict[str, str]], prefix: str, k: int) -> list[tuple[bytes, float]]:
+        """The target's `k` likeliest next tokens after the assistant text `prefix` (piece bytes, log p at T=1,
+        likeliest first), from the server's input log-probs (its prefill: no drafting) of one more position."""
+        ids = self.tokenize(prefix) if prefix else []
+        prompt = self.prompt_ids(messages)
+        filler = (ids or prompt)[-1]  # any id: the row of the position after prefix does not depend on it
+        body = {"input_ids": prompt + ids + [filler], "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True, "logprob_start_len": len(prompt) + len(ids) - 1, "top_logprobs_num": k,
+                "return_text_in_logprobs": False}
+        got = self._post("/generate", body)
+        _, alts = self._rows(got[0] if isinstance(got, list) else got, [filler])
+        top = sorted(alts[0], key=lambda t: -t[0])[:k]
+        pieces = self._pieces([i for _, i in top])
+        return [(piece.encode(), lp) for (lp, _), piece in zip(top, pieces, strict=True)]
 
     def _pieces(self, ids: list[int]) -> tuple[str, ...]:
         try:
