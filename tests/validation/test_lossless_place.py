@@ -80,6 +80,25 @@ def test_a_scorer_that_fails_is_reported_not_raised() -> None:
     assert not c.ok and "the scorer could not place it (TargetError" in c.detail
 
 
+END = frozenset({b"<|im_end|>"})
+
+
+@pytest.mark.parametrize(("gap", "ok"), [(0.1, True), (1.5, False)])
+def test_a_candidate_that_stops_where_the_file_lists_no_end_of_turn_is_placed(gap, ok) -> None:
+    """The candidate ends its turn at a flat position where the baseline wrote ' is' and did not list the end of
+    turn among its alternatives: the scorer's row says how far the end of turn was."""
+    base = rows(sure("The"), sure(" sea"), (" is", -2.0, [(" is", -2.0), (" was", -2.0)]), sure(" deep"))
+    row = [(" is", -2.0), (" was", -2.0), ("<|im_end|>", -2.0 - gap)]
+    c = compare_answer("The sea", REF, base, 0.25, END, place=placer(row))
+    assert c.ok is ok and c.token == 2, c.detail
+    if ok:
+        assert c.ended and "the end of turn" in c.detail
+        assert compare_forced("p", "The sea", "stop", REF, base, 0.25, None, end_tokens=END,
+                              place=lambda pid, before: [(a.encode(), lp) for a, lp in row]).verdict == "reanchored"
+    # without the end of turn in its row the candidate's stop stays a divergence
+    assert not compare_answer("The sea", REF, base, 0.25, END, place=placer(row[:2])).ok
+
+
 class Candidate(Recorder):
     """The candidate's greedy text from a prefix (no log-probs)."""
 

@@ -285,15 +285,18 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
         if took is not None:
             break
     ended = False
-    if took is None and len(got_b) == byte_i < len(ref_b) and starts[j] == byte_i and end_tokens:
+    stopped = len(got_b) == byte_i < len(ref_b) and starts[j] == byte_i and bool(end_tokens)
+    if took is None and stopped:
         # the candidate stopped at a token boundary where the baseline went on: it chose an end-of-turn token
         took = next(((a, alp) for a, alp in ref_logprobs[j][2] if a in end_tokens), None)
         k, ended = j, took is not None
     placed = None
     if took is None and place is not None:
-        placed = _place(place, ref_b, got_b, ref_logprobs, starts, j, byte_i, rule)
-        if placed is not None and placed[0] is not None:
+        placed = _place(place, ref_b, got_b, ref_logprobs, starts, j, byte_i, rule,
+                        end_tokens if stopped else frozenset())
+        if placed[0] is not None:
             k, took = placed[0], placed[1]
+            ended = stopped and took is not None and took[0] in end_tokens
     if took is None:
         k = j
     tok, lp, top = ref_logprobs[k]
@@ -313,12 +316,14 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
 
 
 def _place(place: Place, ref_b: bytes, got_b: bytes, rows: list[TokenLogprob], starts: list[int], j: int,
-           byte_i: int, rule: NearTieRule) -> tuple[int | None, tuple[bytes, float] | None, str]:
+           byte_i: int, rule: NearTieRule, end_tokens: frozenset[bytes] = frozenset()
+           ) -> tuple[int | None, tuple[bytes, float] | None, str]:
     """The candidate's token placed by a scorer of the target where the baseline listed too few alternatives: at
     the latest baseline token k (j back over a few, as compare_answer looks) whose start the scorer can be asked
     about, the scorer's row there must list the baseline's own token within the near-tie limit of its recorded
     log-prob (else the scorer's context is not the baseline's and nothing is placed); the candidate's token is
-    then the longest listed piece it wrote from there. Its log-prob is returned on the baseline's scale: the
+    then the longest listed piece it wrote from there, or, where it stopped there (`end_tokens`: the end-of-turn
+    token(s) it may have chosen), the end of turn. Its log-prob is returned on the baseline's scale: the
     baseline's recorded log-prob minus the two tokens' gap in the scorer's row (one row, one numeric context).
     (k, (piece, log p), note), or (None, None, why not)."""
     why = "no scorer row at its start"
@@ -342,6 +347,8 @@ def _place(place: Place, ref_b: bytes, got_b: bytes, rows: list[TokenLogprob], s
         rest = got_b[starts[k]:]
         hit = max(((a, alp) for a, alp in row if a and a != tok and rest.startswith(a)
                    and (k == j or starts[k] + len(a) > byte_i)), key=lambda x: len(x[0]), default=None)
+        if hit is None and k == j and not rest and end_tokens:
+            hit = next(((a, alp) for a, alp in row if a in end_tokens and a != tok), None)
         if hit is None:
             return None, None, f"nor among the scorer's top {len(row)} there"
         return k, (hit[0], lp - (mine - hit[1])), f" (placed by the scorer of the target: top {len(row)})"
