@@ -217,3 +217,23 @@ def test_the_gate_places_only_with_a_trusted_scorer_of_the_target(reference) -> 
     g.likelihood_off = "no T>0 temperature configured"
     assert "no T>0 temperature" in g._placer(None)[1]
     assert "place_top_k is 0" in _gate(place_top_k=0)._placer(_LikelihoodPlan(reference, None))[1]
+
+
+def test_the_control_places_too() -> None:
+    """The re-anchoring control continues the baseline's own answer from its middle; a server that takes an unlisted
+    near-tie on the way is faithful, and without placing the control would switch re-anchoring off."""
+    from sglfleet.validation.lossless import control_reanchor
+
+    base = rows(sure("A"), sure(" cat"), sure(" sat"), (" on", -2.0, [(" on", -2.0), (" by", -2.0)]), sure(" mats"))
+    server = Candidate({"A cat": " sat under mats"})
+    assert "does not continue" in (control_reanchor("p", "A cat sat on mats", base, server, 0.25) or "")
+    asked: list[str] = []
+
+    def place(pid: str, before: str) -> list[tuple[bytes, float]]:
+        asked.append(before)
+        return [(b" on", -2.0), (b" by", -2.0), (b" under", -2.1)]
+    assert control_reanchor("p", "A cat sat on mats", base, server, 0.25, place) is None
+    assert asked == ["A cat sat"]
+    # a server that writes what the target would not is still caught
+    wrong = Candidate({"A cat": " sat zzz mats"})
+    assert control_reanchor("p", "A cat sat on mats", base, wrong, 0.25, place) is not None

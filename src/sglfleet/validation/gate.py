@@ -672,7 +672,7 @@ class Gate:
                 pid = max(tied, key=lambda q: (len(lps.get(q) or []), q))
                 self.console.print(f"[lossless] {len(tied)} near-tie(s): re-anchoring on {where} (control: {pid})",
                                    highlight=False, markup=False)
-                bad = control_reanchor(pid, ref[pid], lps[pid], cont, tol)
+                bad = control_reanchor(pid, ref[pid], lps[pid], cont, tol, pl)
                 info["control"] = bad or f"{pid}: the baseline's answer continued from its middle gives its own rest"
                 if bad:
                     cont, info["off"] = None, bad

@@ -514,7 +514,7 @@ def spelled(rows: list[TokenLogprob], text: str) -> list[TokenLogprob] | None:
 
 
 def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont: Continue,
-                     near_tie_nats: float | NearTieRule) -> str | None:
+                     near_tie_nats: float | NearTieRule, place: PlaceAt | None = None) -> str | None:
     """Check re-anchoring itself on this server: the baseline's answer `ref`, cut after about half of its
     tokens and continued, must give its own rest (up to near-ties). None when it does; else the reason."""
     rows = spelled(ref_logprobs, ref)
@@ -540,7 +540,8 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
             n = idx
             break
         acc += len(t)
-    cmp = compare_answer(c.text, rest, ref_logprobs[n:] if n is not None else None, near_tie_nats)
+    cmp = compare_answer(c.text, rest, ref_logprobs[n:] if n is not None else None, near_tie_nats,
+                         place=place_at(place, pid, prefix))
     if cmp.ok:
         return None
     return (f"control {pid}: continuing the baseline's own answer from char {len(prefix)} does not give its rest "
