@@ -644,15 +644,12 @@ class Gate:
         lps = self.baseline_logprobs
         tol = near_tie_rule(cfg.lossless, list(lps.values()))
         ends = end_tokens_of([(lps[pid], text) for pid, text in ref.items() if lps.get(pid)])
-        calls: list[str] = []
-        place_fn = placer[0]
-
-        def place(pid: str, before: str) -> list[tuple[bytes, float]] | None:
-            assert place_fn is not None
-            calls.append(pid)
-            return place_fn(pid, before)
-
-        pl: PlaceAt | None = place if place_fn is not None else None
+        calls: list[str] = []  # the prompts a token was placed for, in the report
+        pl: PlaceAt | None = None
+        if (place_fn := placer[0]) is not None:
+            def pl(pid: str, before: str) -> list[tuple[bytes, float]] | None:
+                calls.append(pid)
+                return place_fn(pid, before)
         first = {pid: compare_answer(mine[pid].text if pid in mine else None, text, lps.get(pid), tol,
                                      ends if pid in mine and mine[pid].finish_reason == "stop" else frozenset(),
                                      place_at(pl, pid))

@@ -385,13 +385,10 @@ class ReferenceScorer:
     def next_token_row(self, messages: list[dict[str, str]], prefix: str, k: int) -> list[tuple[bytes, float]]:
         """The target's `k` likeliest next tokens after the assistant text `prefix` (piece bytes, log p at T=1,
         likeliest first): lossless_t0 places a candidate's token the baseline did not list (lossless.Place)."""
-        import numpy as np
-
         logits = self._judge.logits(self.prompt_ids(messages) + (self.tokenize(prefix) if prefix else []), [0])
-        row = np.asarray(logits[0], dtype=np.float64)
-        lp = row - (row.max() + np.log(np.exp(row - row.max()).sum()))
-        top = [int(i) for i in np.argsort(-lp, kind="stable")[:k]]
-        return [(piece.encode(), float(lp[i])) for i, piece in zip(top, self._judge.pieces(top), strict=True)]
+        row = tokenlaw.row_from_logits(logits[0], 1.0, keep=k)
+        top = [int(i) for i in row.ids]
+        return [(piece.encode(), float(lp)) for lp, piece in zip(row.lp, self._judge.pieces(top), strict=True)]
 
     def close(self) -> None:
         self._judge.stop()
@@ -463,10 +460,13 @@ class SGLangScorer:
         except (ValueError, KeyError, TypeError):
             self.eos_id = None
 
-    def logprobs(self, prompt: list[int], ids: list[int]) -> tuple[list[float], list[list[tuple[float, int]]]]:
-        """(log p_1 of each id, its top-k alternatives) after prompt, from one /generate call."""
+    def logprobs(self, prompt: list[int], ids: list[int], top_k: int | None = None
+                 ) -> tuple[list[float], list[list[tuple[float, int]]]]:
+        """(log p_1 of each id, its top-k alternatives; top_k None: the scorer's) after prompt, from one /generate
+        call."""
         body = {"input_ids": prompt + ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                "return_logprob": True, "logprob_start_len": len(prompt) - 1, "top_logprobs_num": self.top_k,
+                "return_logprob": True, "logprob_start_len": len(prompt) - 1,
+                "top_logprobs_num": self.top_k if top_k is None else top_k,
                 "return_text_in_logprobs": False}
         got = self._post("/generate", body)
         if isinstance(got, list):
@@ -610,14 +610,9 @@ class SGLangScorer:
     def next_token_row(self, messages: list[dict[str, str]], prefix: str, k: int) -> list[tuple[bytes, float]]:
         """The target's `k` likeliest next tokens after the assistant text `prefix` (piece bytes, log p at T=1,
         likeliest first), from the server's input log-probs (its prefill: no drafting) of one more position."""
-        ids = self.tokenize(prefix) if prefix else []
-        prompt = self.prompt_ids(messages)
-        filler = (ids or prompt)[-1]  # any id: the row of the position after prefix does not depend on it
-        body = {"input_ids": prompt + ids + [filler], "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                "return_logprob": True, "logprob_start_len": len(prompt) + len(ids) - 1, "top_logprobs_num": k,
-                "return_text_in_logprobs": False}
-        got = self._post("/generate", body)
-        _, alts = self._rows(got[0] if isinstance(got, list) else got, [filler])
+        context = self.prompt_ids(messages) + (self.tokenize(prefix) if prefix else [])
+        # one more input position after the text: its row is the next-token law there, whatever id fills it
+        _, alts = self.logprobs(context, [context[-1]], top_k=k)
         top = sorted(alts[0], key=lambda t: -t[0])[:k]
         pieces = self._pieces([i for _, i in top])
         return [(piece.encode(), lp) for (lp, _), piece in zip(top, pieces, strict=True)]
