@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
 import json
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.history import seed_files_in_tree  # noqa: E402
 from bench.render_gate_table import split  # noqa: E402
 
 
@@ -38,13 +40,16 @@ def _read(path: str, commit: str | None) -> tuple[dict[str, Any], str, str]:
     """(parsed file, its commit, its blob id)."""
     if commit:
         rev = _git("rev-parse", commit)
-        text, blob = _git("show", f"{rev}:{path}"), _git("rev-parse", f"{rev}:{path}")
+        data = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, check=True).stdout
+        blob = _git("rev-parse", f"{rev}:{path}")
     else:
         f = REPO / path
-        text = f.read_text(encoding="utf-8")
+        data = f.read_bytes()
         rev = _git("log", "-1", "--format=%H", "--", path) or "uncommitted"
         blob = _git("hash-object", str(f))
-    return json.loads(text), rev, blob
+    if path.endswith(".gz"):  # a large seed file kept compressed (its blob is the compressed file's)
+        data = gzip.decompress(data)
+    return json.loads(data.decode("utf-8")), rev, blob
 
 
 def digest(paths: list[str], commit: str | None, keep: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -67,14 +72,12 @@ def digest(paths: list[str], commit: str | None, keep: list[dict[str, Any]] | No
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="*",
-                    help="seed files relative to the repository (default: docs/results/gate-heldout-seed*.json)")
+                    help="seed files relative to the repository (default: docs/results/gate-heldout-seed*.json[.gz])")
     ap.add_argument("--commit", help="read the files as they are at this commit")
     ap.add_argument("--out", required=True)
     ap.add_argument("--fresh", action="store_true", help="drop the rows of --out whose files are not read again")
     args = ap.parse_args(argv)
-    files = args.files or sorted(str(p.relative_to(REPO)) for d in ("docs", "docs/results")
-                                 for p in (REPO / d).glob("gate-heldout-seed2*.json")
-                                 if p.stem.removeprefix("gate-heldout-seed").isdigit())
+    files = args.files or seed_files_in_tree()
     if not files:
         print("error: no seed files given or found", file=sys.stderr)
         return 2

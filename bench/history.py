@@ -94,10 +94,21 @@ def read_json(path: str | Path, repo: Path = REPO) -> Any:
     return json.loads(read_text(path, repo))
 
 
+def seed_files_in_tree(repo: Path = REPO) -> list[str]:
+    """The held-out seed files of bench/gate_families.py in the tree, `gate-heldout-seedN.json` or, once a large
+    one is kept compressed, `gate-heldout-seedN.json.gz` (docs/: the files before 2026-12-04)."""
+    names = []
+    for d in ("docs", "docs/results"):
+        for p in (repo / d).glob("gate-heldout-seed*.json*"):
+            seed = p.name.removeprefix("gate-heldout-seed").removesuffix(".gz").removesuffix(".json")
+            if seed.isdigit() and p.name.endswith((".json", ".json.gz")):
+                names.append(str(p.relative_to(repo)))
+    return sorted(names)
+
+
 def seed_files() -> list[str]:
     """Every held-out seed file of bench/gate_families.py: those of the seed digest and those in the tree."""
-    names = {str(p.relative_to(REPO)) for d in ("docs", "docs/results")  # docs/: the files before 2026-12-04
-             for p in (REPO / d).glob("gate-heldout-seed*.json") if p.stem.removeprefix("gate-heldout-seed").isdigit()}
+    names = set(seed_files_in_tree())
     if SEED_DIGEST.is_file():
         names |= {s["source"]["path"] for s in json.loads(SEED_DIGEST.read_text())["seeds"]}
     return sorted(names)

@@ -11,6 +11,7 @@ the prose of README.md and docs/results.md must be a claim of docs/claims.yaml t
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -216,14 +217,15 @@ def test_an_edited_raw_value_fails_the_claim_and_the_table(tmp_path: Path) -> No
     assert check_claims(repo) == []
     results = (repo / "docs" / "results.md").read_text(encoding="utf-8")
     assert render_text(results, repo) == results
-    latest = json.loads((repo / "docs/results/gate-heldout-seeds.json").read_text())["seeds"][-1]["seed"]
-    raw = repo / "docs" / "results" / f"gate-heldout-seed{latest}.json"  # the seed README and results.md quote
-    data = json.loads(raw.read_text())
+    latest = json.loads((repo / "docs/results/gate-heldout-seeds.json").read_text())["seeds"][-1]["source"]["path"]
+    raw = repo / latest  # the seed README and results.md quote, kept gzip-compressed
+    assert raw.name.endswith(".json.gz")
+    data = json.loads(gzip.decompress(raw.read_bytes()))
     data["summary"]["false_pass"] = 1
     data["summary"]["per_class"]["bad/token_soup"]["flagged"] = 5
-    raw.write_text(json.dumps(data))
+    raw.write_bytes(gzip.compress(json.dumps(data).encode()))
     errors = check_claims(repo)
-    assert len(errors) == 2 and all(f"gate-heldout-seed{latest}.json makes it" in e for e in errors)
+    assert len(errors) == 2 and all(f"{raw.name} makes it" in e for e in errors)
     assert any("'**1 of 133 garbled texts passed**" in e for e in errors)
     assert render_text(results, repo) != results  # the latest seed's per-class table
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.gate_heldout_seeds import digest
 
-MOVED = "docs/results/gate-heldout-seed20261215.json"  # the seed file still in the tree
+MOVED = "docs/results/gate-heldout-seed20261215.json.gz"  # the seed file still in the tree
 
 
 def _row(seed: int, path: str) -> dict:
