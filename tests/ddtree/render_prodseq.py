@@ -190,6 +190,74 @@ def pooled_table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+STAT_KEYS = ("ks", "mean", "outside", "dispersion", "edge", "serial")
+
+
+def _answer_alpha(raw: dict[str, Any], n_temperatures: int, per_token: bool) -> float | None:
+    """Each answer-level statistic's alpha under the raw file's profile (likelihood._alphas): the raw keeps the
+    temperature's alpha only."""
+    import yaml
+
+    from sglfleet.validation.config import LikelihoodConfig
+    from sglfleet.validation.likelihood import _alphas
+
+    try:
+        gate = (yaml.safe_load(raw.get("profile_text") or "") or {}).get("gate") or {}
+        lc = LikelihoodConfig(**{k: v for k, v in (gate.get("likelihood") or {}).items()})
+    except (yaml.YAMLError, ValueError, TypeError):
+        return None
+    return _alphas(lc, n_temperatures, per_token)[2]
+
+
+def margins(raw: dict[str, Any], g: dict[str, Any]) -> list[tuple[float, str]]:
+    """A gate run's T>0 statistics as p / alpha, each against the alpha the gate gave it (below 1: refused): the
+    answer-level test, the per-token statistics per temperature and the pooled ones. The support check (a count of
+    impossible tokens, no p-value) is not among them."""
+    lk = {t: c for t, c in (g.get("likelihood") or {}).items() if isinstance(c, dict) and not c.get("skipped")}
+    out: list[tuple[float, str]] = []
+    for t, c in lk.items():
+        pt = c.get("per_token") or {}
+        a_stat = _answer_alpha(raw, len(lk), bool(pt))
+        if c.get("p_value") is not None and a_stat:
+            out.append((float(c["p_value"]) / a_stat, f"{t} answers"))
+        for k in STAT_KEYS:
+            if pt.get(f"{k}_p") is not None and pt.get(f"alpha_{k}"):
+                out.append((float(pt[f"{k}_p"]) / float(pt[f"alpha_{k}"]), f"{t} {k}"))
+    pooled = _pooled(g) or {}
+    al = pooled.get("alphas") or {}
+    for k in ("outside", "edge", "serial"):
+        if pooled.get(f"{k}_p") is not None and al.get(k):
+            out.append((float(pooled[f"{k}_p"]) / float(al[k]), f"pooled {k}"))
+    for name, c in (pooled.get("cuts") or {}).items():
+        if c.get("p") is not None and al.get("cut"):
+            out.append((float(c["p"]) / float(al["cut"]), f"pooled {name.replace('_', '-')}"))
+    return out
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.2g}" if x < 10 else f"{x:.0f}"
+
+
+def margin_table(raw: dict[str, Any]) -> list[str]:
+    """Per build: each run's smallest p / alpha over its T>0 statistics, and how many runs would be refused were
+    the gate's alpha 10 or 100 times smaller (p-values do not depend on alpha: the same runs judged again)."""
+    lines = ["| build | must | runs | smallest p / alpha of a run: least (its statistic) | median | largest | runs "
+             "below 1 (refused) | below 0.1 (alpha / 10) | below 0.01 (alpha / 100) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    roles = {s["name"]: s for s in raw.get("servers", [])}
+    for server, gates in _by_server(raw).items():
+        mins = [min(m) for m in (margins(raw, g) for g in _verdicts(gates)) if m]
+        if not mins:
+            continue
+        role = (roles.get(server) or {}).get("role") or gates[0].get("role")
+        least = min(mins)
+        vals = [r for r, _ in mins]
+        lines.append(f"| {server} | {'pass' if role == 'correct' else 'be refused'} | {len(mins)} | "
+                     f"{_ratio(least[0])} ({least[1]}) | {_ratio(statistics.median(vals))} | {_ratio(max(vals))} | "
+                     f"{sum(v < 1 for v in vals)} | {sum(v < 0.1 for v in vals)} | {sum(v < 0.01 for v in vals)} |")
+    return lines
+
+
 def trust_table(raw: dict[str, Any]) -> list[str]:
     """The candidate as the target's scorer: its log p_1 of the baseline's answers against the target-only server's
     recorded ones (largest over the runs and temperatures)."""
@@ -337,6 +405,12 @@ def render(raw: dict[str, Any], path: str) -> str:
         how = (raw.get("pooled") or {}).get("what") or "computed by the gate"
         parts += [f"The per-token statistics pooled over the T>0 temperatures (`likelihood_pooled`; {how}) {src}:",
                   "", *pooled_table(raw), ""]
+    # the margins are the gate's own verdicts only where the gate computed every statistic and trusted its scorer
+    own = not (raw.get("pooled") or {}).get("what") and not any(_untrusted(g) for g in _verdicts(raw.get("gates", [])))
+    if own and any(margins(raw, g) for g in _verdicts(raw.get("gates", []))):
+        parts += ["The margin of each verdict at T>0: a run's smallest p / alpha over its statistics (below 1 the gate "
+                  f"refused; the support check's count of impossible tokens is not among them) {src}:", "",
+                  *margin_table(raw), ""]
     if any(_untrusted(g) for g in _verdicts(raw.get("gates", []))):
         parts += [f"The gates whose scorer-trust check refused, and what the rest of each gate said {src} (the "
                   "trust check never compared a token there, so these are not verdicts of the production gate):", "",

@@ -215,3 +215,28 @@ def test_the_pooled_statistics_are_kept_and_get_their_table_only_where_a_run_has
     assert "pooled over the T>0" in render_prodseq.render(raw, "r")
     raw["gates"][0].update(prodseq.report_numbers(_report(tmp_path)))  # a run from before the pooled test
     assert "pooled over the T>0" not in render_prodseq.render(raw, "r")
+
+
+@pytest.mark.parametrize("raw_name", ["prodseq-h100-2026-12-06-s31.json.gz", "prodseq-h100-2026-12-06-s30.json.gz",
+                                      "prodseq-h200-2026-12-04-s20.json.gz"])
+def test_a_runs_margin_is_below_one_exactly_when_its_gate_refused_it_at_t_above_0(raw_name: str) -> None:
+    """render_prodseq.margins (p / alpha of every T>0 statistic, the answer-level alpha rebuilt from the raw's
+    profile) against the gate's own verdicts in real device runs; the support check (impossible tokens, no p) apart."""
+    raw = render_prodseq.load(render_prodseq.REPO / "docs" / "results" / raw_name)
+    judged = 0
+    for g in render_prodseq._verdicts(raw["gates"]):
+        m = render_prodseq.margins(raw, g)
+        failed = [f for f in g.get("failed") or [] if isinstance(f, dict)]
+        if not m or any("log p_T <" in (f.get("message") or "") for f in failed):
+            continue
+        refused = any(str(f.get("name", "")).startswith("likelihood") for f in failed)
+        assert (min(m)[0] < 1) == refused, (g["name"], min(m), [f.get("name") for f in failed])
+        judged += 1
+    assert judged >= 20
+
+
+def test_the_margin_table_counts_runs_refused_at_smaller_alphas() -> None:
+    raw = render_prodseq.load(render_prodseq.REPO / "docs" / "results" / "prodseq-h100-2026-12-06-s31.json.gz")
+    rows = {r.split(" | ")[0].lstrip("| "): r.split(" | ") for r in render_prodseq.margin_table(raw)[2:]}
+    assert rows["b7-k4"][3].startswith("0.63 (T0.6 ks)") and rows["b7-k4"][6:9] == ["1", "0", "0 |"]
+    assert rows["fault-min_p_on_t1-b16-k4"][6:8] == ["3", "3"]
