@@ -77,3 +77,17 @@ def test_smoke_gate_config_reduces_suite_and_baseline_under_their_names(tmp_path
     assert not smoke.determinism.enabled and not smoke.variation.enabled
     g = Gate("http://127.0.0.1:9", smoke)  # its own checks of the config pass (no request is sent)
     assert sorted(p.id for p in g.suite.prompts) == sorted(SMOKE_PROMPTS)
+
+
+@pytest.mark.parametrize(("profile", "alpha"), [("sglang-ddtree.yaml", 0.001), ("embedded.yaml", 0.01)])
+def test_the_plans_budget_is_the_gate_profiles_own_alpha_per_canary(profile: str, alpha: float) -> None:
+    """flow/promote.make_plan reads the gate config's likelihood.alpha: the production profile ships 0.001, so a
+    rollout over both fleet groups (two canaries fully gated, the rest smoke-gated) risks at most 0.2 %."""
+    from sglfleet.flow.promote import make_plan
+    from sglfleet.rollout.config import RolloutConfig
+    from sglfleet.validation.config import load_gate_config
+
+    gc = load_gate_config(REPO_ROOT / "src" / "sglfleet" / "validation" / "profiles" / profile)
+    p = make_plan(RolloutConfig(), _inv(), ["p1", "p2", "p3", "n1"], "r/x:1", gc)
+    assert p.budget.canaries == 2 and p.budget.total == pytest.approx(2 * alpha)
+    assert f"at most {2 * alpha:.2%}" in p.render()

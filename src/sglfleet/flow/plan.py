@@ -9,7 +9,8 @@ then a load test of the whole fleet through its router, then promotion. Any fail
 newest first, each host drained before its restart.
 
 The statistical budget: each gated host is a chance to refuse a correct build. The canary gets the full gate
-(its sampled T>0 verdict is built for a false-fail share of `likelihood.alpha`, 1 % by default); the later
+(its sampled T>0 verdict is built for a false-fail share of `likelihood.alpha`: 1 % by default, 0.1 % in the
+production profile sglang-ddtree.yaml); the later
 batches get the smoke gate, whose only verdict on the answers is T=0 equality with the baseline up to the
 target's own near-ties: no sampled statistic, so no sampling false-fail. The rollout's total is bounded by
 (canaries x alpha) + (smoke-gated hosts x 0), printed with the plan.
