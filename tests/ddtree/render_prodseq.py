@@ -15,6 +15,7 @@ as the tables of docs/production-gate.md, between its markers:
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import re
@@ -193,20 +194,27 @@ def pooled_table(raw: dict[str, Any]) -> list[str]:
 STAT_KEYS = ("ks", "mean", "outside", "dispersion", "edge", "serial")
 
 
-def _answer_alpha(raw: dict[str, Any], n_temperatures: int, per_token: bool) -> float | None:
-    """Each answer-level statistic's alpha under the raw file's profile (likelihood._alphas): the raw keeps the
-    temperature's alpha only."""
+@functools.lru_cache(maxsize=8)
+def _likelihood_config(profile_text: str) -> Any:
+    """The raw file's profile's likelihood settings (parsed once per profile, not once per gate), or None."""
     import yaml
 
     from sglfleet.validation.config import LikelihoodConfig
-    from sglfleet.validation.likelihood import _alphas
 
     try:
-        gate = (yaml.safe_load(raw.get("profile_text") or "") or {}).get("gate") or {}
-        lc = LikelihoodConfig(**{k: v for k, v in (gate.get("likelihood") or {}).items()})
+        gate = (yaml.safe_load(profile_text) or {}).get("gate") or {}
+        return LikelihoodConfig(**(gate.get("likelihood") or {}))
     except (yaml.YAMLError, ValueError, TypeError):
         return None
-    return _alphas(lc, n_temperatures, per_token)[2]
+
+
+def _answer_alpha(raw: dict[str, Any], n_temperatures: int, per_token: bool) -> float | None:
+    """Each answer-level statistic's alpha under the raw file's profile (likelihood._alphas): the raw keeps the
+    temperature's alpha only."""
+    from sglfleet.validation.likelihood import _alphas
+
+    lc = _likelihood_config(raw.get("profile_text") or "")
+    return None if lc is None else _alphas(lc, n_temperatures, per_token)[2]
 
 
 def margins(raw: dict[str, Any], g: dict[str, Any]) -> list[tuple[float, str]]:
