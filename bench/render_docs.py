@@ -438,7 +438,23 @@ def render_corruptible_fault_strength(raw: dict[str, Any], path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_cut_reach(raw: dict[str, Any], path: str) -> str:
+    """How far past the request's threshold cuts the tokens outside the law lay, per build (bench/cut_reach.py)."""
+    grid = list(next(iter(raw["summary"].values()))["past"])
+    lines = ["| build | tokens (threshold-cut requests) | outside the law | past a threshold cut | farthest reach "
+             "(logits) | " + " | ".join(f"past {g}" for g in grid) + " |", "|---|---|---|---|---|" + "---|" * len(grid)]
+    for name, s in raw["summary"].items():
+        far = "—" if s["max_reach"] is None else f"{s['max_reach']:.3f}"
+        lines.append(f"| {name} | {_num(s['tokens'])} | {s['outside']} | {s['threshold_outside']} | {far} | "
+                     + " | ".join(str(s["past"][g]) for g in grid) + " |")
+    lines += ["", f"Scorer: {raw.get('scorer', '?')}, order {raw.get('order', '?')}; baseline file "
+              f"{raw.get('baseline_file', '?')}.", "", f"Raw: {path} — {raw.get('date', '?')}, "
+              f"{raw.get('machine', '?')}, commit {raw.get('commit', '?')}; command: `{raw.get('command', '?')}`"]
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "cut-reach": render_cut_reach,
     "corruptible-fault-strength": render_corruptible_fault_strength,
     "token-power-size": render_token_power_size,
     "corruptible-gate": render_corruptible_gate,

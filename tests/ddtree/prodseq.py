@@ -367,7 +367,8 @@ def likelihood_numbers(case: dict[str, Any]) -> dict[str, Any]:
                 "answers", "dispersion", "baseline_dispersion", "dispersion_inflation", "dispersion_p",
                 "alpha_dispersion", "edge_candidate", "edge_expected_candidate", "edge_baseline",
                 "edge_expected_baseline", "edge_positions", "edge_p", "alpha_edge", "serial_candidate",
-                "serial_baseline", "serial_pairs", "serial_z", "serial_p", "alpha_serial")
+                "serial_baseline", "serial_pairs", "serial_z", "serial_p", "alpha_serial", "past_reach",
+                "reach_margin", "farthest_reach", "baseline_farthest_reach")
         out["per_token"] = {k: _num(tok.get(k)) for k in keep}
         for k in ("cut_candidate", "cut_baseline"):  # per truncation [tokens, outside] (the pooled counts by cut)
             if isinstance(tok.get(k), dict):
@@ -798,8 +799,10 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20, help="gate runs of each correct build (all calls together)")
     ap.add_argument("--fault-runs", type=int, default=3, help="gate runs of each fault and of the unpatched build")
     ap.add_argument("--workers", type=int, default=int(os.environ.get("WORKERS", "10")), help="gates at once")
-    ap.add_argument("--min-gate-s", type=float, default=150.0,
-                    help="a gate starts only with this much time left (more once gates have finished: need())")
+    ap.add_argument("--min-gate-s", type=float, default=250.0,
+                    help="a gate starts only with this much time left (more once gates have finished: need()); "
+                    "twelve gates at once took 255-282 s each at 25,000 permutations on the H100 (2026-12-06), "
+                    "and 150 s let a first call start gates its limit then cut")
     ap.add_argument("--gate-reserve", type=float, default=200.0, help="seconds kept for the gates after the servers' "
                     "wait")
     ap.add_argument("--keep", action="store_true", help="leave the candidates serving for a later call")

@@ -18,6 +18,7 @@ import argparse
 import functools
 import gzip
 import json
+import math
 import re
 import statistics
 import sys
@@ -266,6 +267,39 @@ def margin_table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _reach_cases(g: dict[str, Any]) -> list[dict[str, Any]]:
+    """A gate run's per-token tests that ran the threshold-reach rule (a finite margin; since 2026-12-06)."""
+    out = []
+    for c in (g.get("likelihood") or {}).values():
+        pt = c.get("per_token") or {} if isinstance(c, dict) else {}
+        m = pt.get("reach_margin")
+        if isinstance(m, (int, float)) and math.isfinite(m):
+            out.append(pt)
+    return out
+
+
+def reach_table(raw: dict[str, Any]) -> list[str]:
+    """Per build: how far past a threshold cut (top-k, min-p) its tokens lay, in logits, against the margin the
+    baseline set (tokenlaw.threshold_reach; a token past the margin refuses)."""
+    lines = ["| build | must | runs | runs with a token past the margin | tokens past it (sum) | farthest reach, "
+             "least / median / largest run | the baseline's farthest | margin |", "|---|---|---|---|---|---|---|---|"]
+    roles = {s["name"]: s for s in raw.get("servers", [])}
+    for server, gates in _by_server(raw).items():
+        runs = [cs for cs in (_reach_cases(g) for g in _verdicts(gates)) if cs]
+        if not runs:
+            continue
+        far = [max(float(x.get("farthest_reach") or 0.0) for x in cs) for cs in runs]
+        role = (roles.get(server) or {}).get("role") or gates[0].get("role")
+        lines.append(
+            f"| {server} | {'pass' if role == 'correct' else 'be refused'} | {len(runs)} | "
+            f"{sum(1 for cs in runs if any(int(x.get('past_reach') or 0) for x in cs))} | "
+            f"{sum(int(x.get('past_reach') or 0) for cs in runs for x in cs)} | "
+            f"{min(far):.3f} / {statistics.median(far):.3f} / {max(far):.3f} | "
+            f"{max(float(x.get('baseline_farthest_reach') or 0.0) for cs in runs for x in cs):.3f} | "
+            f"{max(float(x['reach_margin']) for cs in runs for x in cs):.3f} |")
+    return lines
+
+
 def trust_table(raw: dict[str, Any]) -> list[str]:
     """The candidate as the target's scorer: its log p_1 of the baseline's answers against the target-only server's
     recorded ones (largest over the runs and temperatures)."""
@@ -413,6 +447,9 @@ def render(raw: dict[str, Any], path: str) -> str:
         how = (raw.get("pooled") or {}).get("what") or "computed by the gate"
         parts += [f"The per-token statistics pooled over the T>0 temperatures (`likelihood_pooled`; {how}) {src}:",
                   "", *pooled_table(raw), ""]
+    if any(_reach_cases(g) for g in _verdicts(raw.get("gates", []))):
+        parts += ["Tokens past a threshold cut (top-k, min-p) by more than the scorer's numeric reach, in logits "
+                  f"(zero tolerance) {src}:", "", *reach_table(raw), ""]
     # the margins are the gate's own verdicts only where the gate computed every statistic and trusted its scorer
     own = not (raw.get("pooled") or {}).get("what") and not any(_untrusted(g) for g in _verdicts(raw.get("gates", [])))
     if own and any(margins(raw, g) for g in _verdicts(raw.get("gates", []))):

@@ -240,3 +240,31 @@ def test_the_margin_table_counts_runs_refused_at_smaller_alphas() -> None:
     rows = {r.split(" | ")[0].lstrip("| "): r.split(" | ") for r in render_prodseq.margin_table(raw)[2:]}
     assert rows["b7-k4"][3].startswith("0.63 (T0.6 ks)") and rows["b7-k4"][6:9] == ["1", "0", "0 |"]
     assert rows["fault-min_p_on_t1-b16-k4"][6:8] == ["3", "3"]
+
+
+def test_the_threshold_reach_is_kept_and_gets_its_table_only_where_a_run_ran_the_rule(tmp_path: Path) -> None:
+    """The reach rule's numbers ride in each temperature's per-token test; the raw keeps them and the page gets a
+    table of how far past a threshold cut each build's tokens lay against the baseline's margin."""
+    report = _report(tmp_path)
+    lik = next(c for c in report["cases"] if c["name"] == "likelihood@T0.8")
+    lik["details"]["per_token"].update(past_reach=3, reach_margin=0.5, farthest_reach=0.92,
+                                       baseline_farthest_reach=0.105)
+    rec = prodseq.report_numbers(report)
+    assert rec["likelihood"]["T0.8"]["per_token"]["farthest_reach"] == pytest.approx(0.92)
+    raw = {"date": "d", "machine": "m", "commit": "c", "calls": [{}],
+           "servers": [{"name": "fault-min_p_on_t1-b16-k4", "role": "fault"}, {"name": "chain", "role": "correct"}],
+           "baseline": {"rc": 0, "wall_s": 40.0, "file": {}},
+           "gates": [{"server": "fault-min_p_on_t1-b16-k4", "role": "fault", "run": 1, "rc": 1, "wall_s": 95.0,
+                      **rec, "passed": False}]}
+    ok = prodseq.report_numbers(_report(tmp_path))
+    ok["likelihood"]["T0.8"]["per_token"].update(past_reach=0, reach_margin=0.5, farthest_reach=0.24,
+                                                 baseline_farthest_reach=0.105)
+    raw["gates"].append({"server": "chain", "role": "correct", "run": 1, "rc": 0, "wall_s": 90.0, **ok,
+                         "passed": True})
+    out = "\n".join(render_prodseq.reach_table(raw))
+    assert "| fault-min_p_on_t1-b16-k4 | be refused | 1 | 1 | 3 | 0.920 / 0.920 / 0.920 | 0.105 | 0.500 |" in out, out
+    assert "| chain | pass | 1 | 0 | 0 | 0.240 / 0.240 / 0.240 | 0.105 | 0.500 |" in out, out
+    assert "numeric reach" in render_prodseq.render(raw, "r")
+    for g in raw["gates"]:  # runs from before the rule (no margin, or the rule off: inf)
+        g["likelihood"]["T0.8"]["per_token"]["reach_margin"] = float("inf")
+    assert "numeric reach" not in render_prodseq.render(raw, "r")

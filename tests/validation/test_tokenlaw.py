@@ -50,6 +50,7 @@ from sglfleet.validation.tokenlaw import (
     row_from_topk,
     serial,
     serial_p,
+    threshold_reach,
     token_power,
     token_test,
     uniform_of,
@@ -924,3 +925,105 @@ def test_a_fault_of_one_cut_is_refused_by_its_count_where_the_count_of_all_cuts_
     ok = pooled_test(gate((0, 0, 0)), a)
     assert ok.ok and set(ok.cuts) == {"top_k", "top_p", "min_p"} and "outside the min-p cut" in ok.reason, ok.reason
     assert pooled_test(gate((3, 8, 0)), PooledAlphas(outside=1.25e-4, edge=7.5e-5, serial=1.75e-4)).ok  # cut 0: off
+
+
+def test_threshold_reach_is_the_least_raise_that_brings_a_token_inside_its_top_k_and_min_p_cuts() -> None:
+    """Worked by hand on one row: log p_1 0, -1, -2, -4 (the tail below). min-p 0.1 at T 0.5 keeps a token whose
+    log p_1 is within 0.5 * ln 10 = 1.151 of the top; top-k 2 keeps the first two."""
+    lp = np.log(np.array([0.55, 0.2, 0.075, 0.01]))
+    lp = lp - np.log(np.exp(lp).sum() + 0.02)
+    row = tokenlaw_row(lp)
+    mp = SamplingParams(0.5, min_p=0.1)
+    assert threshold_reach(row, mp, ORDERS["sglang"], 1) is None  # 1.01 from the top: inside
+    assert threshold_reach(row, mp, ORDERS["sglang"], 2) == pytest.approx(lp[0] - lp[2] - 0.5 * math.log(10))
+    # min-p before the temperature (llama.cpp): the bar on p_1, ln 10 from the top
+    assert threshold_reach(row, mp, ORDERS["llamacpp"], 2) is None
+    assert threshold_reach(row, mp, ORDERS["llamacpp"], 3) == pytest.approx(lp[0] - lp[3] - math.log(10))
+    tk = SamplingParams(0.8, top_k=2)
+    assert threshold_reach(row, tk, ORDERS["sglang"], 1) is None
+    assert threshold_reach(row, tk, ORDERS["sglang"], 3) == pytest.approx(lp[1] - lp[3])
+    assert threshold_reach(row, tk, ORDERS["sglang"], None) == pytest.approx(lp[1] - lp[3])  # unlisted: at least
+    both = SamplingParams(0.5, top_k=3, min_p=0.1)  # the farther cut decides
+    assert threshold_reach(row, both, ORDERS["sglang"], 3) == pytest.approx(lp[0] - lp[3] - 0.5 * math.log(10))
+    assert threshold_reach(row, SamplingParams(0.8, top_p=0.5), ORDERS["sglang"], 3) is None  # top-p: a mass cut
+
+
+def tokenlaw_row(lp: np.ndarray) -> object:
+    from sglfleet.validation.tokenlaw import Row
+
+    return Row(lp, np.arange(lp.size, dtype=np.int64), 0.0, True)
+
+
+# threshold cuts whose wrong placements below reach past the shipped floor: min-p's band between the T=1 bar and
+# the right one is (1 - T) ln(1 / min_p) logits wide (0.92 at T 0.6 and min-p 0.1, the lab profile's entry)
+REACH_MIX = [SamplingParams(0.6, min_p=0.1), SamplingParams(0.6, top_k=20), SamplingParams(0.7, 0.95, 40, 0.05),
+             SamplingParams(0.8, top_k=10, min_p=0.02)]
+
+
+def _reaches(draw: object, eps: float, seed: int, n: int = 400) -> list[float]:
+    """Tokens under REACH_MIX drawn by `draw(logits, params)` from the sampler's logits (the scorer's plus uniform
+    noise of +-eps, the two numerics' difference) and placed by scorers.per_token on the scorer's: their reaches."""
+    rng = np.random.default_rng(seed)
+    out: list[float] = []
+    for j, params in enumerate(REACH_MIX):
+        rows, seq = [], []
+        for _ in range(n):
+            logits = rng.normal(0, 2.5, V)
+            noisy = logits + rng.uniform(-eps, eps, V)
+            rows.append(row_from_logits(logits, params.temperature))
+            seq.append(int(rng.choice(V, p=draw(noisy, params))))
+        tok = per_token(f"r/{seed}/{j}", params.temperature, rows, seq, params, ORDERS["sglang"])
+        out += [r for r in tok["tok_reach"] if r is not None]
+    return out
+
+
+def no_top_k(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    return reference_law(logits, SamplingParams(p.temperature, p.top_p, 0, p.min_p), "sglang")
+
+
+def no_min_p(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    return reference_law(logits, SamplingParams(p.temperature, p.top_p, p.top_k, 0.0), "sglang")
+
+
+def min_p_halved(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    return reference_law(logits, SamplingParams(p.temperature, p.top_p, p.top_k, p.min_p / 2), "sglang")
+
+
+def top_k_from_the_wrong_row(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    return reference_law(logits, SamplingParams(p.temperature, p.top_p, 4 * p.top_k, p.min_p), "sglang")
+
+
+def test_a_correct_samplers_tokens_lie_within_the_scorers_reach_and_wrong_threshold_cuts_far_past_it() -> None:
+    """The class the rule is for: a threshold cut computed on another law or with another parameter (min-p's bar
+    on the T=1 law, min-p halved, top-k lost, another row's top-k). Correct draws whose logits differ from the
+    scorer's by up to eps land outside the scorer's cut only within 2 eps of it; each wrong cut puts tokens past
+    the shipped floor where the region it wrongly keeps reaches past it (REACH_MIX). A cut moved by less than the
+    floor (min-p halved keeps T ln 2 logits more, 0.42-0.55 here) is left to the counts by cut: none past it."""
+    eps = 0.05
+    good = _reaches(lambda lg, p: reference_law(lg, p, "sglang"), eps, 1)
+    assert good and max(good) <= 2 * eps + 1e-9, max(good)  # noise does flip tokens, never far
+    floor = LikelihoodConfig().reach_floor
+    for fault in (min_p_on_t1, no_min_p, no_top_k, top_k_from_the_wrong_row):
+        bad = _reaches(fault, eps, 2)
+        assert sum(1 for r in bad if r > floor) >= 10, (fault.__name__, sorted(bad)[-5:])
+    near = _reaches(min_p_halved, eps, 3)
+    assert len(near) >= 20 and max(near) <= max(p.temperature for p in REACH_MIX) * math.log(2) + 2 * eps, max(near)
+
+
+def test_a_token_past_the_margin_refuses_the_temperature_and_the_margin_follows_the_baseline() -> None:
+    from sglfleet.validation.likelihood import reach_margin
+
+    rng = np.random.default_rng(5)
+    u = list(rng.uniform(size=3000))
+    ok = token_test(u, list(rng.uniform(size=6000)), A, cand_reach=[0.2, None, 0.49], reach_margin=0.5,
+                    baseline_reach=0.1)
+    assert ok.ok and ok.past_reach == 0 and ok.farthest_reach == 0.49, ok.reason
+    bad = token_test(u, list(rng.uniform(size=6000)), A, cand_reach=[0.2, 0.7], reach_margin=0.5, baseline_reach=0.1)
+    assert not bad.ok and bad.past_reach == 1 and "past the request's top-k/min-p cut" in bad.reason, bad.reason
+    lc = LikelihoodConfig()
+
+    def base(*r: float | None) -> AnswerScore:
+        return AnswerScore("p", 0.8, 1, (-1.0,) * 3, None, tok_reach=tuple(r))
+    assert reach_margin(lc, [base(0.1, None), base()]) == (lc.reach_floor, 0.1)
+    assert reach_margin(lc, [base(0.3), base(0.05)]) == (pytest.approx(lc.reach_factor * 0.3), 0.3)
+    assert reach_margin(LikelihoodConfig(threshold_reach=False), [base(0.3)]) == (math.inf, 0.3)

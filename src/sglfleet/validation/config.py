@@ -347,6 +347,14 @@ class LikelihoodConfig(StrictModel):
     token_share: float = Field(default=0.4, ge=0, lt=1, description="share of each temperature's alpha spent on "
                                "the per-token test (validation/tokenlaw.py): four fifths to its KS test, one fifth "
                                "to the count of tokens outside the request's top-k/top-p/min-p")
+    threshold_reach: bool = Field(default=True, description="refuse a candidate token that lies past its request's "
+                                  "top-k or min-p cut by more than the scorer's numeric reach (tokenlaw."
+                                  "threshold_reach; zero tolerance, outside the alpha budget)")
+    reach_floor: float = Field(default=0.5, gt=0, description="logits: the least margin past a threshold cut; the "
+                               "reference scorer's tokens of correct builds on the H100 lay at most 0.24 past one "
+                               "(docs/results/cut-reach-s32-2026-12-06.json.gz)")
+    reach_factor: float = Field(default=3.0, ge=1, description="the margin is at least this many times the "
+                                "farthest the baseline's own tokens lie past a threshold cut")
     token_noise_limit: float = Field(default=0.05, ge=0, le=0.5, description="the largest KS distance of the "
                                      "baseline's own tokens from the law that is allowed as the scorer's noise; "
                                      "beyond it the per-token test cannot judge (a fail)")

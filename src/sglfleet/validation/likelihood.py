@@ -182,7 +182,8 @@ def pooled_alphas(lc: Any) -> tokenlaw.PooledAlphas:
 
 
 def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_temperatures: int,
-                  exact_cut: bool = False) -> tokenlaw.TokenVerdict | None:
+                  exact_cut: bool = False, reach: tuple[float, float] = (math.inf, 0.0)
+                  ) -> tokenlaw.TokenVerdict | None:
     """The per-token test of one temperature's answers (validation/tokenlaw.py), with its power at this gate's
     size from the baseline's rows; None when an answer was scored without its sampling parameters."""
     if not cand or not base or any(a.tok_pit is None for a in cand + base):
@@ -199,11 +200,24 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
                              cand_edge=sum((a.edge for a in cand), tokenlaw.EdgeCount()),
                              base_edge=sum((a.edge for a in base), tokenlaw.EdgeCount()),
                              cand_mid=[a.pit for a in cand if a.pit], base_mid=[a.pit for a in base if a.pit],
-                             cand_cut=_cut_counts(cand), base_cut=_cut_counts(base))
+                             cand_cut=_cut_counts(cand), base_cut=_cut_counts(base),
+                             cand_reach=[r for a in cand for r in a.tok_reach], reach_margin=reach[0],
+                             baseline_reach=reach[1])
     if lc.token_power_reps:
         tv.power = tokenlaw.power_statement([power_input(tv.as_dict(), base, alphas)], lc.token_power_target,
                                             lc.token_power_reps, lc.rng_seed)
     return tv
+
+
+def reach_margin(lc: Any, base: list[AnswerScore]) -> tuple[float, float]:
+    """(the margin past a threshold cut beyond which a candidate token refuses, the farthest the baseline's own
+    tokens lie past one): `reach_floor` logits or `reach_factor` times that farthest, whichever is larger; inf
+    when the profile turns the rule off (`threshold_reach`). The baseline's tokens were drawn by the target-only
+    server's correct sampler, so how far they lie past a cut is the scorer's own numeric reach on this model."""
+    farthest = max((r for a in base for r in a.tok_reach if r is not None), default=0.0)
+    if not getattr(lc, "threshold_reach", False):
+        return math.inf, farthest
+    return max(float(lc.reach_floor), float(lc.reach_factor) * farthest), farthest
 
 
 def _cut_counts(answers: list[AnswerScore]) -> dict[str, list[int]]:
@@ -289,7 +303,7 @@ def _decide(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, log_eps: 
 
 def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], cfg: Any, n_temperatures: int,
                     variants: list[AnswerScore] | None = None, top_p: float | None = None,
-                    exact_cut: bool = False) -> LikelihoodVerdict:
+                    exact_cut: bool = False, reach: tuple[float, float] = (math.inf, 0.0)) -> LikelihoodVerdict:
     """One temperature's verdict (every answer given must be at one T). cfg: a GateConfig (its likelihood and
     sampling.top_p) or a LikelihoodConfig with top_p given. variants: scored corruptions of the baseline's
     answers (make_variants) for the power estimate."""
@@ -349,7 +363,7 @@ def likelihood_test(candidate: list[AnswerScore], baseline: list[AnswerScore], c
                                                - set(common))
     v.p_value = min(s["p_value"] for s in stats.values())
     v.statistic["not_computed"] = [n for n in STATS if n not in stats]  # their alpha share stays unspent
-    tv = token_verdict(cand, base, lc, n_temperatures, exact_cut)
+    tv = token_verdict(cand, base, lc, n_temperatures, exact_cut, reach)
     if tv is not None:
         v.per_token = tv.as_dict()
         ok = ok and tv.ok
@@ -512,6 +526,7 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
     # temperature, lies outside its request's law (tokenlaw.token_test: then a candidate token clearly outside is
     # refused with zero tolerance)
     exact_cut = all(x is not None for _, _, base, _ in sides for a in base for x in (a.tok_pit or ()))
+    reach = reach_margin(getattr(cfg, "likelihood", cfg), [a for _, _, base, _ in sides for a in base])
     for t, base_rows, base, cand in sides:
         lc = getattr(cfg, "likelihood", cfg)
         variants = None
@@ -523,7 +538,8 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
                     kept[r.prompt_id] += 1
                     chosen.append((sc, messages_of(r.prompt_id), r.text))
             variants = make_variants(chosen, scorer, lc)
-        v = likelihood_test(cand, base, cfg, n_temperatures=len(temps), variants=variants, exact_cut=exact_cut)
+        v = likelihood_test(cand, base, cfg, n_temperatures=len(temps), variants=variants, exact_cut=exact_cut,
+                            reach=reach)
         v.on_ids = {side: sum(1 for a in rows if with_ids and a.ids and a.temperature == t)
                     for side, rows in (("candidate", candidate), ("baseline", baseline))}
         out.append(v)

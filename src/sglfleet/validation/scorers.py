@@ -61,6 +61,9 @@ class AnswerScore:
     wrong: tuple[tuple[float, ...], ...] | None = None
     approx_tokens: int = 0  # tokens whose law reached into a server row's unlisted tail (placed approximately)
     tok_excess: tuple[float, ...] = ()  # each outside token's distance past the law's cut (tokenlaw.outside_excess)
+    # each outside token's reach past the request's threshold cuts in logits (tokenlaw.threshold_reach; None:
+    # outside top-p only), in the order of tok_excess
+    tok_reach: tuple[float | None, ...] = ()
     # the draws of the token at the law's cut, where the law is cut inside the listed candidates (tokenlaw.edge_of)
     edge: tokenlaw.EdgeCount = NO_EDGE
     # per truncation (tokenlaw.CUTS): the answer's tokens when its request turns it on (else 0), and its tokens
@@ -169,6 +172,7 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
     pits: list[float | None] = []
     wrong: list[tuple[float, ...]] = []
     excess: list[float] = []
+    reach: list[float | None] = []
     approx, edge_drawn, edge_exp, edge_n = 0, 0, 0.0, 0
     cut_out = [0, 0, 0]
     for k, (row, tok) in enumerate(zip(rows, seq, strict=True)):
@@ -178,13 +182,15 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
         pits.append(tokenlaw.pit(law, rank, tokenlaw.uniform_of(f"{label}/{k}")))
         if pits[-1] is None:
             excess.append(tokenlaw.outside_excess(row, law, rank, temperature))
+            reach.append(tokenlaw.threshold_reach(row, params, order, rank))
             cut_out = [c + int(b) for c, b in zip(cut_out, tokenlaw.cut_by(row, params, order, rank), strict=True)]
         wrong.append(tokenlaw.wrong_draws(row, law, params, order, rng))
         approx += law.approximate
         e = wrong[-1][-1]  # wrong_draws ends with the cut token's probability (edge_of; NaN: no cut in the row)
         if not math.isnan(e):
             edge_n, edge_exp, edge_drawn = edge_n + 1, edge_exp + e, edge_drawn + (rank == law.n - 1)
-    return {"tok_pit": tuple(pits), "wrong": tuple(wrong), "tok_excess": tuple(excess), "approx_tokens": approx,
+    return {"tok_pit": tuple(pits), "wrong": tuple(wrong), "tok_excess": tuple(excess), "tok_reach": tuple(reach),
+            "approx_tokens": approx,
             "edge": tokenlaw.EdgeCount(edge_drawn, edge_exp, edge_n),
             "cut_tokens": tuple(len(seq) * int(on) for on in tokenlaw.cuts_of(params)),
             "cut_outside": tuple(cut_out)}

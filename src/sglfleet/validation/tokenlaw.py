@@ -330,6 +330,30 @@ def cut_by(row: Row, p: SamplingParams, order: Sequence[str], rank: int | None) 
     return out[0], out[1], out[2]
 
 
+def threshold_reach(row: Row, p: SamplingParams, order: Sequence[str], rank: int | None) -> float | None:
+    """How far a token lies outside the request's threshold cuts (top-k, min-p), in log p_1 units (logits): the
+    least raise of its own log-probability that brings it inside every threshold cut that leaves it out, each cut
+    alone as `cut_by` asks; None where none does (inside, or outside top-p only: that cut is a sum of masses, not
+    a threshold). A scorer whose log-probabilities differ from the sampler's by at most eps per token moves a
+    token across such a cut only when its reach is at most 2 eps, so a correct sampler's tokens past a cut by
+    more than the scorer's numeric reach do not occur. Min-p compares with the most likely token at the scale the
+    engine applies it (temperature before min-p in `order`: log p_T = log p_1 / T). An unlisted token's reach is
+    a lower bound (its log-probability is at most the last listed one's)."""
+    lp = row.lp
+    lp_x = float(lp[-1] if rank is None else lp[rank])
+    reach: list[float] = []
+    if 0 < p.top_k <= lp.size and (rank is None or rank >= p.top_k):
+        reach.append(float(lp[p.top_k - 1]) - lp_x)
+    if p.min_p > 0:
+        steps = list(order)
+        at = steps.index("joint") if "joint" in steps else steps.index("min_p")
+        scale = p.temperature if "temperature" in steps[:at] else 1.0
+        d = float(lp[0]) - lp_x + scale * math.log(p.min_p)
+        if d > 0:
+            reach.append(d)
+    return max(reach) if reach else None
+
+
 def uniform_of(key: str) -> float:
     """The V of one token's randomized PIT: a fixed function of the token's place (answer, position), independent
     of what was sampled there, so a report can be re-scored to the same numbers."""
@@ -775,6 +799,13 @@ class TokenVerdict:
     clearly_outside: int = 0
     outside_margin: float = MIN_MARGIN
     farthest_outside: float = 0.0
+    # tokens past a threshold cut (top-k, min-p) by more than the scorer's numeric reach (threshold_reach, logits):
+    # zero tolerance. The margin is the profile's floor or a multiple of the farthest the baseline's own tokens lie
+    # past such a cut (its numeric flips), whichever is larger (inf: the rule is off)
+    past_reach: int = 0
+    reach_margin: float = math.inf
+    farthest_reach: float = 0.0
+    baseline_farthest_reach: float = 0.0
     # the dispersion of the answers' mean u: sum of 12 n (mean - 1/2)^2 over answers / the number of answers (1
     # expected), the baseline's, the scorer's inflation of it measured there (1: none), its p, its alpha
     answers: int = 0
@@ -921,7 +952,8 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
                base_answers: Sequence[Sequence[float | None]] = (), cand_edge: EdgeCount | None = None,
                base_edge: EdgeCount | None = None, cand_mid: Sequence[Sequence[float]] = (),
                base_mid: Sequence[Sequence[float]] = (), cand_cut: Mapping[str, Sequence[int]] | None = None,
-               base_cut: Mapping[str, Sequence[int]] | None = None) -> TokenVerdict:
+               base_cut: Mapping[str, Sequence[int]] | None = None, cand_reach: Sequence[float | None] = (),
+               reach_margin: float = math.inf, baseline_reach: float = 0.0) -> TokenVerdict:
     """The candidate's per-token PITs (None: outside the law) against uniform, the baseline's scored the same way
     giving the scorer's allowance (module docstring). `limit`: the largest allowance the test accepts: beyond it
     the scorer does not reproduce the engine's law and the test cannot judge (a fail, with that reason).
@@ -929,7 +961,9 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
     alphas.dispersion > 0). `cand_edge` / `base_edge`: the draws at the law's cut, for the edge test (tested when
     given and alphas.edge > 0). `cand_mid` / `base_mid`: each answer's vocabulary-order mid-PITs, for the serial
     test (tested when given and alphas.serial > 0). `cand_cut` / `base_cut`: per truncation [tokens, outside]
-    (kept in the verdict for the pooled test)."""
+    (kept in the verdict for the pooled test). `cand_reach`: each outside candidate token's reach past the
+    request's threshold cuts (threshold_reach; None: outside top-p only); any past `reach_margin` refuses
+    (`baseline_reach`: the farthest of the baseline's, reported)."""
     cu = np.asarray([x for x in cand if x is not None], dtype=np.float64)
     bu = np.asarray([x for x in base if x is not None], dtype=np.float64)
     oc, ob = len(cand) - cu.size, len(base) - bu.size
@@ -972,6 +1006,10 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
     v.outside_margin = MIN_MARGIN if exact_cut else math.inf
     v.farthest_outside = max(cand_excess, default=0.0)
     v.clearly_outside = sum(1 for e in cand_excess if e > v.outside_margin)
+    reach = [r for r in cand_reach if r is not None]
+    v.reach_margin, v.baseline_farthest_reach = reach_margin, round(baseline_reach, 4)
+    v.farthest_reach = round(max(reach, default=0.0), 4)
+    v.past_reach = sum(1 for r in reach if r > reach_margin)
     if cu.size == 0:
         v.ok, v.reason = False, "no candidate token inside the law: nothing to test"
     elif allow > limit:
@@ -979,9 +1017,14 @@ def token_test(cand: Sequence[float | None], base: Sequence[float | None], alpha
         v.reason = (f"the scorer does not reproduce the engine's law on the baseline's own tokens (KS {bd:.3f}, "
                     f"p {bp:.2g}; allowance {allow:.3f} > {limit:g}): wrong sampler order or parameters, or another "
                     "model")
-    elif not ok or v.clearly_outside or disp_bad or edge_bad or serial_bad:
+    elif not ok or v.clearly_outside or v.past_reach or disp_bad or edge_bad or serial_bad:
         v.ok = False
         parts = []
+        if v.past_reach:
+            parts.append(f"{v.past_reach} token(s) past the request's top-k/min-p cut by more than the scorer's "
+                         f"numeric reach (up to {v.farthest_reach:.3g} logits past it, margin {reach_margin:.3g}; the "
+                         f"baseline's own tokens at most {v.baseline_farthest_reach:.3g}): a cut computed on another "
+                         "law or with another parameter")
         if v.clearly_outside:
             parts.append(f"{v.clearly_outside} token(s) clearly outside the request's top-k/top-p/min-p support (up to "
                          f"{v.farthest_outside:.3g} of p_T past its cut, margin {v.outside_margin:.3g}: what a correct "

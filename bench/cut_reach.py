@@ -1,0 +1,122 @@
+"""How far past the request's threshold cuts (top-k, min-p) the tokens outside the law lie, in logits, for the
+baseline file and gate runs of a device series (tests/ddtree/prodseq.py's report.json files): the data for the
+gate's zero-tolerance rule on threshold cuts (validation/tokenlaw.py threshold_reach).
+
+A correct sampler's tokens fall outside the scorer's law only where the scorer's log-probabilities and the
+sampler's differ enough to move the token across the cut: their reach is at most twice that numeric difference.
+A sampler that computes a cut on the wrong law or with the wrong parameter (min-p on the T=1 law, a top-k lost)
+draws tokens spread over the whole region the right cut removes. This script places every T>0 suite answer
+whose request has a threshold cut again, with the embedded target's own numpy forward pass (the reference
+scorer: float32 against the device's bf16, so its numeric reach is larger than the candidate's own prefill), and
+lists each outside token's reach by build and cut.
+
+    python bench/cut_reach.py --reports DIR --baseline baseline.json.gz --gates fault-min_p_on_t1-b16-k4-r01,... \
+        --out docs/results/cut-reach-2026-12-06.json.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "src")]
+
+from bench.history import raw_header  # noqa: E402
+from sglfleet.validation.config import GateConfig  # noqa: E402
+from sglfleet.validation.scorers import ReferenceScorer  # noqa: E402
+from sglfleet.validation.suite import load_suite  # noqa: E402
+from sglfleet.validation.tokenlaw import ORDERS, SamplingParams  # noqa: E402
+
+SUITE = REPO / "src" / "sglfleet" / "validation" / "prompts" / "suite-v1.yaml"
+GRID = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)  # logits: the reach thresholds the summary counts past
+
+
+def threshold_sampled(s: dict[str, Any]) -> bool:
+    """A T>0 answer with its sampled ids whose request turns a threshold cut (top-k or min-p) on."""
+    sm = s.get("sampling") or {}
+    return s["temperature"] > 0 and bool(s.get("output_ids")) and (sm.get("top_k", 0) > 0 or sm.get("min_p", 0) > 0)
+
+
+def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[str, Any]],
+          progress: str) -> dict[str, Any]:
+    """The threshold-cut answers' tokens and each outside token's reach (None: outside top-p only)."""
+    out: dict[str, Any] = {"answers": 0, "tokens": 0, "outside": []}
+    hot = [s for s in samples if threshold_sampled(s)]
+    for i, s in enumerate(hot, 1):
+        params = SamplingParams(s["temperature"], **s["sampling"])
+        sc = scorer.score(prompts[s["prompt_id"]].messages(), s.get("text") or "", s["temperature"],
+                          prompt_id=s["prompt_id"], seed=s.get("seed"), ids=tuple(s["output_ids"]), params=params)
+        if sc.error:
+            raise SystemExit(f"{progress}: {s['prompt_id']}@T{s['temperature']:g}: {sc.error}")
+        out["answers"] += 1
+        out["tokens"] += len(sc.tok_pit or ())
+        for r in sc.tok_reach:
+            out["outside"].append({"T": s["temperature"], "prompt": s["prompt_id"], "params": params.label,
+                                   "reach": None if r is None else round(r, 4)})
+        print(f"[{progress}] {i}/{len(hot)}", file=sys.stderr, flush=True)
+    return out
+
+
+def summary(rows: dict[str, Any]) -> dict[str, Any]:
+    """Per build: the outside tokens with a threshold reach, how many lie past each GRID value, the largest."""
+    reach = sorted(o["reach"] for o in rows["outside"] if o["reach"] is not None)
+    return {"answers": rows["answers"], "tokens": rows["tokens"], "outside": len(rows["outside"]),
+            "threshold_outside": len(reach), "max_reach": reach[-1] if reach else None,
+            "past": {f"{g:g}": sum(1 for r in reach if r > g) for g in GRID}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reports", required=True, help="a gates/ folder of prodseq-reports.tgz (several: comma)")
+    ap.add_argument("--baseline", required=True, help="the baseline file the gates ran against (.json or .json.gz)")
+    ap.add_argument("--gates", required=True, help="comma-separated gate run names (folders under --reports)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    folders = [Path(x) for x in a.reports.split(",") if x]
+    names = [n for n in a.gates.split(",") if n]
+    where: dict[str, Path] = {}
+    for n in names:
+        hits = [f / n / "report.json" for f in folders if (f / n / "report.json").is_file()]
+        if hits:
+            where[n] = hits[0]
+    missing = [n for n in names if n not in where]
+    if not names or missing or not Path(a.baseline).is_file():
+        print(f"error: no report.json for {missing or 'any gate'} under {a.reports}" if missing or not names
+              else f"error: no {a.baseline}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    prompts = {p.id: p for p in load_suite(SUITE).prompts}
+    cfg = GateConfig()
+    scorer = ReferenceScorer(cfg.judge, cfg.likelihood.window)
+    scorer.order = ORDERS["sglang"]
+    raw = Path(a.baseline).read_bytes()
+    base = json.loads(gzip.decompress(raw) if a.baseline.endswith(".gz") else raw)
+    result: dict[str, Any] = {**raw_header("bench/cut_reach.py", argv), "baseline_file": a.baseline,
+                              "order": "sglang", "scorer": "reference (numpy float32, GGUF)", "builds": {}}
+    try:
+        result["builds"]["target-only (baseline file)"] = place(scorer, prompts, base["samples"], "baseline")
+        for n in names:
+            rep = json.loads(where[n].read_text())
+            result["builds"][n] = place(scorer, prompts, [s for s in rep["samples"] if s.get("purpose") == "suite"],
+                                        n)
+    finally:
+        scorer.close()
+    result["summary"] = {n: summary(r) for n, r in result["builds"].items()}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    text = (json.dumps(result, indent=1) + "\n").encode()
+    out = Path(a.out)
+    out.write_bytes(gzip.compress(text, 9, mtime=0) if out.name.endswith(".gz") else text)
+    for n, s in result["summary"].items():
+        print(f"{n:40s} {s['tokens']:6d} tokens {s['outside']:4d} outside, {s['threshold_outside']:4d} past a "
+              f"threshold cut, max reach {s['max_reach']}, past {s['past']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
