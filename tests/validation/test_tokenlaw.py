@@ -9,11 +9,12 @@ row's parameters, reused randomness is tested in test_likelihood_pit.py) must be
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from sglfleet.validation.config import LikelihoodConfig
+from sglfleet.validation.config import LikelihoodConfig, load_gate_config
 from sglfleet.validation.likelihood import check_trust, gate_token_power, token_verdict
 from sglfleet.validation.scorers import AnswerScore, per_token
 from sglfleet.validation.tokenlaw import (
@@ -58,6 +59,7 @@ from sglfleet.validation.tokenlaw import (
 )
 
 V = 200
+PROFILES = Path(__file__).resolve().parents[2] / "src" / "sglfleet" / "validation" / "profiles"
 A = Alphas(ks=5e-4, mean=3e-4, outside=2e-4)  # about the shipped profile's per-temperature shares
 MIX = [SamplingParams(0.6, 0.9, 0, 0.0), SamplingParams(0.8, 1.0, 20, 0.05), SamplingParams(1.0, 0.95, 50, 0.02),
        SamplingParams(0.8), SamplingParams(0.6, 0.8, 20, 0.0)]
@@ -1002,7 +1004,7 @@ def test_a_correct_samplers_tokens_lie_within_the_scorers_reach_and_wrong_thresh
     eps = 0.05
     good = _reaches(lambda lg, p: reference_law(lg, p, "sglang"), eps, 1)
     assert good and max(good) <= 2 * eps + 1e-9, max(good)  # noise does flip tokens, never far
-    floor = LikelihoodConfig().reach_floor
+    floor = load_gate_config(str(PROFILES / "sglang-smollm2.yaml")).likelihood.reach_floor  # 0.5: the SGLang one
     for fault in (min_p_on_t1, no_min_p, no_top_k, top_k_from_the_wrong_row):
         bad = _reaches(fault, eps, 2)
         assert sum(1 for r in bad if r > floor) >= 10, (fault.__name__, sorted(bad)[-5:])
@@ -1025,5 +1027,10 @@ def test_a_token_past_the_margin_refuses_the_temperature_and_the_margin_follows_
     def base(*r: float | None) -> AnswerScore:
         return AnswerScore("p", 0.8, 1, (-1.0,) * 3, None, tok_reach=tuple(r))
     assert reach_margin(lc, [base(0.1, None), base()]) == (lc.reach_floor, 0.1)
-    assert reach_margin(lc, [base(0.3), base(0.05)]) == (pytest.approx(lc.reach_factor * 0.3), 0.3)
+    assert reach_margin(lc, [base(0.5), base(0.05)]) == (pytest.approx(lc.reach_factor * 0.5), 0.5)
+    assert lc.reach_floor == 1.0 and floor_of("sglang-ddtree.yaml") == floor_of("sglang-smollm2.yaml") == 0.5
     assert reach_margin(LikelihoodConfig(threshold_reach=False), [base(0.3)]) == (math.inf, 0.3)
+
+
+def floor_of(profile: str) -> float:
+    return float(load_gate_config(str(PROFILES / profile)).likelihood.reach_floor)
