@@ -28,12 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
 from bench.history import raw_header  # noqa: E402
-from sglfleet.validation.config import GateConfig  # noqa: E402
+from bench.prodseq_outside import reference_setup, score_sample  # noqa: E402
 from sglfleet.validation.scorers import ReferenceScorer  # noqa: E402
-from sglfleet.validation.suite import load_suite  # noqa: E402
-from sglfleet.validation.tokenlaw import ORDERS, SamplingParams  # noqa: E402
 
-SUITE = REPO / "src" / "sglfleet" / "validation" / "prompts" / "suite-v1.yaml"
 GRID = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5)  # logits: the reach thresholds the summary counts past
 
 
@@ -49,11 +46,7 @@ def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[s
     out: dict[str, Any] = {"answers": 0, "tokens": 0, "outside": []}
     hot = [s for s in samples if threshold_sampled(s)]
     for i, s in enumerate(hot, 1):
-        params = SamplingParams(s["temperature"], **s["sampling"])
-        sc = scorer.score(prompts[s["prompt_id"]].messages(), s.get("text") or "", s["temperature"],
-                          prompt_id=s["prompt_id"], seed=s.get("seed"), ids=tuple(s["output_ids"]), params=params)
-        if sc.error:
-            raise SystemExit(f"{progress}: {s['prompt_id']}@T{s['temperature']:g}: {sc.error}")
+        params, sc = score_sample(scorer, prompts, s, progress)
         out["answers"] += 1
         out["tokens"] += len(sc.tok_pit or ())
         for r in sc.tok_reach:
@@ -91,12 +84,7 @@ def main(argv: list[str] | None = None) -> int:
               else f"error: no {a.baseline}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    prompts = {p.id: p for p in load_suite(SUITE).prompts}
-    cfg = GateConfig()
-    scorer = ReferenceScorer(cfg.judge, cfg.likelihood.window)
-    scorer.order = ORDERS["sglang"]
-    raw = Path(a.baseline).read_bytes()
-    base = json.loads(gzip.decompress(raw) if a.baseline.endswith(".gz") else raw)
+    prompts, scorer, base = reference_setup(a.baseline)
     result: dict[str, Any] = {**raw_header("bench/cut_reach.py", argv), "baseline_file": a.baseline,
                               "order": "sglang", "scorer": "reference (numpy float32, GGUF)", "builds": {}}
     try:

@@ -42,6 +42,18 @@ def entry_label(sampling: dict[str, Any]) -> str:
     return SamplingParams(1.0, **sampling).label.partition(", ")[2] or "untruncated"
 
 
+def score_sample(scorer: ReferenceScorer, prompts: dict[str, Any], s: dict[str, Any], progress: str
+                 ) -> tuple[SamplingParams, Any]:
+    """One recorded T>0 sample scored on the ids the server drew, in its request's own law: (its parameters, its
+    AnswerScore); a sample the scorer cannot score stops the run."""
+    params = SamplingParams(s["temperature"], **s["sampling"])
+    sc = scorer.score(prompts[s["prompt_id"]].messages(), s.get("text") or "", s["temperature"],
+                      prompt_id=s["prompt_id"], seed=s.get("seed"), ids=tuple(s["output_ids"]), params=params)
+    if sc.error:
+        raise SystemExit(f"{progress}: {s['prompt_id']}@T{s['temperature']:g}: {sc.error}")
+    return params, sc
+
+
 def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[str, Any]],
           progress: str) -> dict[str, dict[str, int]]:
     """Per mix entry: the tokens placed, those outside the law, and the answers (and the first two per
@@ -49,11 +61,7 @@ def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[s
     out: dict[str, dict[str, int]] = {}
     hot = [s for s in samples if s["temperature"] > 0 and s.get("output_ids") and s.get("sampling")]
     for i, s in enumerate(hot, 1):
-        params = SamplingParams(s["temperature"], **s["sampling"])
-        sc = scorer.score(prompts[s["prompt_id"]].messages(), s.get("text") or "", s["temperature"],
-                          prompt_id=s["prompt_id"], seed=s.get("seed"), ids=tuple(s["output_ids"]), params=params)
-        if sc.error:
-            raise SystemExit(f"{progress}: {s['prompt_id']}@T{s['temperature']:g}: {sc.error}")
+        _, sc = score_sample(scorer, prompts, s, progress)
         row = out.setdefault(entry_label(s["sampling"]), {"answers": 0, "tokens": 0, "outside": 0})
         row["answers"] += 1
         row["tokens"] += len(sc.tok_pit)
@@ -106,6 +114,17 @@ def gate_alphas() -> dict[str, float]:
     return {"cut": pa.cut, "all": pa.outside}
 
 
+def reference_setup(baseline: str) -> tuple[dict[str, Any], ReferenceScorer, dict[str, Any]]:
+    """The suite's prompts by id, the reference scorer placing tokens in SGLang's order (close it after), and the
+    baseline file (.json or .json.gz)."""
+    prompts = {p.id: p for p in load_suite(SUITE).prompts}
+    cfg = GateConfig()
+    scorer = ReferenceScorer(cfg.judge, cfg.likelihood.window)
+    scorer.order = ORDERS["sglang"]
+    raw = Path(baseline).read_bytes()
+    return prompts, scorer, json.loads(gzip.decompress(raw) if baseline.endswith(".gz") else raw)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recompute", help="a raw file this script wrote: recompute its by-cut tests, no scoring")
@@ -141,12 +160,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    prompts = {p.id: p for p in load_suite(SUITE).prompts}
-    cfg = GateConfig()
-    scorer = ReferenceScorer(cfg.judge, cfg.likelihood.window)
-    scorer.order = ORDERS["sglang"]
-    raw = Path(a.baseline).read_bytes()
-    base = json.loads(gzip.decompress(raw) if a.baseline.endswith(".gz") else raw)
+    prompts, scorer, base = reference_setup(a.baseline)
     result: dict[str, Any] = {**raw_header("bench/prodseq_outside.py", argv), "reports": str(reports),
                               "baseline_file": a.baseline, "order": "sglang", "scorer": "reference (numpy, GGUF)",
                               "builds": {}}

@@ -58,3 +58,22 @@ def test_bad_input_is_refused_with_exit_2(tmp_path: Path) -> None:
     assert po.main(["--out", str(tmp_path / "o.json")]) == 2
     assert po.main(["--recompute", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o.json")]) == 2
     assert not (tmp_path / "o.json").exists()
+
+
+def test_cut_reach_takes_only_threshold_cut_answers_and_counts_past_each_grid_value(tmp_path: Path) -> None:
+    """bench/cut_reach.py without scoring: which recorded samples it places (T>0, sampled ids, top-k or min-p on),
+    its per-build summary over the outside tokens' reaches (None: outside top-p only), and its bad input."""
+    from bench import cut_reach as cr
+
+    def s(t: float, **sm: float) -> dict:
+        return {"temperature": t, "output_ids": [1, 2], "sampling": {"top_p": 1.0, "top_k": 0, "min_p": 0.0, **sm}}
+    assert [cr.threshold_sampled(x) for x in (s(0.6, min_p=0.1), s(0.8, top_k=40), s(0.6, top_p=0.9),
+                                              s(0.0, top_k=40), {**s(0.6, min_p=0.1), "output_ids": []})] == [
+        True, True, False, False, False]
+    got = cr.summary({"answers": 3, "tokens": 300, "outside": [{"reach": 0.04}, {"reach": None}, {"reach": 0.6},
+                                                              {"reach": 0.25}]})
+    assert got["outside"] == 4 and got["threshold_outside"] == 3 and got["max_reach"] == 0.6
+    assert got["past"] == {"0": 3, "0.05": 2, "0.1": 2, "0.2": 2, "0.3": 1, "0.5": 1}
+    assert cr.summary({"answers": 0, "tokens": 0, "outside": []})["max_reach"] is None
+    assert cr.main(["--reports", str(tmp_path), "--baseline", str(tmp_path / "b.json"), "--gates", "x",
+                    "--out", str(tmp_path / "o.json")]) == 2 and not (tmp_path / "o.json").exists()
