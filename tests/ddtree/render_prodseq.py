@@ -271,7 +271,7 @@ def _reach_cases(g: dict[str, Any]) -> list[dict[str, Any]]:
     """A gate run's per-token tests that ran the threshold-reach rule (a finite margin; since 2026-12-06)."""
     out = []
     for c in (g.get("likelihood") or {}).values():
-        pt = c.get("per_token") or {} if isinstance(c, dict) else {}
+        pt = (c.get("per_token") or {}) if isinstance(c, dict) else {}
         m = pt.get("reach_margin")
         if isinstance(m, (int, float)) and math.isfinite(m):
             out.append(pt)

@@ -941,6 +941,8 @@ def test_threshold_reach_is_the_least_raise_that_brings_a_token_inside_its_top_k
     # min-p before the temperature (llama.cpp): the bar on p_1, ln 10 from the top
     assert threshold_reach(row, mp, ORDERS["llamacpp"], 2) is None
     assert threshold_reach(row, mp, ORDERS["llamacpp"], 3) == pytest.approx(lp[0] - lp[3] - math.log(10))
+    # a llama.cpp chain without a min-p step (its /props samplers) applies none: no min-p reach, no error
+    assert threshold_reach(row, mp, order_of(["top_k", "top_p", "temperature"]), 3) is None
     tk = SamplingParams(0.8, top_k=2)
     assert threshold_reach(row, tk, ORDERS["sglang"], 1) is None
     assert threshold_reach(row, tk, ORDERS["sglang"], 3) == pytest.approx(lp[1] - lp[3])
@@ -1028,7 +1030,7 @@ def test_a_token_past_the_margin_refuses_the_temperature_and_the_margin_follows_
         return AnswerScore("p", 0.8, 1, (-1.0,) * 3, None, tok_reach=tuple(r))
     assert reach_margin(lc, [base(0.1, None), base()]) == (lc.reach_floor, 0.1)
     assert reach_margin(lc, [base(0.5), base(0.05)]) == (pytest.approx(lc.reach_factor * 0.5), 0.5)
-    assert lc.reach_floor == 1.0 and floor_of("sglang-ddtree.yaml") == floor_of("sglang-smollm2.yaml") == 0.5
+    assert lc.reach_floor == floor_of("sglang-ddtree.yaml") == 1.0 and floor_of("sglang-smollm2.yaml") == 0.5
     assert reach_margin(LikelihoodConfig(threshold_reach=False), [base(0.3)]) == (math.inf, 0.3)
 
 

@@ -351,8 +351,8 @@ class LikelihoodConfig(StrictModel):
                                   "top-k or min-p cut by more than the scorer's numeric reach (tokenlaw."
                                   "threshold_reach; zero tolerance, outside the alpha budget)")
     reach_floor: float = Field(default=1.0, gt=0, description="logits: the least margin past a threshold cut. "
-                               "The SGLang profiles set 0.5 (correct builds' tokens on the H100, placed by the "
-                               "reference scorer, lay at most 0.24 past one: docs/results/cut-reach-s32-2026-12-06"
+                               "The SmolLM2 lab profile sets 0.5 (its correct builds' tokens on the H100, placed by "
+                               "the reference scorer, lay at most 0.24 past one: docs/results/cut-reach-s32-2026-12-06"
                                ".json.gz); the embedded llama.cpp target's correct tokens reached 0.24 where its "
                                "baseline's reached 0.03 (docs/results/gate-false-fails-embedded-2026-12-06e.json.gz), "
                                "so the factor alone does not bound an engine's numerics: the floor does")

@@ -526,9 +526,9 @@ def likelihood_verdicts(candidate: list[Answer], baseline: list[Answer], scorer:
     # temperature, lies outside its request's law (tokenlaw.token_test: then a candidate token clearly outside is
     # refused with zero tolerance)
     exact_cut = all(x is not None for _, _, base, _ in sides for a in base for x in (a.tok_pit or ()))
-    reach = reach_margin(getattr(cfg, "likelihood", cfg), [a for _, _, base, _ in sides for a in base])
+    lc = getattr(cfg, "likelihood", cfg)
+    reach = reach_margin(lc, [a for _, _, base, _ in sides for a in base])
     for t, base_rows, base, cand in sides:
-        lc = getattr(cfg, "likelihood", cfg)
         variants = None
         if lc.power_reps:
             kept: dict[str, int] = defaultdict(int)

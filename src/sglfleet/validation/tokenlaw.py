@@ -344,9 +344,9 @@ def threshold_reach(row: Row, p: SamplingParams, order: Sequence[str], rank: int
     reach: list[float] = []
     if 0 < p.top_k <= lp.size and (rank is None or rank >= p.top_k):
         reach.append(float(lp[p.top_k - 1]) - lp_x)
-    if p.min_p > 0:
-        steps = list(order)
-        at = steps.index("joint") if "joint" in steps else steps.index("min_p")
+    steps = list(order)
+    at = next((i for i, s in enumerate(steps) if s in ("joint", "min_p")), None)
+    if p.min_p > 0 and at is not None:  # a chain without a min-p step (llama.cpp's /props) applies none
         scale = p.temperature if "temperature" in steps[:at] else 1.0
         d = float(lp[0]) - lp_x + scale * math.log(p.min_p)
         if d > 0:
