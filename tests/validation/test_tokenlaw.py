@@ -19,6 +19,7 @@ from sglfleet.validation.likelihood import check_trust, gate_token_power, token_
 from sglfleet.validation.scorers import AnswerScore, per_token
 from sglfleet.validation.tokenlaw import (
     CUT_MASK_COL,
+    CUT_REACH,
     CUTS_ON_COL,
     DRAW_COLUMNS,
     FAMILIES,
@@ -35,6 +36,7 @@ from sglfleet.validation.tokenlaw import (
     chi2_sf,
     cut_by,
     cut_counts_p,
+    cut_reaches,
     dispersion,
     dispersion_inflation,
     edge_of,
@@ -786,7 +788,9 @@ def test_a_lost_truncation_is_a_wrong_law_whose_draws_are_placed_by_cut() -> Non
         assert d[N_FAMILIES + fam[name]] == pytest.approx(want, abs=1e-9), name
     d = np.asarray(rows)
     out_min = np.isnan(d[:, fam["no_min_p"]])
-    assert out_min.sum() > 20 and set(d[out_min, CUT_MASK_COL + fam["no_min_p"]]) == {4.0}  # min-p's cut only
+    # min-p's cut only, and only past it by more than CUT_REACH (the draws the lost cut makes just past it: 0)
+    got = d[out_min, CUT_MASK_COL + fam["no_min_p"]]
+    assert out_min.sum() > 20 and set(got) <= {0.0, 4.0} and (got == 4.0).mean() > 0.8
     assert set(d[~out_min, CUT_MASK_COL + fam["no_min_p"]]) == {0.0}
     # here min-p cuts deeper than top-p: losing top-p changes nothing; a wide min-p under a tight top-p, the reverse
     assert not np.isnan(d[:, fam["no_top_p"]]).any() and not d[:, N_FAMILIES + fam["no_top_p"]].any()
@@ -794,7 +798,7 @@ def test_a_lost_truncation_is_a_wrong_law_whose_draws_are_placed_by_cut() -> Non
     dp = np.asarray([wrong_draws(r, law_of(r, pp, o), pp, o, rng) for r in
                      (row_from_logits(rng.normal(0, 2.5, V), 0.8) for _ in range(300))])
     out_p = np.isnan(dp[:, fam["no_top_p"]])
-    assert out_p.sum() > 20 and set(dp[out_p, CUT_MASK_COL + fam["no_top_p"]]) == {2.0}
+    assert out_p.sum() > 20 and set(dp[out_p, CUT_MASK_COL + fam["no_top_p"]]) == {2.0}  # top-p: every token
     assert not np.isnan(d[:, fam["no_top_k"]]).any() and not d[:, N_FAMILIES + fam["no_top_k"]].any()
     plain = SamplingParams(0.8, 0.9)
     row = row_from_logits(logits, 0.8)
@@ -850,10 +854,11 @@ def min_p_on_t1(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
 
 def test_the_scorer_counts_a_min_p_fault_outside_min_p_cut_only() -> None:
     """Tokens drawn under MIX by the min_p_on_t1 fault and placed by scorers.per_token: every token outside the law
-    is outside min-p's cut (none outside top-k's or top-p's alone), and the tokens at risk are those of the
+    is outside min-p's cut (none outside top-k's or top-p's alone; min-p counts those past it by more than
+    CUT_REACH), and the tokens at risk are those of the
     requests with min-p on. The correct sampler's tokens are never outside (an exact scorer)."""
     rng = np.random.default_rng(23)
-    got = {"tokens": np.zeros(3, int), "outside": np.zeros(3, int), "none": 0}
+    got = {"tokens": np.zeros(3, int), "outside": np.zeros(3, int), "none": 0, "far": 0}
     for j, params in enumerate(MIX):
         rows, seq, good = [], [], []
         for _ in range(300):
@@ -865,11 +870,14 @@ def test_the_scorer_counts_a_min_p_fault_outside_min_p_cut_only() -> None:
         got["tokens"] += tok["cut_tokens"]
         got["outside"] += tok["cut_outside"]
         got["none"] += sum(1 for x in tok["tok_pit"] if x is None)
+        got["far"] += sum(1 for r in tok["tok_reach"] if r is not None and r > CUT_REACH)
         clean = per_token(f"g/{j}", params.temperature, rows, good, params, ORDERS["sglang"])
         assert clean["cut_outside"] == (0, 0, 0) and None not in clean["tok_pit"]
     on = [sum(1 for m in MIX if m.top_k), sum(1 for m in MIX if m.top_p < 1), sum(1 for m in MIX if m.min_p)]
     assert list(got["tokens"]) == [300 * k for k in on]
-    assert got["outside"][0] == got["outside"][1] == 0 and got["outside"][2] == got["none"] > 20, got
+    # min-p's count holds the outside tokens past its cut by more than CUT_REACH: most of them
+    assert got["outside"][0] == got["outside"][1] == 0 and got["outside"][2] == got["far"] > 20, got
+    assert got["far"] > 0.8 * got["none"], got
 
 
 def _cuts(rng: np.random.Generator, n: int, shares: tuple[float, ...], rates: tuple[float, ...], extra: int = 0
@@ -950,6 +958,46 @@ def test_threshold_reach_is_the_least_raise_that_brings_a_token_inside_its_top_k
     both = SamplingParams(0.5, top_k=3, min_p=0.1)  # the farther cut decides
     assert threshold_reach(row, both, ORDERS["sglang"], 3) == pytest.approx(lp[0] - lp[3] - 0.5 * math.log(10))
     assert threshold_reach(row, SamplingParams(0.8, top_p=0.5), ORDERS["sglang"], 3) is None  # top-p: a mass cut
+
+
+def test_the_counts_by_threshold_cut_leave_the_scorers_flips_at_the_cut_out_of_both_sides() -> None:
+    """cut_by with `far`: a threshold cut (top-k, min-p) counts a token only past it by more than `far` logits
+    (cut_reaches, each cut alone); top-p, a mass cut, counts every token it leaves out. Worked by hand on one row,
+    then on draws: a correct sampler whose logits differ from the scorer's by +-0.05 flips tokens across the cuts,
+    counted at far 0 and never past CUT_REACH; min-p's bar on the T=1 law puts tokens past it."""
+    lp = np.log(np.array([0.55, 0.2, 0.19, 0.01]))
+    lp = lp - np.log(np.exp(lp).sum() + 0.02)
+    row = tokenlaw_row(lp)
+    o = ORDERS["sglang"]
+    tk = SamplingParams(0.8, top_k=2)  # the third token is lp[1] - lp[2] = 0.051 past the cut, the fourth 3.0
+    assert cut_reaches(row, tk, o, 2) == (pytest.approx(lp[1] - lp[2]), None)
+    assert cut_by(row, tk, o, 2) == (True, False, False) and cut_by(row, tk, o, 2, CUT_REACH) == (False,) * 3
+    assert cut_by(row, tk, o, 3, CUT_REACH) == (True, False, False)
+    mp = SamplingParams(1.0, min_p=0.4)  # the bar at 0.4 x 0.55: the second token 0.095 below it, the third 0.147
+    assert cut_reaches(row, mp, o, 1)[1] == pytest.approx(lp[0] - lp[1] + math.log(0.4))
+    assert cut_by(row, mp, o, 1) == (False, False, True) and cut_by(row, mp, o, 1, CUT_REACH) == (False,) * 3
+    assert cut_by(row, mp, o, 2, CUT_REACH) == (False, False, True) and cut_by(row, mp, o, 2, 0.2) == (False,) * 3
+    tp = SamplingParams(0.8, top_p=0.5)
+    assert cut_by(row, tp, o, 2, CUT_REACH) == cut_by(row, tp, o, 2) == (False, True, False)
+
+    def counts(draw: object, far_seed: int) -> tuple[int, int]:
+        rng = np.random.default_rng(far_seed)
+        total, far = 0, 0
+        for params in REACH_MIX:
+            for _ in range(300):
+                logits = rng.normal(0, 2.5, V)
+                r = row_from_logits(logits, params.temperature)
+                tok = int(rng.choice(V, p=draw(logits + rng.uniform(-0.05, 0.05, V), params)))
+                rank = int(np.flatnonzero(r.ids == tok)[0])
+                if rank >= law_of(r, params, o).n:
+                    total += cut_by(r, params, o, rank)[2] + cut_by(r, params, o, rank)[0]
+                    far += cut_by(r, params, o, rank, CUT_REACH)[2] + cut_by(r, params, o, rank, CUT_REACH)[0]
+        return total, far
+
+    good = counts(lambda lg, p: reference_law(lg, p, "sglang"), 5)
+    assert good[0] > 0 and good[1] == 0, good  # the flips are counted at far 0 only
+    bad = counts(min_p_on_t1, 5)
+    assert bad[1] >= 10, bad
 
 
 def tokenlaw_row(lp: np.ndarray) -> object:

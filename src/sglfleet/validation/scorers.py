@@ -183,7 +183,8 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
         if pits[-1] is None:
             excess.append(tokenlaw.outside_excess(row, law, rank, temperature))
             reach.append(tokenlaw.threshold_reach(row, params, order, rank))
-            cut_out = [c + int(b) for c, b in zip(cut_out, tokenlaw.cut_by(row, params, order, rank), strict=True)]
+            by = tokenlaw.cut_by(row, params, order, rank, tokenlaw.CUT_REACH)  # a threshold cut: past CUT_REACH
+            cut_out = [c + int(b) for c, b in zip(cut_out, by, strict=True)]
         wrong.append(tokenlaw.wrong_draws(row, law, params, order, rng))
         approx += law.approximate
         e = wrong[-1][-1]  # wrong_draws ends with the cut token's probability (edge_of; NaN: no cut in the row)

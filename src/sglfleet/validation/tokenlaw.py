@@ -311,13 +311,49 @@ def cuts_of(p: SamplingParams) -> tuple[bool, bool, bool]:
     return p.top_k > 0, p.top_p < 1, p.min_p > 0
 
 
-def cut_by(row: Row, p: SamplingParams, order: Sequence[str], rank: int | None) -> tuple[bool, bool, bool]:
+# logits: a token counts against a threshold cut (top-k, min-p) in the counts by cut (`cut_by`, pooled_test) only
+# when it lies past that cut by more than this. A correct sampler's tokens fall outside a cut only through the
+# scorer's numeric flips, which lie within twice the scorer's error of the cut (0.105 at most for the baseline of
+# the H100 series scored by the float32 reference, docs/results/cut-reach-s32-2026-12-06.json.gz); a cut computed on
+# the wrong law spreads its tokens over the whole region it wrongly keeps. The same rule on both sides keeps the
+# test exact whatever the value; it only decides how much of the flips' noise the count carries.
+CUT_REACH = 0.1
+
+
+def cut_reaches(row: Row, p: SamplingParams, order: Sequence[str], rank: int | None
+                ) -> tuple[float | None, float | None]:
+    """How far a token lies past the request's top-k cut and past its min-p cut, each alone, in log p_1 units
+    (logits): the least raise of its own log-probability that brings it inside that cut; None where the cut is
+    off or holds it. Min-p compares with the most likely token at the scale the engine applies it (temperature
+    before min-p in `order`: log p_T = log p_1 / T); a chain without a min-p step (llama.cpp's /props) applies
+    none. An unlisted token's reach is a lower bound (its log-probability is at most the last listed one's)."""
+    lp = row.lp
+    lp_x = float(lp[-1] if rank is None else lp[rank])
+    top_k = None
+    if 0 < p.top_k <= lp.size and (rank is None or rank >= p.top_k):
+        top_k = float(lp[p.top_k - 1]) - lp_x
+    min_p = None
+    steps = list(order)
+    at = next((i for i, s in enumerate(steps) if s in ("joint", "min_p")), None)
+    if p.min_p > 0 and at is not None:
+        scale = p.temperature if "temperature" in steps[:at] else 1.0
+        d = float(lp[0]) - lp_x + scale * math.log(p.min_p)
+        if d > 0:
+            min_p = d
+    return top_k, min_p
+
+
+def cut_by(row: Row, p: SamplingParams, order: Sequence[str], rank: int | None, far: float = 0.0
+           ) -> tuple[bool, bool, bool]:
     """Which of the request's truncations (CUTS) put a token outside its law: each one's law alone (the others
     off) is asked whether it holds the token. A numeric flip at the cut and a fault of one truncation (its
     threshold on the wrong distribution, a parameter lost) leave their tokens outside different cuts: counted by
     cut, a fault's tokens are not diluted by the others' noise (`pooled_test`). The same attribution is applied
-    to both sides, so the test stays exact whatever it attributes where the cuts interact (llama.cpp's order)."""
+    to both sides, so the test stays exact whatever it attributes where the cuts interact (llama.cpp's order).
+    `far` > 0: a threshold cut (top-k, min-p) counts only a token past it by more than `far` logits
+    (cut_reaches; CUT_REACH), which leaves the flips a scorer's numerics make at the cut out of both sides."""
     on = cuts_of(p)
+    reach = dict(zip(("top_k", "min_p"), cut_reaches(row, p, order, rank), strict=True)) if far > 0 else {}
     out = []
     for name, active in zip(CUTS, on, strict=True):
         if not active:
@@ -326,31 +362,22 @@ def cut_by(row: Row, p: SamplingParams, order: Sequence[str], rank: int | None) 
         alone = SamplingParams(p.temperature, top_k=p.top_k if name == "top_k" else 0,
                                top_p=p.top_p if name == "top_p" else 1.0, min_p=p.min_p if name == "min_p" else 0.0)
         law = law_of(row, alone, order)
-        out.append(law.lump <= 0 if rank is None else rank >= law.n)
+        left = law.lump <= 0 if rank is None else rank >= law.n
+        if left and name in reach:
+            r = reach[name]
+            left = r is not None and r > far
+        out.append(left)
     return out[0], out[1], out[2]
 
 
 def threshold_reach(row: Row, p: SamplingParams, order: Sequence[str], rank: int | None) -> float | None:
     """How far a token lies outside the request's threshold cuts (top-k, min-p), in log p_1 units (logits): the
-    least raise of its own log-probability that brings it inside every threshold cut that leaves it out, each cut
-    alone as `cut_by` asks; None where none does (inside, or outside top-p only: that cut is a sum of masses, not
-    a threshold). A scorer whose log-probabilities differ from the sampler's by at most eps per token moves a
-    token across such a cut only when its reach is at most 2 eps, so a correct sampler's tokens past a cut by
-    more than the scorer's numeric reach do not occur. Min-p compares with the most likely token at the scale the
-    engine applies it (temperature before min-p in `order`: log p_T = log p_1 / T). An unlisted token's reach is
-    a lower bound (its log-probability is at most the last listed one's)."""
-    lp = row.lp
-    lp_x = float(lp[-1] if rank is None else lp[rank])
-    reach: list[float] = []
-    if 0 < p.top_k <= lp.size and (rank is None or rank >= p.top_k):
-        reach.append(float(lp[p.top_k - 1]) - lp_x)
-    steps = list(order)
-    at = next((i for i, s in enumerate(steps) if s in ("joint", "min_p")), None)
-    if p.min_p > 0 and at is not None:  # a chain without a min-p step (llama.cpp's /props) applies none
-        scale = p.temperature if "temperature" in steps[:at] else 1.0
-        d = float(lp[0]) - lp_x + scale * math.log(p.min_p)
-        if d > 0:
-            reach.append(d)
+    least raise of its own log-probability that brings it inside every threshold cut that leaves it out
+    (cut_reaches: each cut alone); None where none does (inside, or outside top-p only: that cut is a sum of
+    masses, not a threshold). A scorer whose log-probabilities differ from the sampler's by at most eps per token
+    moves a token across such a cut only when its reach is at most 2 eps, so a correct sampler's tokens past a cut
+    by more than the scorer's numeric reach do not occur."""
+    reach = [r for r in cut_reaches(row, p, order, rank) if r is not None]
     return max(reach) if reach else None
 
 
@@ -450,7 +477,7 @@ def _wrong_pits(row: Row, law: Law, p: SamplingParams, order: Sequence[str], rng
     got = pit(law, None if r == row.lp.size else r, v)
     out.append(math.nan if got is None else got)
     if got is None:
-        masks[1] = float(_bits(cut_by(row, p, order, None if r == row.lp.size else r)))
+        masks[1] = float(_bits(cut_by(row, p, order, None if r == row.lp.size else r, CUT_REACH)))
     # the kept candidates at T=1
     if law.n:
         k1 = np.exp(row.lp[:law.n])
@@ -478,7 +505,7 @@ def _wrong_pits(row: Row, law: Law, p: SamplingParams, order: Sequence[str], rng
         got = pit(law, rank, v)
         out.append(math.nan if got is None else got)
         if got is None:
-            masks[len(out) - 1] = float(_bits(cut_by(row, p, order, rank)))
+            masks[len(out) - 1] = float(_bits(cut_by(row, p, order, rank, CUT_REACH)))
     return out, masks, alts
 
 
@@ -699,6 +726,11 @@ class PooledVerdict:
         return d
 
 
+def _past(cut: str) -> str:
+    """The counts by cut's reach rule in words (a threshold cut counts only tokens past CUT_REACH)."""
+    return f" (past it by more than {CUT_REACH:g} logits)" if cut != "top_p" else ""
+
+
 def pooled_test(tests: Sequence[Mapping[str, Any]], alphas: PooledAlphas) -> PooledVerdict:
     """Three of the per-token statistics pooled over the gate's T>0 temperatures (`tests`: each temperature's
     TokenVerdict as a dict). A fault of the sampler's support or randomness is rarely a fault of one temperature,
@@ -717,7 +749,10 @@ def pooled_test(tests: Sequence[Mapping[str, Any]], alphas: PooledAlphas) -> Poo
     - cuts (alphas.cut > 0): the outside count again, by the truncation that left each token outside (cut_by,
       cut_counts_p): a fault of one truncation (min-p computed before the temperature: tokens outside min-p's cut
       at T < 1 only) stands out against that cut's own noise, where the count of all cuts dilutes it with the
-      others' (top-p's cumulative sum flips most often)."""
+      others' (top-p's cumulative sum flips most often). A threshold cut (top-k, min-p) counts, on both sides,
+      only the tokens past it by more than CUT_REACH logits: the scorer's flips at the cut drop out of the count
+      (the H100 series' weakest min-p fault run: 18 outside against 8.7 expected, p 2e-4; past 0.1 logits 16
+      against the baseline's 1, docs/likelihood.md)."""
     outside = [(int(tv["n_candidate"]) + int(tv["outside_candidate"]), int(tv["outside_candidate"]),
                 int(tv["n_baseline"]) + int(tv["outside_baseline"]), int(tv["outside_baseline"])) for tv in tests]
     edges = [(EdgeCount(int(tv.get("edge_candidate", 0)), float(tv.get("edge_expected_candidate", 0.0))),
@@ -741,10 +776,10 @@ def pooled_test(tests: Sequence[Mapping[str, Any]], alphas: PooledAlphas) -> Poo
                      f"{alphas.outside:.2g}: the sampler's support is wider than the request's")
     for name, c in v.cuts.items():
         if c["p"] < alphas.cut:
-            parts.append(f"{int(c['candidate'])} tokens outside the request's {name.replace('_', '-')} cut over the "
-                         f"T>0 temperatures where the baseline's rate gives {c['expected']:.1f} (baseline "
-                         f"{int(c['baseline'])}), p {c['p']:.2g} < {alphas.cut:.2g}: the sampler's "
-                         f"{name.replace('_', '-')} keeps more than the request's")
+            parts.append(f"{int(c['candidate'])} tokens outside the request's {name.replace('_', '-')} cut"
+                         f"{_past(name)} over the T>0 temperatures where the baseline's rate gives "
+                         f"{c['expected']:.1f} (baseline {int(c['baseline'])}), p {c['p']:.2g} < {alphas.cut:.2g}: "
+                         f"the sampler's {name.replace('_', '-')} keeps more than the request's")
     if p_edge < alphas.edge:
         parts.append(f"the token at the law's cut drawn {ec} times where {edge_exp:.1f} are expected (baseline {eb}), "
                      f"p {p_edge:.2g} < {alphas.edge:.2g}: the sampler's support ends short of the request's cut")
@@ -757,8 +792,8 @@ def pooled_test(tests: Sequence[Mapping[str, Any]], alphas: PooledAlphas) -> Poo
         f"over {len(tests)} T>0 temperatures: outside the law {oc} (expected {out_exp:.1f}, baseline {ob}) p "
         f"{p_out:.2g}; at the law's cut {ec} drawn, {edge_exp:.1f} expected p {p_edge:.2g}; consecutive tokens "
         f"Stouffer z {z:+.1f} p {p_ser:.2g}" + "".join(
-            f"; outside the {k.replace('_', '-')} cut {int(c['candidate'])} (expected {c['expected']:.1f}) p "
-            f"{c['p']:.2g}" for k, c in v.cuts.items()))
+            f"; outside the {k.replace('_', '-')} cut{_past(k)} {int(c['candidate'])} (expected "
+            f"{c['expected']:.1f}) p {c['p']:.2g}" for k, c in v.cuts.items()))
     return v
 
 
@@ -1247,6 +1282,7 @@ __all__ = [
     "CUTS",
     "CUTS_ON_COL",
     "CUT_MASK_COL",
+    "CUT_REACH",
     "DRAW_COLUMNS",
     "EDGE_COL",
     "FAMILIES",
