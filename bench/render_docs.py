@@ -453,7 +453,40 @@ def render_cut_reach(raw: dict[str, Any], path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_cut_reach_counts(raw: dict[str, Any], path: str) -> str:
+    """The counts past a threshold cut as a two-sample test against the baseline (bench/cut_reach.py's raw): each
+    build's tokens past the cut by more than 0 and by more than the gate's CUT_REACH, the baseline's, and the
+    one-sided binomial p with the build's share of the threshold-cut tokens (one stratum: the gate's own test
+    counts each cut alone and conditions on each temperature)."""
+    if str(REPO / "src") not in sys.path:
+        sys.path.insert(0, str(REPO / "src"))
+    from sglfleet.validation.tokenlaw import CUT_REACH, binomial_sum_tail
+
+    builds = raw["builds"]
+    base_name = next(k for k in builds if k.startswith("target-only"))
+    base = builds[base_name]
+
+    def past(b: dict[str, Any], r: float) -> int:
+        return sum(1 for o in b["outside"] if o["reach"] is not None and o["reach"] > r)
+
+    lines = [f"| build | share of the tokens | past 0 (baseline {past(base, 0.0)}) | p | past {CUT_REACH:g} (baseline "
+             f"{past(base, CUT_REACH)}) | p |", "|---|---|---|---|---|---|"]
+    for name, b in builds.items():
+        if name == base_name:
+            continue
+        share = b["tokens"] / (b["tokens"] + base["tokens"])
+        cells = []
+        for r in (0.0, CUT_REACH):
+            c, n = past(b, r), past(b, r) + past(base, r)
+            cells += [str(c), f"{binomial_sum_tail(c, [(n, share)]) if n else 1.0:.1e}"]
+        lines.append(f"| {name} | {share:.2f} | " + " | ".join(cells) + " |")
+    lines += ["", f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', '?')}, commit "
+              f"{raw.get('commit', '?')}; command: `{raw.get('command', '?')}`"]
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "cut-reach-counts": render_cut_reach_counts,
     "cut-reach": render_cut_reach,
     "corruptible-fault-strength": render_corruptible_fault_strength,
     "token-power-size": render_token_power_size,
