@@ -368,9 +368,11 @@ def likelihood_numbers(case: dict[str, Any]) -> dict[str, Any]:
                 "alpha_dispersion", "edge_candidate", "edge_expected_candidate", "edge_baseline",
                 "edge_expected_baseline", "edge_positions", "edge_p", "alpha_edge", "serial_candidate",
                 "serial_baseline", "serial_pairs", "serial_z", "serial_p", "alpha_serial", "past_reach",
-                "reach_margin", "farthest_reach", "baseline_farthest_reach")
+                "reach_margin", "farthest_reach", "baseline_farthest_reach", "cut_reach_bar")
         out["per_token"] = {k: _num(tok.get(k)) for k in keep}
-        for k in ("cut_candidate", "cut_baseline"):  # per truncation [tokens, outside] (the pooled counts by cut)
+        # per truncation [tokens, outside] (the pooled counts by cut); per threshold cut the reaches of the tokens
+        # it leaves outside (the counts at any bar)
+        for k in ("cut_candidate", "cut_baseline", "cut_reach_candidate", "cut_reach_baseline"):
             if isinstance(tok.get(k), dict):
                 out["per_token"][k] = tok[k]
         if isinstance(tok.get("pooled"), dict):  # the statistics pooled over the temperatures (likelihood_pooled)

@@ -1000,6 +1000,37 @@ def test_the_counts_by_threshold_cut_leave_the_scorers_flips_at_the_cut_out_of_b
     assert bad[1] >= 10, bad
 
 
+def test_the_verdict_records_each_outside_tokens_reach_by_cut_and_its_counts_follow_from_them() -> None:
+    """The report keeps, per threshold cut and side, the reach of every token the cut leaves outside
+    (cut_reach_candidate / cut_reach_baseline): the gate's counts by cut (past CUT_REACH) follow from them, and so
+    would the counts at any other bar."""
+    rng = np.random.default_rng(29)
+    mix = [SamplingParams(0.6, min_p=0.1), SamplingParams(0.7, 0.95, 40, 0.05), SamplingParams(0.8, top_k=10)]
+
+    def answers(draw: object, tag: str) -> list[AnswerScore]:
+        out = []
+        for j, params in enumerate(mix):
+            rows, seq = [], []
+            for _ in range(150):
+                logits = rng.normal(0, 2.5, V)
+                rows.append(row_from_logits(logits, params.temperature))
+                seq.append(int(rng.choice(V, p=draw(logits + rng.uniform(-0.08, 0.08, V), params))))
+            tok = per_token(f"{tag}/{j}", params.temperature, rows, seq, params, ORDERS["sglang"])
+            out.append(AnswerScore(tag, params.temperature, j, (-1.0,) * len(seq), None, **tok))
+        return out
+
+    cand = answers(min_p_on_t1, "c")
+    base = answers(lambda lg, p: reference_law(lg, p, "sglang"), "b")
+    v = token_verdict(cand, base, LikelihoodConfig(token_power_reps=0), 3)
+    assert v is not None and v.cut_reach_bar == CUT_REACH
+    for side, counts in ((v.cut_reach_candidate, v.cut_candidate), (v.cut_reach_baseline, v.cut_baseline)):
+        for name in ("top_k", "min_p"):
+            assert side[name] == sorted(side[name]) and all(r >= 0 for r in side[name])
+            assert sum(r > CUT_REACH for r in side[name]) == counts[name][1], (name, side[name], counts[name])
+    assert len(v.cut_reach_candidate["min_p"]) > 10 and v.cut_reach_baseline["min_p"]  # noise flips, near the cut
+    assert max(v.cut_reach_baseline["min_p"]) <= 0.16 + 1e-9 < max(v.cut_reach_candidate["min_p"])
+
+
 def tokenlaw_row(lp: np.ndarray) -> object:
     from sglfleet.validation.tokenlaw import Row
 

@@ -203,6 +203,7 @@ def token_verdict(cand: list[AnswerScore], base: list[AnswerScore], lc: Any, n_t
                              cand_cut=_cut_counts(cand), base_cut=_cut_counts(base),
                              cand_reach=[r for a in cand for r in a.tok_reach], reach_margin=reach[0],
                              baseline_reach=reach[1])
+    tv.cut_reach_candidate, tv.cut_reach_baseline = _cut_reaches(cand), _cut_reaches(base)
     if lc.token_power_reps:
         tv.power = tokenlaw.power_statement([power_input(tv.as_dict(), base, alphas)], lc.token_power_target,
                                             lc.token_power_reps, lc.rng_seed)
@@ -218,6 +219,18 @@ def reach_margin(lc: Any, base: list[AnswerScore]) -> tuple[float, float]:
     if not getattr(lc, "threshold_reach", False):
         return math.inf, farthest
     return max(float(lc.reach_floor), float(lc.reach_factor) * farthest), farthest
+
+
+def _cut_reaches(answers: list[AnswerScore]) -> dict[str, list[float]]:
+    """Per threshold cut (top_k, min_p): the reaches of the answers' tokens it leaves outside, sorted (logits)."""
+    out: dict[str, list[float]] = {"top_k": [], "min_p": []}
+    for a in answers:
+        for k, m in a.tok_cut_reach:
+            if k is not None:
+                out["top_k"].append(round(k, 4))
+            if m is not None:
+                out["min_p"].append(round(m, 4))
+    return {name: sorted(v) for name, v in out.items()}
 
 
 def _cut_counts(answers: list[AnswerScore]) -> dict[str, list[int]]:

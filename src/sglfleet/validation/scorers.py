@@ -64,6 +64,9 @@ class AnswerScore:
     # each outside token's reach past the request's threshold cuts in logits (tokenlaw.threshold_reach; None:
     # outside top-p only), in the order of tok_excess
     tok_reach: tuple[float | None, ...] = ()
+    # each outside token's reach past the top-k cut and past the min-p cut, each alone (tokenlaw.cut_reaches; None:
+    # that cut holds it or is off), in the order of tok_excess: the counts by cut at any bar, after the fact
+    tok_cut_reach: tuple[tuple[float | None, float | None], ...] = ()
     # the draws of the token at the law's cut, where the law is cut inside the listed candidates (tokenlaw.edge_of)
     edge: tokenlaw.EdgeCount = NO_EDGE
     # per truncation (tokenlaw.CUTS): the answer's tokens when its request turns it on (else 0), and its tokens
@@ -173,6 +176,7 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
     wrong: list[tuple[float, ...]] = []
     excess: list[float] = []
     reach: list[float | None] = []
+    cut_reach: list[tuple[float | None, float | None]] = []
     approx, edge_drawn, edge_exp, edge_n = 0, 0, 0.0, 0
     cut_out = [0, 0, 0]
     for k, (row, tok) in enumerate(zip(rows, seq, strict=True)):
@@ -182,7 +186,8 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
         pits.append(tokenlaw.pit(law, rank, tokenlaw.uniform_of(f"{label}/{k}")))
         if pits[-1] is None:
             excess.append(tokenlaw.outside_excess(row, law, rank, temperature))
-            reach.append(tokenlaw.threshold_reach(row, params, order, rank))
+            cut_reach.append(tokenlaw.cut_reaches(row, params, order, rank))
+            reach.append(max((r for r in cut_reach[-1] if r is not None), default=None))  # threshold_reach
             by = tokenlaw.cut_by(row, params, order, rank, tokenlaw.CUT_REACH)  # a threshold cut: past CUT_REACH
             cut_out = [c + int(b) for c, b in zip(cut_out, by, strict=True)]
         wrong.append(tokenlaw.wrong_draws(row, law, params, order, rng))
@@ -191,6 +196,7 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
         if not math.isnan(e):
             edge_n, edge_exp, edge_drawn = edge_n + 1, edge_exp + e, edge_drawn + (rank == law.n - 1)
     return {"tok_pit": tuple(pits), "wrong": tuple(wrong), "tok_excess": tuple(excess), "tok_reach": tuple(reach),
+            "tok_cut_reach": tuple(cut_reach),
             "approx_tokens": approx,
             "edge": tokenlaw.EdgeCount(edge_drawn, edge_exp, edge_n),
             "cut_tokens": tuple(len(seq) * int(on) for on in tokenlaw.cuts_of(params)),

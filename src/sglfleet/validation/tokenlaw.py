@@ -869,6 +869,11 @@ class TokenVerdict:
     # (cut_by; pooled over the temperatures by pooled_test)
     cut_candidate: dict[str, list[int]] = field(default_factory=dict)
     cut_baseline: dict[str, list[int]] = field(default_factory=dict)
+    # per threshold cut (top_k, min_p) the reach of each token it leaves outside, each side (cut_reaches, logits,
+    # sorted): the counts by cut at any bar (CUT_REACH is the gate's), recomputable from the report
+    cut_reach_candidate: dict[str, list[float]] = field(default_factory=dict)
+    cut_reach_baseline: dict[str, list[float]] = field(default_factory=dict)
+    cut_reach_bar: float = CUT_REACH
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
