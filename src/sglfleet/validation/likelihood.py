@@ -227,9 +227,9 @@ def _cut_reaches(answers: list[AnswerScore]) -> dict[str, list[float]]:
     for a in answers:
         for k, m in a.tok_cut_reach:
             if k is not None:
-                out["top_k"].append(round(k, 4))
+                out["top_k"].append(round(k, 6))
             if m is not None:
-                out["min_p"].append(round(m, 4))
+                out["min_p"].append(round(m, 6))
     return {name: sorted(v) for name, v in out.items()}
 
 
