@@ -17,7 +17,6 @@ lists each outside token's reach by build and cut.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
-from bench.history import raw_header  # noqa: E402
+from bench.history import raw_header, write_raw  # noqa: E402
 from bench.prodseq_outside import reference_setup, score_sample  # noqa: E402
 from sglfleet.validation.scorers import ReferenceScorer  # noqa: E402
 
@@ -97,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         scorer.close()
     result["summary"] = {n: summary(r) for n, r in result["builds"].items()}
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    text = (json.dumps(result, indent=1) + "\n").encode()
-    out = Path(a.out)
-    out.write_bytes(gzip.compress(text, 9, mtime=0) if out.name.endswith(".gz") else text)
+    write_raw(Path(a.out), result)
     for n, s in result["summary"].items():
         print(f"{n:40s} {s['tokens']:6d} tokens {s['outside']:4d} outside, {s['threshold_outside']:4d} past a "
               f"threshold cut, max reach {s['max_reach']}, past {s['past']}")

@@ -28,7 +28,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.history import raw_header  # noqa: E402
+from bench.history import raw_header, write_raw  # noqa: E402
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +148,7 @@ def main() -> int:
             result["runs"].append(row)
             refused = sum(1 for r in result["runs"] if r["rc"] != 0)
             result["false_fails"] = {"runs": len(result["runs"]), "refused": refused}
-            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+            write_raw(Path(args.out), result)  # after every run: a cut session keeps what it measured
             print(f"[false-fails] run {k}: {row.get('verdict')} rc={row['rc']} failed={sorted(row.get('failed', {}))} "
                   f"in {row['wall_s']}s ({refused} of {len(result['runs'])} refused)", flush=True)
     finally:

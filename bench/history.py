@@ -74,6 +74,15 @@ def raw_text(f: Path) -> str:
     return f.read_text(encoding="utf-8")
 
 
+def write_raw(out: Path, result: Any) -> None:
+    """A raw result file: JSON, gzip-compressed (no timestamp, so the same result gives the same bytes) where its
+    name ends in .gz, as raw_text reads it."""
+    import gzip
+
+    text = (json.dumps(result, indent=1) + "\n").encode()
+    out.write_bytes(gzip.compress(text, 9, mtime=0) if out.name.endswith(".gz") else text)
+
+
 def read_text(path: str | Path, repo: Path = REPO) -> str:
     """The file's text from the tree, or from the last commit before it was removed."""
     p = Path(path)

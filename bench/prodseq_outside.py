@@ -27,7 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 
-from bench.history import raw_header  # noqa: E402
+from bench.history import raw_header, write_raw  # noqa: E402
 from sglfleet.validation.config import GateConfig  # noqa: E402
 from sglfleet.validation.likelihood import pooled_alphas  # noqa: E402
 from sglfleet.validation.scorers import ReferenceScorer  # noqa: E402
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         result["alphas"] = gate_alphas()
         result["recomputed"] = {k: v for k, v in raw_header("bench/prodseq_outside.py", argv).items()
                                 if k in ("command", "date", "commit")}
-        write(Path(a.out), result)
+        write_raw(Path(a.out), result)
         show(result)
         return 0
     if not (a.reports and a.baseline and a.gates):
@@ -178,15 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     result["by_cut"] = {n: by_cut(result["builds"][n], base_rows) for n in names}
     result["alphas"] = gate_alphas()
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    write(Path(a.out), result)
+    write_raw(Path(a.out), result)
     show(result)
     return 0
 
 
-def write(out: Path, result: dict[str, Any]) -> None:
-    """The raw file: JSON, gzip-compressed (no timestamp) where its name ends in .gz."""
-    text = (json.dumps(result, indent=1) + "\n").encode()
-    out.write_bytes(gzip.compress(text, 9, mtime=0) if out.name.endswith(".gz") else text)
 
 
 def show(result: dict[str, Any]) -> None:

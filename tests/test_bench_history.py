@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.history import read_json, read_text
+from bench.history import raw_text, read_json, read_text, write_raw
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -31,3 +31,16 @@ def test_a_removed_raw_file_is_read_from_the_commit_before_its_removal(tmp_path:
     assert read_json("docs/r.json", tmp_path) == {"v": 2}  # removed in a commit: the one before it
     with pytest.raises(FileNotFoundError, match="never committed"):
         read_text("docs/other.json", tmp_path)
+
+
+def test_a_raw_file_named_gz_is_written_compressed_and_read_back_the_same(tmp_path: Path) -> None:
+    """write_raw compresses where the name ends in .gz (the same result, the same bytes), writes JSON text
+    otherwise; raw_text reads either (a bench once wrote plain JSON under a .gz name, which no reader took)."""
+    result = {"runs": [{"run": 40, "verdict": "PASS"}], "false_fails": {"runs": 1, "refused": 0}}
+    gz, plain = tmp_path / "r.json.gz", tmp_path / "r.json"
+    write_raw(gz, result)
+    first = gz.read_bytes()
+    write_raw(gz, result)
+    write_raw(plain, result)
+    assert first[:2] == b"\x1f\x8b" and gz.read_bytes() == first
+    assert plain.read_text().startswith("{") and raw_text(gz) == raw_text(plain)
