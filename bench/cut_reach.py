@@ -12,6 +12,11 @@ lists each outside token's reach by build and cut.
 
     python bench/cut_reach.py --reports DIR --baseline baseline.json.gz --gates fault-min_p_on_t1-b16-k4-r01,... \
         --out docs/results/cut-reach-2026-12-06.json.gz
+
+With --own (no --baseline) nothing is scored again: the reaches come from the reports themselves, as each gate's
+own scorer (the candidate's prefill) placed them, so any model a gate ran on can be measured this way, a
+production target's included: how far its correct builds' and its baseline's tokens lie past a cut is what its
+profile's likelihood.reach_floor must clear.
 """
 
 from __future__ import annotations
@@ -55,6 +60,28 @@ def place(scorer: ReferenceScorer, prompts: dict[str, Any], samples: list[dict[s
     return out
 
 
+def own_scorer(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the candidate's, the baseline's) outside tokens past a threshold cut as the gate's own scorer placed them:
+    the per-cut reach lists its likelihood@T cases keep (TokenVerdict cut_reach_candidate / cut_reach_baseline,
+    since cacd8b0), one entry per token and cut; tokens: every T>0 token the per-token test placed. Any model a
+    gate can score, not only the embedded one the reference scorer runs."""
+    sides: tuple[dict[str, Any], dict[str, Any]] = ({"answers": 0, "tokens": 0, "outside": []},
+                                                    {"answers": 0, "tokens": 0, "outside": []})
+    for case in report.get("cases") or []:
+        tok = (case.get("details") or {}).get("per_token")
+        if not str(case.get("name", "")).startswith("likelihood@T") or not isinstance(tok, dict):
+            continue
+        if "cut_reach_candidate" not in tok:
+            raise ValueError(f"{case['name']}: the report keeps no per-cut reaches (a gate before cacd8b0)")
+        t = float(str(case["name"]).removeprefix("likelihood@T"))
+        for side, key, n in ((sides[0], "cut_reach_candidate", "candidate"), (sides[1], "cut_reach_baseline",
+                                                                                "baseline")):
+            side["answers"] += int((case.get("details") or {}).get(f"n_{n}") or 0)
+            side["tokens"] += int(tok.get(f"n_{n}") or 0) + int(tok.get(f"outside_{n}") or 0)
+            side["outside"] += [{"T": t, "cut": cut, "reach": r} for cut, rs in tok[key].items() for r in rs]
+    return sides
+
+
 def summary(rows: dict[str, Any]) -> dict[str, Any]:
     """Per build: the outside tokens with a threshold reach, how many lie past each GRID value, the largest."""
     reach = sorted(o["reach"] for o in rows["outside"] if o["reach"] is not None)
@@ -66,7 +93,10 @@ def summary(rows: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reports", required=True, help="a gates/ folder of prodseq-reports.tgz (several: comma)")
-    ap.add_argument("--baseline", required=True, help="the baseline file the gates ran against (.json or .json.gz)")
+    ap.add_argument("--baseline", help="the baseline file the gates ran against (.json or .json.gz; the reference "
+                    "scorer's mode)")
+    ap.add_argument("--own", action="store_true", help="no scoring: the reaches the gates' own scorer placed, read "
+                    "from each report (any model; reports of gates since cacd8b0)")
     ap.add_argument("--gates", required=True, help="comma-separated gate run names (folders under --reports)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
@@ -78,11 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         if hits:
             where[n] = hits[0]
     missing = [n for n in names if n not in where]
-    if not names or missing or not Path(a.baseline).is_file():
+    if not names or missing or not (a.own or (a.baseline and Path(a.baseline).is_file())):
         print(f"error: no report.json for {missing or 'any gate'} under {a.reports}" if missing or not names
-              else f"error: no {a.baseline}", file=sys.stderr)
+              else f"error: no baseline file {a.baseline!r} (or --own)", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
+    if a.own:
+        return _own(a, argv, names, where, t0)
     prompts, scorer, base = reference_setup(a.baseline)
     result: dict[str, Any] = {**raw_header("bench/cut_reach.py", argv), "baseline_file": a.baseline,
                               "order": "sglang", "scorer": "reference (numpy float32, GGUF)", "builds": {}}
@@ -100,6 +132,27 @@ def main(argv: list[str] | None = None) -> int:
     for n, s in result["summary"].items():
         print(f"{n:40s} {s['tokens']:6d} tokens {s['outside']:4d} outside, {s['threshold_outside']:4d} past a "
               f"threshold cut, max reach {s['max_reach']}, past {s['past']}")
+    return 0
+
+
+def _own(a: argparse.Namespace, argv: list[str] | None, names: list[str], where: dict[str, Path], t0: float) -> int:
+    """--own: every gate's reaches as its own scorer placed them; the baseline's from the first gate's report (each
+    gate scores the same baseline file with its own candidate)."""
+    result: dict[str, Any] = {**raw_header("bench/cut_reach.py", argv), "baseline_file": None, "order": "the gates'",
+                              "scorer": "each gate's own (its report's per-cut reach lists)", "builds": {}}
+    try:
+        placed = {n: own_scorer(json.loads(where[n].read_text())) for n in names}
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    result["builds"][f"target-only (baseline file, scored by {names[0]})"] = placed[names[0]][1]
+    result["builds"].update({n: placed[n][0] for n in names})
+    result["summary"] = {n: summary(r) for n, r in result["builds"].items()}
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    write_raw(Path(a.out), result)
+    for n, s in result["summary"].items():
+        print(f"{n:40s} {s['tokens']:6d} tokens, {s['threshold_outside']:4d} past a threshold cut (per cut), max "
+              f"reach {s['max_reach']}, past {s['past']}")
     return 0
 
 

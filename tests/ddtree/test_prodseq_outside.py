@@ -77,3 +77,52 @@ def test_cut_reach_takes_only_threshold_cut_answers_and_counts_past_each_grid_va
     assert cr.summary({"answers": 0, "tokens": 0, "outside": []})["max_reach"] is None
     assert cr.main(["--reports", str(tmp_path), "--baseline", str(tmp_path / "b.json"), "--gates", "x",
                     "--out", str(tmp_path / "o.json")]) == 2 and not (tmp_path / "o.json").exists()
+
+
+def test_cut_reach_own_reads_the_gates_own_placements_from_its_reports(tmp_path: Path) -> None:
+    """bench/cut_reach.py --own: no scoring; each report's per-cut reach lists (the gate's own TokenVerdict, made
+    here by the gate's code from a min-p-on-T=1 candidate and a correct baseline) give the summary, and its
+    counts past 0.1 are the gate's own counts by cut; a report from before the lists is bad input."""
+    import numpy as np
+
+    from bench import cut_reach as cr
+    from bench.history import raw_text
+    from sglfleet.validation.config import LikelihoodConfig
+    from sglfleet.validation.likelihood import token_verdict
+    from sglfleet.validation.scorers import AnswerScore, per_token
+    from sglfleet.validation.tokenlaw import CUT_REACH, ORDERS, SamplingParams, law_of, row_from_logits
+
+    rng = np.random.default_rng(4)
+    p = SamplingParams(0.6, min_p=0.1)
+
+    def answers(wrong: bool, tag: str) -> list[AnswerScore]:
+        rows, seq = [], []
+        for _ in range(400):
+            row = row_from_logits(rng.normal(0, 2.5, 64), p.temperature)
+            law = law_of(row, SamplingParams(1.0, min_p=0.1) if wrong else p, ORDERS["sglang"])
+            q = np.exp(row.lp[:law.n] / p.temperature)  # the kept candidates (T=1's bar when wrong) at p_T
+            rows.append(row)
+            seq.append(int(row.ids[rng.choice(law.n, p=q / q.sum())]))
+        tok = per_token(tag, p.temperature, rows, seq, p, ORDERS["sglang"])
+        return [AnswerScore(tag, p.temperature, 1, (-1.0,) * len(seq), None, **tok)]
+
+    tv = token_verdict(answers(True, "c"), answers(False, "b"), LikelihoodConfig(token_power_reps=0), 3)
+    assert tv is not None
+    gates = tmp_path / "gates"
+    report = {"cases": [{"name": "likelihood@T0.6", "details": {"n_candidate": 1, "n_baseline": 1,
+                                                                "per_token": tv.as_dict()}},
+                        {"name": "lossless_t0", "details": {}}]}
+    (gates / "fault-r01").mkdir(parents=True)
+    (gates / "fault-r01" / "report.json").write_text(json.dumps(report))
+    out = tmp_path / "own.json.gz"
+    assert cr.main(["--own", "--reports", str(gates), "--gates", "fault-r01", "--out", str(out)]) == 0
+    got = json.loads(raw_text(out))
+    cand, base = got["summary"]["fault-r01"], got["summary"]["target-only (baseline file, scored by fault-r01)"]
+    assert cand["past"]["0.1"] == tv.cut_candidate["min_p"][1] > 10 and base["past"]["0.1"] == tv.cut_baseline[
+        "min_p"][1] and CUT_REACH == 0.1
+    assert cand["tokens"] == tv.n_candidate + tv.outside_candidate and cand["max_reach"] > 0.5
+    assert base["threshold_outside"] == 0  # the baseline drew from the law the scorer places: nothing outside
+    del report["cases"][0]["details"]["per_token"]["cut_reach_candidate"]
+    (gates / "fault-r01" / "report.json").write_text(json.dumps(report))
+    assert cr.main(["--own", "--reports", str(gates), "--gates", "fault-r01", "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
