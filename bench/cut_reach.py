@@ -126,9 +126,14 @@ def main(argv: list[str] | None = None) -> int:
                                         n)
     finally:
         scorer.close()
+    return _finish(a.out, result, t0)
+
+
+def _finish(out: str, result: dict[str, Any], t0: float) -> int:
+    """Both modes' end: the per-build summary, the raw file, a line per build."""
     result["summary"] = {n: summary(r) for n, r in result["builds"].items()}
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    write_raw(Path(a.out), result)
+    write_raw(Path(out), result)
     for n, s in result["summary"].items():
         print(f"{n:40s} {s['tokens']:6d} tokens {s['outside']:4d} outside, {s['threshold_outside']:4d} past a "
               f"threshold cut, max reach {s['max_reach']}, past {s['past']}")
@@ -147,13 +152,7 @@ def _own(a: argparse.Namespace, argv: list[str] | None, names: list[str], where:
         return 2
     result["builds"][f"target-only (baseline file, scored by {names[0]})"] = placed[names[0]][1]
     result["builds"].update({n: placed[n][0] for n in names})
-    result["summary"] = {n: summary(r) for n, r in result["builds"].items()}
-    result["seconds"] = round(time.perf_counter() - t0, 1)
-    write_raw(Path(a.out), result)
-    for n, s in result["summary"].items():
-        print(f"{n:40s} {s['tokens']:6d} tokens, {s['threshold_outside']:4d} past a threshold cut (per cut), max "
-              f"reach {s['max_reach']}, past {s['past']}")
-    return 0
+    return _finish(a.out, result, t0)
 
 
 if __name__ == "__main__":

@@ -458,9 +458,7 @@ def render_cut_reach_counts(raw: dict[str, Any], path: str) -> str:
     build's tokens past the cut by more than 0 and by more than the gate's CUT_REACH, the baseline's, and the
     one-sided binomial p with the build's share of the threshold-cut tokens (one stratum: the gate's own test
     counts each cut alone and conditions on each temperature)."""
-    if str(REPO / "src") not in sys.path:
-        sys.path.insert(0, str(REPO / "src"))
-    from sglfleet.validation.tokenlaw import CUT_REACH, binomial_sum_tail
+    from sglfleet.validation.tokenlaw import CUT_REACH, binomial_sum_tail  # the product, installed by make setup
 
     builds = raw["builds"]
     base_name = next(k for k in builds if k.startswith("target-only"))

@@ -187,7 +187,7 @@ def per_token(label: str, temperature: float, rows: list[tokenlaw.Row], seq: lis
         if pits[-1] is None:
             excess.append(tokenlaw.outside_excess(row, law, rank, temperature))
             cut_reach.append(tokenlaw.cut_reaches(row, params, order, rank))
-            reach.append(max((r for r in cut_reach[-1] if r is not None), default=None))  # threshold_reach
+            reach.append(tokenlaw.farthest(cut_reach[-1]))  # its threshold_reach, the cuts placed once
             by = tokenlaw.cut_by(row, params, order, rank, tokenlaw.CUT_REACH)  # a threshold cut: past CUT_REACH
             cut_out = [c + int(b) for c, b in zip(cut_out, by, strict=True)]
         wrong.append(tokenlaw.wrong_draws(row, law, params, order, rng))

@@ -377,8 +377,14 @@ def threshold_reach(row: Row, p: SamplingParams, order: Sequence[str], rank: int
     masses, not a threshold). A scorer whose log-probabilities differ from the sampler's by at most eps per token
     moves a token across such a cut only when its reach is at most 2 eps, so a correct sampler's tokens past a cut
     by more than the scorer's numeric reach do not occur."""
-    reach = [r for r in cut_reaches(row, p, order, rank) if r is not None]
-    return max(reach) if reach else None
+    return farthest(cut_reaches(row, p, order, rank))
+
+
+def farthest(reaches: tuple[float | None, float | None]) -> float | None:
+    """The larger of a token's reaches past its top-k and min-p cuts (cut_reaches); None where neither leaves it
+    out: its threshold_reach."""
+    got = [r for r in reaches if r is not None]
+    return max(got) if got else None
 
 
 def uniform_of(key: str) -> float:
