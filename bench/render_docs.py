@@ -483,7 +483,31 @@ def render_cut_reach_counts(raw: dict[str, Any], path: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_prodseq_rates(raw: dict[str, Any], path: str) -> str:
+    """The correct builds' tokens outside their request's law per 1,000 against the target-only baseline's, pooled
+    over the production-sequence series (bench/prodseq_rates.py): in all and per cut, with the exact p stratified
+    by series."""
+    def cell(v: dict[str, Any]) -> str:
+        ratio = "—" if v["ratio"] is None else f"x{v['ratio']:.2f}"
+        return f"{v['outside']} / {_num(v['tokens'])} ({ratio}, p {v['p']:.2g})"
+    rows = [*raw["pooled"], *([raw["chain_vs_b16"]] if raw.get("chain_vs_b16") else [])]
+    cuts = sorted({c for r in rows for c in r["cuts"]})
+    lines = ["| build (against) | gates | outside / tokens (rate vs the other side, p) | "
+             + " | ".join(f"requests with {c}" for c in cuts) + " |", "|---|---|---|" + "---|" * len(cuts)]
+    for r in rows:
+        against = "DDTree b16/k4" if r["build"].startswith("chain vs") else "the baseline"
+        name = "chain" if r["build"].startswith("chain vs") else r["build"]
+        lines.append(f"| {name} ({against}) | {r['gates']} | {cell(r)} | "
+                     + " | ".join(cell(r["cuts"][c]) if c in r["cuts"] else "—" for c in cuts) + " |")
+    names = ", ".join(s["raw"].rsplit("/", 1)[-1] for s in raw["series"])
+    lines += ["", f"Series: {names} (the counts by cut: the series that recorded them).", "",
+              f"Raw: {path} — {raw.get('date', '?')}, {raw.get('machine', '?')}, commit {raw.get('commit', '?')}; "
+              f"command: `{raw.get('command', '?')}`"]
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
+    "prodseq-rates": render_prodseq_rates,
     "cut-reach-counts": render_cut_reach_counts,
     "cut-reach": render_cut_reach,
     "corruptible-fault-strength": render_corruptible_fault_strength,

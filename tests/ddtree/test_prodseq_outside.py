@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,49 @@ def test_cut_reach_own_reads_the_gates_own_placements_from_its_reports(tmp_path:
     (gates / "fault-r01" / "report.json").write_text(json.dumps(report))
     assert cr.main(["--own", "--reports", str(gates), "--gates", "fault-r01", "--out", str(tmp_path / "x.json")]) == 2
     assert not (tmp_path / "x.json").exists()
+
+
+def _gate(server: str, per_t: dict[str, tuple[int, int, int, int, dict[str, list[int]], dict[str, list[int]]]]
+          ) -> dict:
+    """A gate record as prodseq keeps it: per temperature (n_cand, out_cand, n_base, out_base, cuts, base cuts)."""
+    return {"server": server, "likelihood": {t: {"per_token": {
+        "n_candidate": n, "outside_candidate": k, "n_baseline": n0, "outside_baseline": k0,
+        "cut_candidate": cc, "cut_baseline": cb}} for t, (n, k, n0, k0, cc, cb) in per_t.items()}}
+
+
+def test_prodseq_rates_counts_and_test(tmp_path: Path) -> None:
+    """bench/prodseq_rates.py: a build's counts summed over its gates and temperatures, the baseline's once per
+    series (every gate repeats it), per cut; the conditional test worked by hand; a file with no per-token counts
+    is bad input (exit 2)."""
+    from bench import prodseq_rates as pr
+
+    cuts0 = {"top_k": [100, 1]}
+    raw = {"commit": "x", "gates": [
+        _gate("chain", {"T0.6": (1000, 6, 500, 1, {"top_k": [400, 4]}, cuts0),
+                        "T1": (800, 2, 300, 1, {"top_k": [100, 0]}, {"top_k": [50, 0]})}),
+        _gate("chain", {"T0.6": (1000, 4, 500, 1, {"top_k": [400, 2]}, cuts0)}),
+        _gate("b16-k4", {"T0.6": (900, 1, 500, 1, {"top_k": [300, 0]}, cuts0)}),
+    ]}
+    builds, base = pr.series_counts(raw)
+    assert builds["chain"] == {"gates": 2, "tokens": 2800, "outside": 12, "top_k:tokens": 900, "top_k:outside": 6}
+    assert base == {"tokens": 800, "outside": 2, "top_k:tokens": 150, "top_k:outside": 1}
+    # equal rates: k = 12 of the 14 outside tokens, share 2800 / 3600 = 7/9; two-sided = 2 * min(tails)
+    share = 2800 / 3600
+    lower = sum(math.comb(14, j) * share ** j * (1 - share) ** (14 - j) for j in range(13))
+    upper = 1 - lower + math.comb(14, 12) * share ** 12 * (1 - share) ** 2
+    assert pr.two_rates_p([(12, 2800, 2, 800)]) == pytest.approx(min(1.0, 2 * min(lower, upper)), rel=1e-9)
+    # a build far above its baseline is told apart; strata keep two series' rates apart
+    assert pr.two_rates_p([(60, 1000, 1, 1000)]) < 1e-12
+    assert pr.two_rates_p([(10, 1000, 10, 1000), (1, 1000, 1, 1000)]) == pytest.approx(1.0)
+    f = tmp_path / "s.json.gz"
+    f.write_bytes(gzip.compress(json.dumps(raw).encode()))
+    out = tmp_path / "rates.json"
+    assert pr.main([str(f), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    chain = next(r for r in res["series"][0]["builds"] if r["build"] == "chain")
+    assert (chain["outside"], chain["baseline_outside"], chain["cuts"]["top_k"]["outside"]) == (12, 2, 6)
+    assert res["chain_vs_b16"]["outside"] == 12 and res["chain_vs_b16"]["baseline_tokens"] == 900
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"gates": [{"server": "chain", "likelihood": {}}]}))
+    assert pr.main([str(empty)]) == 2
+    assert pr.main([str(tmp_path / "missing.json")]) == 2
