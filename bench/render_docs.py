@@ -455,26 +455,28 @@ def render_cut_reach(raw: dict[str, Any], path: str) -> str:
 
 def render_cut_reach_counts(raw: dict[str, Any], path: str) -> str:
     """The counts past a threshold cut as a two-sample test against the baseline (bench/cut_reach.py's raw): each
-    build's tokens past the cut by more than 0 and by more than the gate's CUT_REACH, the baseline's, and the
-    one-sided binomial p with the build's share of the threshold-cut tokens (one stratum: the gate's own test
-    counts each cut alone and conditions on each temperature)."""
+    build's tokens past the cut by more than 0, by more than the gate's CUT_REACH and by twice it (two bf16 steps
+    of a logit between 16 and 32 where CUT_REACH is 0.1: the candidate's own bf16 scorer flips that far), the
+    baseline's, and the one-sided binomial p with the build's share of the threshold-cut tokens (one stratum: the
+    gate's own test counts each cut alone and conditions on each temperature)."""
     from sglfleet.validation.tokenlaw import CUT_REACH, binomial_sum_tail  # the product, installed by make setup
 
     builds = raw["builds"]
     base_name = next(k for k in builds if k.startswith("target-only"))
     base = builds[base_name]
+    bars = (0.0, CUT_REACH, 2 * CUT_REACH)
 
     def past(b: dict[str, Any], r: float) -> int:
         return sum(1 for o in b["outside"] if o["reach"] is not None and o["reach"] > r)
 
-    lines = [f"| build | share of the tokens | past 0 (baseline {past(base, 0.0)}) | p | past {CUT_REACH:g} (baseline "
-             f"{past(base, CUT_REACH)}) | p |", "|---|---|---|---|---|---|"]
+    lines = ["| build | share of the tokens | " + " | ".join(f"past {r:g} (baseline {past(base, r)}) | p" for r in bars)
+             + " |", "|---|---|" + "---|---|" * len(bars)]
     for name, b in builds.items():
         if name == base_name:
             continue
         share = b["tokens"] / (b["tokens"] + base["tokens"])
         cells = []
-        for r in (0.0, CUT_REACH):
+        for r in bars:
             c, n = past(b, r), past(b, r) + past(base, r)
             cells += [str(c), f"{binomial_sum_tail(c, [(n, share)]) if n else 1.0:.1e}"]
         lines.append(f"| {name} | {share:.2f} | " + " | ".join(cells) + " |")

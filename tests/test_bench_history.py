@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -44,3 +45,16 @@ def test_a_raw_file_named_gz_is_written_compressed_and_read_back_the_same(tmp_pa
     write_raw(plain, result)
     assert first[:2] == b"\x1f\x8b" and gz.read_bytes() == first
     assert plain.read_text().startswith("{") and raw_text(gz) == raw_text(plain)
+
+
+def test_a_raw_file_named_xz_is_written_xz_and_reads_back_the_same_result(tmp_path: Path) -> None:
+    """write_raw writes .xz with the xz magic, the same bytes for the same result, and raw_text gives back the
+    result the .json and .json.gz files hold (compact separators, so the text differs but the JSON does not)."""
+    result = {"gates": [{"server": "chain", "passed": True, "likelihood": {"T0.6": {"per_token": {"n": 2808}}}}]}
+    xz, gz = tmp_path / "r.json.xz", tmp_path / "r.json.gz"
+    write_raw(xz, result)
+    first = xz.read_bytes()
+    write_raw(xz, result)
+    write_raw(gz, result)
+    assert first[:6] == b"\xfd7zXZ\x00" and xz.read_bytes() == first
+    assert json.loads(raw_text(xz)) == json.loads(raw_text(gz)) == result

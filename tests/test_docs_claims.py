@@ -23,7 +23,7 @@ import pytest
 from bench.claims import STRICT_DOCS, ClaimError, check_claims, load_manifest, resolve, unclaimed_numbers
 from bench.render_docs import DOCS, REPO, blocks, render_text
 
-RAW_REF = re.compile(r"[\w./-]+\.(?:json|jsonl|csv)(?:\.gz)?\b")  # a large raw file may be kept gzipped
+RAW_REF = re.compile(r"[\w./-]+\.(?:json|jsonl|csv)(?:\.gz|\.xz)?\b")  # a large raw file: gzip or xz
 UNIT_WORDS = {"ms", "s", "tok/s", "req/s", "tok", "tokens", "mb", "gb", "kb", "pass", "fail", "x", "min", "h",
               "cores", "core"}
 # Docs whose measurement tables do not name their raw files yet. Each entry must still be needed (the

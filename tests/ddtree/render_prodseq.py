@@ -18,6 +18,7 @@ import argparse
 import functools
 import gzip
 import json
+import lzma
 import math
 import re
 import statistics
@@ -36,6 +37,8 @@ ROLE_ORDER = {"correct": 0, "fault": 1, "unpatched": 2}
 
 def load(path: Path) -> dict[str, Any]:
     raw = path.read_bytes()
+    if path.suffix == ".xz":
+        return json.loads(lzma.decompress(raw))
     return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
 
 

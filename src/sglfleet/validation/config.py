@@ -179,7 +179,7 @@ class LosslessConfig(StrictModel):
     min_identical_fraction: float = Field(default=1.0, ge=0, le=1)
     # An answer that differs only from a near-tie of the baseline's on is lossless (validation/lossless.py):
     # correct builds on real SGLang diverged from target-only only where its top-2 gap was <= 0.25 nats, the
-    # seeds' mask bug where it was sure (docs/results/ddtree-serve-smollm2-full-0016-2026-12-01.json.gz).
+    # seeds' mask bug where it was sure (docs/results/ddtree-serve-smollm2-full-0016-2026-12-01.json.xz).
     # 0 asks for exact equality.
     near_tie_nats: float = Field(default=0.25, ge=0, le=5)
     # The same limit in the engine's own log-prob resolution (validation/lossless.py NearTieRule): SGLang's bf16
