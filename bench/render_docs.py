@@ -455,9 +455,9 @@ def render_cut_reach(raw: dict[str, Any], path: str) -> str:
 
 def render_cut_reach_counts(raw: dict[str, Any], path: str) -> str:
     """The counts past a threshold cut as a two-sample test against the baseline (bench/cut_reach.py's raw): each
-    build's tokens past the cut by more than 0, by more than the gate's CUT_REACH and by twice it (two bf16 steps
-    of a logit between 16 and 32 where CUT_REACH is 0.1: the candidate's own bf16 scorer flips that far), the
-    baseline's, and the one-sided binomial p with the build's share of the threshold-cut tokens (one stratum: the
+    build's tokens past the cut by more than 0, by more than the gate's CUT_REACH and by twice it (the candidate's
+    own bf16 scorer flips tokens one or two bf16 steps, 0.125-0.25 logits, past a cut), the baseline's, and the
+    one-sided binomial p with the build's share of the threshold-cut tokens (one stratum: the
     gate's own test counts each cut alone and conditions on each temperature)."""
     from sglfleet.validation.tokenlaw import CUT_REACH, binomial_sum_tail  # the product, installed by make setup
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
 import json
-import lzma
 import math
 import re
 import statistics
@@ -33,13 +31,14 @@ BLOCK = re.compile(r"(<!-- prodseq: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /prod
 # bench/prodseq_outside.py's raw file: the tokens outside their request's law per sampling-mix entry
 OUTSIDE = re.compile(r"(<!-- prodseq-outside: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /prodseq-outside -->)", re.S)
 ROLE_ORDER = {"correct": 0, "fault": 1, "unpatched": 2}
+if str(REPO) not in sys.path:  # run as a script from tests/ddtree: bench/ is the lab, importable from the root
+    sys.path.insert(0, str(REPO))
+from bench.history import raw_text  # noqa: E402
 
 
 def load(path: Path) -> dict[str, Any]:
-    raw = path.read_bytes()
-    if path.suffix == ".xz":
-        return json.loads(lzma.decompress(raw))
-    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    """A prodseq raw file, plain, .gz or .xz (bench/history.raw_text, the one reader of committed raws)."""
+    return json.loads(raw_text(path))
 
 
 def _f(x: Any, fmt: str = ".3f") -> str:
