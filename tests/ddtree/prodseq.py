@@ -426,7 +426,7 @@ def report_numbers(doc: dict[str, Any]) -> dict[str, Any]:
         "passed": doc.get("passed", summ.get("verdict") == "PASS"), "verdict": summ.get("verdict"),
         "summary": {k: summ.get(k) for k in ("requests", "request_errors", "failed_checks", "not_run_checks",
                                              "duration_s", "median_tokens_per_s", "spec", "skipped_checks",
-                                             "verdict_mode", "companion_requests")},
+                                             "verdict_mode", "companion_requests", "phase_s")},
         "failed": [{"name": c.get("name"), "message": str(c.get("message"))[:900]} for c in cases
                    if not c.get("ok") and not c.get("skipped")],
         "likelihood": {}, "lossless": None}

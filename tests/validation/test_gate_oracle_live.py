@@ -75,6 +75,12 @@ def test_the_correct_engine_passes_with_the_target_deciding_every_temperature(
     assert report["summary"]["verdict_mode"] == modes
     # the interleaved suite ran with greedy companions beside it, counted in the summary
     assert report["summary"]["companion_requests"] == result.summary.companion_requests > 0
+    # where the time went: every phase this gate ran, each within the whole (the rest is set-up)
+    phases = report["summary"]["phase_s"]
+    assert {"requests", "likelihood", "lossless", "checks"} <= set(phases), phases
+    assert "baseline" not in phases, phases  # a baseline file: no live baseline's answers to fetch
+    assert all(v >= 0 for v in phases.values()) and phases["requests"] > 0 and phases["likelihood"] > 0
+    assert sum(phases.values()) <= report["summary"]["duration_s"] + 0.05, (phases, report["summary"]["duration_s"])
 
 
 @pytest.mark.parametrize("extra", [

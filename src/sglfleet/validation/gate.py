@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,11 @@ class GateSummary:
     skipped_checks: list[dict[str, str]]
     waivers: list[dict[str, Any]]
     companion_requests: int = 0  # greedy requests kept in flight beside the suite (sampling.companions), not judged
+    # where the gate's time went, in seconds: requests (the suite, determinism, variation), baseline (a live
+    # baseline's answers), likelihood (scoring both sides under the target, the tests, the power statement),
+    # lossless (lossless_t0's paths: re-anchoring and placement), judge, checks; the rest of duration_s is
+    # set-up (the baseline file, the server's metrics)
+    phase_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -150,6 +155,7 @@ class Gate:
         self.suite: Suite = load_suite(cfg.suite)
         self.backstop = Backstop(tuple(cfg.backstop_tokens))
         self.judge_s: float | None = None
+        self.phase_s: dict[str, float] = {}  # seconds per phase of the last run (GateSummary.phase_s)
         # record-baseline (and a live baseline) ask for T=0 log-probs: the lossless check's near-ties
         self.t0_logprobs: int | None = None
         self.baseline_logprobs: dict[str, list[Any]] = {}  # a live baseline's, filled by _baseline_answers
@@ -296,21 +302,26 @@ class Gate:
         weak = [t for t in cfg.temperatures if (t == 0 and not oracle_t0) or (t > 0 and likely is None)]
         if weak or self.recording_baseline:
             self._prepare_judge()
+        phase = _Phases()
         try:  # the scorer stays open through lossless_t0, which places tokens with it (Gate._placer)
             spec_before = read_spec_metrics(self.client, self.kind)
             samples: list[Sample] = []
             with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=self.console, transient=False) as progress:
-                samples += self._request_phases(progress, likely is not None)
+                with phase("requests"):
+                    samples += self._request_phases(progress, likely is not None)
                 if baseline_answers is None and cfg.baseline_url and cfg.lossless.enabled and oracle_t0:
-                    baseline_answers, source = self._baseline_answers(progress), cfg.baseline_url
+                    with phase("baseline"):
+                        baseline_answers, source = self._baseline_answers(progress), cfg.baseline_url
                 verdicts: dict[float, Any] = {}
                 if likely is not None:
-                    verdicts = self._likelihood_verdicts(likely, samples, hot, progress)
+                    with phase("likelihood"):
+                        verdicts = self._likelihood_verdicts(likely, samples, hot, progress)
             spec_after = read_spec_metrics(self.client, self.kind)
             lossless = None
             if baseline_answers is not None:
-                comps, reanchor = self._lossless_paths(samples, baseline_answers, self._placer(likely))
+                with phase("lossless"):
+                    comps, reanchor = self._lossless_paths(samples, baseline_answers, self._placer(likely))
                 lossless = LosslessData(baseline_answers, source, comps, reanchor, self.baseline_logprobs)
         finally:
             if likely is not None:
@@ -330,7 +341,11 @@ class Gate:
                           lossless=lossless, speculative=spec_on, likelihood=verdicts,
                           likelihood_off=self.likelihood_off, likelihood_error=self.likelihood_error,
                           depth=self._depth_cases())
-        results = run_checks(ctx)
+        with phase("checks"):
+            results = run_checks(ctx)
+        if self.judge_s is not None:
+            phase.seconds["judge"] = round(self.judge_s, 2)
+        self.phase_s = phase.seconds
         cases = [r.case() for r in results]
         passed = all((c.ok or c.skipped) and not c.not_run for c in cases)
         summary = self._summary(ctx, cases, passed, model, time.perf_counter() - t_start)
@@ -433,6 +448,7 @@ class Gate:
             skipped_checks=[{"name": c.name, "reason": c.message} for c in cases if c.skipped],
             waivers=[c.details["waiver"] for c in cases if c.details.get("waiver")],
             companion_requests=self.companion_requests,
+            phase_s=dict(self.phase_s),
         )
 
     # ------------------------------------------------------------------ the target's likelihood at T>0
@@ -736,6 +752,21 @@ class Gate:
         return cases
 
 
+class _Phases:
+    """Seconds per named phase of a gate run (GateSummary.phase_s): ``with phases("likelihood"): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 2)
+
+
 def load_baseline(path: str, model: str, cfg: GateConfig) -> dict[str, str]:
     """Answers recorded by `record-baseline`, checked against the target's model and the suite."""
     return baseline_answers_of(read_baseline(path, model, cfg.suite, cfg.max_tokens), path)
@@ -862,6 +893,9 @@ def print_summary(result: GateResult, console: Console) -> None:
         res = "[dim]skip[/]" if c.skipped else ("[green]pass[/]" if c.ok else "[bold red]FAIL[/]")
         table.add_row(c.name, res, c.message if not c.ok or c.skipped else c.message[:100])
     console.print(table)
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in result.summary.phase_s.items())
+    console.print(f"time: {result.summary.duration_s:.1f} s ({phases})" if phases else
+                  f"time: {result.summary.duration_s:.1f} s", highlight=False, markup=False)
 
 
 def run_gate(target: str, cfg: GateConfig, out_dir: str | Path | None = None,
