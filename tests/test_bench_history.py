@@ -34,27 +34,18 @@ def test_a_removed_raw_file_is_read_from_the_commit_before_its_removal(tmp_path:
         read_text("docs/other.json", tmp_path)
 
 
-def test_a_raw_file_named_gz_is_written_compressed_and_read_back_the_same(tmp_path: Path) -> None:
-    """write_raw compresses where the name ends in .gz (the same result, the same bytes), writes JSON text
-    otherwise; raw_text reads either (a bench once wrote plain JSON under a .gz name, which no reader took)."""
-    result = {"runs": [{"run": 40, "verdict": "PASS"}], "false_fails": {"runs": 1, "refused": 0}}
-    gz, plain = tmp_path / "r.json.gz", tmp_path / "r.json"
-    write_raw(gz, result)
-    first = gz.read_bytes()
-    write_raw(gz, result)
+@pytest.mark.parametrize(("suffix", "magic"), [(".json.gz", b"\x1f\x8b"), (".json.xz", b"\xfd7zXZ\x00")])
+def test_a_raw_file_named_gz_or_xz_is_written_compressed_and_read_back_the_same(tmp_path: Path, suffix: str,
+                                                                                 magic: bytes) -> None:
+    """write_raw compresses where the name ends in .gz or .xz (the same result, the same bytes), writes JSON text
+    otherwise; raw_text reads each back to the same result (a bench once wrote plain JSON under a .gz name, which
+    no reader took; .xz keeps compact separators, so its text differs but its JSON does not)."""
+    result = {"runs": [{"run": 40, "verdict": "PASS"}], "gates": [{"server": "chain", "passed": True}]}
+    packed, plain = tmp_path / f"r{suffix}", tmp_path / "r.json"
+    write_raw(packed, result)
+    first = packed.read_bytes()
+    write_raw(packed, result)
     write_raw(plain, result)
-    assert first[:2] == b"\x1f\x8b" and gz.read_bytes() == first
-    assert plain.read_text().startswith("{") and raw_text(gz) == raw_text(plain)
-
-
-def test_a_raw_file_named_xz_is_written_xz_and_reads_back_the_same_result(tmp_path: Path) -> None:
-    """write_raw writes .xz with the xz magic, the same bytes for the same result, and raw_text gives back the
-    result the .json and .json.gz files hold (compact separators, so the text differs but the JSON does not)."""
-    result = {"gates": [{"server": "chain", "passed": True, "likelihood": {"T0.6": {"per_token": {"n": 2808}}}}]}
-    xz, gz = tmp_path / "r.json.xz", tmp_path / "r.json.gz"
-    write_raw(xz, result)
-    first = xz.read_bytes()
-    write_raw(xz, result)
-    write_raw(gz, result)
-    assert first[:6] == b"\xfd7zXZ\x00" and xz.read_bytes() == first
-    assert json.loads(raw_text(xz)) == json.loads(raw_text(gz)) == result
+    assert first[:len(magic)] == magic and packed.read_bytes() == first
+    assert plain.read_text().startswith("{") and json.loads(raw_text(packed)) == json.loads(raw_text(plain)) == result
+    assert suffix != ".json.gz" or raw_text(packed) == raw_text(plain)  # gzip keeps the plain file's very text
