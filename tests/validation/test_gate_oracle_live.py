@@ -79,6 +79,8 @@ def test_the_correct_engine_passes_with_the_target_deciding_every_temperature(
     phases = report["summary"]["phase_s"]
     assert {"requests", "likelihood", "lossless", "checks"} <= set(phases), phases
     assert "baseline" not in phases, phases  # a baseline file: no live baseline's answers to fetch
+    # the profile's judge is on, but the target decides every temperature: no judge started, no judge phase
+    assert result.summary.judge_s is None and "judge" not in phases, phases
     assert all(v >= 0 for v in phases.values()) and phases["requests"] > 0 and phases["likelihood"] > 0
     assert sum(phases.values()) <= report["summary"]["duration_s"] + 0.05, (phases, report["summary"]["duration_s"])
 

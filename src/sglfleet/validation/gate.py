@@ -155,7 +155,6 @@ class Gate:
         self.suite: Suite = load_suite(cfg.suite)
         self.backstop = Backstop(tuple(cfg.backstop_tokens))
         self.judge_s: float | None = None
-        self.phase_s: dict[str, float] = {}  # seconds per phase of the last run (GateSummary.phase_s)
         # record-baseline (and a live baseline) ask for T=0 log-probs: the lossless check's near-ties
         self.t0_logprobs: int | None = None
         self.baseline_logprobs: dict[str, list[Any]] = {}  # a live baseline's, filled by _baseline_answers
@@ -332,7 +331,10 @@ class Gate:
             # judged: the T>0 samples' judging cost 470 s of numpy on the H200 machine's CPU (2026-12-04)
             judged = [s for s in samples
                       if s.temperature in weak and not (self.recording_baseline and s.temperature > 0)]
-            self.judge_s = judge_samples(judged, cfg, {p.id: p.prompt for p in self.suite.prompts}, self.console)
+            if judged:  # every temperature under an oracle: nothing to judge, no judge started, no judge phase
+                with phase("judge"):
+                    self.judge_s = judge_samples(judged, cfg, {p.id: p.prompt for p in self.suite.prompts},
+                                                 self.console)
         spec_on = cfg.spec.enabled == "on" or any(
             s.spec_accept_length is not None or s.draft_n for s in samples) or bool(
             spec_after and spec_after.accept_length is not None)
@@ -343,12 +345,9 @@ class Gate:
                           depth=self._depth_cases())
         with phase("checks"):
             results = run_checks(ctx)
-        if self.judge_s is not None:
-            phase.seconds["judge"] = round(self.judge_s, 2)
-        self.phase_s = phase.seconds
         cases = [r.case() for r in results]
         passed = all((c.ok or c.skipped) and not c.not_run for c in cases)
-        summary = self._summary(ctx, cases, passed, model, time.perf_counter() - t_start)
+        summary = self._summary(ctx, cases, passed, model, time.perf_counter() - t_start, phase.seconds)
         return GateResult(self.client.base_url, model, self.kind, passed, cases, samples, summary)
 
     @contextlib.contextmanager
@@ -417,9 +416,10 @@ class Gate:
             samples += self._run_all(self.client, jobs, progress, "variation")
         return samples
 
-    def _summary(self, ctx: GateContext, cases: list[Case], passed: bool, model: str, duration_s: float
-                 ) -> GateSummary:
-        """The report's summary block (report.json `summary`, the console table's header)."""
+    def _summary(self, ctx: GateContext, cases: list[Case], passed: bool, model: str, duration_s: float,
+                 phase_s: dict[str, float]) -> GateSummary:
+        """The report's summary block (report.json `summary`, the console table's header); ``phase_s``: the run's
+        seconds per phase (_Phases.seconds)."""
         cfg, samples, spec_after = self.cfg, ctx.samples, ctx.spec_after
         ok_samples = [s for s in samples if not s.error]
         modes = {f"T{t:g}": ("oracle: lossless_t0 against the target-only baseline" if t == 0 else
@@ -448,7 +448,7 @@ class Gate:
             skipped_checks=[{"name": c.name, "reason": c.message} for c in cases if c.skipped],
             waivers=[c.details["waiver"] for c in cases if c.details.get("waiver")],
             companion_requests=self.companion_requests,
-            phase_s=dict(self.phase_s),
+            phase_s=dict(phase_s),
         )
 
     # ------------------------------------------------------------------ the target's likelihood at T>0
