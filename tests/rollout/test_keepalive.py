@@ -16,8 +16,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import keepalive_race  # noqa: E402
 
-# sglang-router 0.3.2 drops an idle upstream connection from its pool after 50 s, checked on a 50 s tick: one may
-# stay up to 100 s (docs/rollout.md); the server must keep it open longer
+# sglang-router 0.3.2 closed idle upstream connections 82-92 s after their last use (docs/results/
+# keepalive-pool-probe-2026-12-07.json); the server must keep them open longer, with room
 ROUTER_POOL_IDLE_MAX_S = 100
 
 
