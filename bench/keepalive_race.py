@@ -29,7 +29,6 @@ import argparse
 import concurrent.futures as cf
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.history import raw_header  # noqa: E402
+from testbed.childserver import ChildServer  # noqa: E402
 
 FAILED = "Failed to send"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0}
@@ -69,37 +69,19 @@ def app() -> Any:
                              Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
-class Uvicorn:
-    """The app on uvicorn in a child process (`serve` mode of this script) on 127.0.0.1:port."""
+class Uvicorn(ChildServer):
+    """The app on uvicorn in a child process (`serve` mode of this script) on 127.0.0.1:port: the test bed's
+    ChildServer life cycle (ready on /health, stopped with its process group)."""
+
+    label = "uvicorn"
+    ready_timeout_s = 30.0
 
     def __init__(self, port: int, keep_alive: int, log: Path) -> None:
-        self.port, self.keep_alive, self.log = port, keep_alive, log
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(port, log)
+        self.keep_alive = keep_alive
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Uvicorn:
-        import httpx
-
-        with self.log.open("ab") as fh:
-            self.proc = subprocess.Popen([sys.executable, __file__, "serve", "--port", str(self.port),
-                                          "--keep-alive", str(self.keep_alive)], stdout=fh, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        self.__exit__()
-        raise SystemExit(f"uvicorn on {self.url} did not start (log {self.log})")
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+    def command(self) -> list[str]:
+        return [sys.executable, __file__, "serve", "--port", str(self.port), "--keep-alive", str(self.keep_alive)]
 
 
 def grid(lo: float, hi: float, step: float) -> list[float]:
