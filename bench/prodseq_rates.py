@@ -12,7 +12,7 @@ Why: the DFLASH chain's count per run was higher than the DDTree builds' in ever
 "What is left"); per token and against the baseline, is it?
 
     python bench/prodseq_rates.py docs/results/prodseq-h100-2026-12-06-s3[123].json.gz \
-        --out docs/results/prodseq-rates-2026-12-06.json
+        --out docs/results/prodseq-rates-2026-12-07.json
 """
 
 from __future__ import annotations
