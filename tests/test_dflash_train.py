@@ -415,3 +415,31 @@ def test_train_drafter_refuses_a_drafter_it_cannot_go_on_with(target, tmp_path: 
     assert main([*args, "--resume", str(d), "--init-from-target"]) == 2
     assert "one of them" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+# SmolLM2-135M-Instruct's shape as corpus_meta records it (the embedded target; its config.json on the Hub)
+SMOLLM2 = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9)
+TRACKED_CORPUS = Path(__file__).resolve().parent.parent / "testbed/models/corpora/smollm2-2400x256-seed0.pt.xz"
+
+
+def test_the_tracked_corpus_is_the_default_recipes_and_whole(tmp_path: Path) -> None:
+    """The target-written corpus kept in the tree for the device's training calls (gpu_session.sh corpus_in) loads
+    for exactly the default recipe (2,400 prompts, 256 new tokens, seed 0, SmolLM2's shape), and each sequence is a
+    distinct chat prompt (starting at <|im_start|>, id 1) followed by an answer of 1 to 256 tokens in the vocabulary."""
+    import lzma
+    import shutil
+
+    plain = tmp_path / "corpus.pt"
+    with lzma.open(TRACKED_CORPUS) as src, plain.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    meta = dflash_train.corpus_meta(SMOLLM2, n=2400, max_new=256, seed=0)
+    corpus = dflash_train.load_corpus(plain, meta)
+    assert len(corpus) == 2400 == len(corpus.prompt_lens)
+    prompts = set()
+    for seq, p in zip(corpus, corpus.prompt_lens, strict=True):
+        assert int(seq[0]) == 1 and 1 <= seq.shape[0] - p <= 256
+        assert int(seq.min()) >= 0 and int(seq.max()) < SMOLLM2["vocab_size"]
+        prompts.add(tuple(seq[:p].tolist()))
+    assert len(prompts) == 2400
+    with pytest.raises(ValueError, match="another recipe or target"):
+        dflash_train.load_corpus(plain, dflash_train.corpus_meta(SMOLLM2, n=2400, max_new=128, seed=0))
