@@ -93,9 +93,11 @@ corpus_in() {
   fi
 }
 # the drafter's training recipe, one for `train` and `trainwarm` (issue 39 item 2: 2,400 distinct prompts' target
-# answers; 64 anchors of 8 sequences a step; --max-seconds in each step cuts the steps to what fits its call)
+# answers; 64 anchors of 8 sequences a step; --max-seconds in each step cuts the steps to what fits its call, and
+# the cosine schedule follows the cut: beside four compiling servers a step took 90 ms (1,646 in 148 s, 2026-12-07),
+# so 3,000 planned steps would end a 500 s call alone on the GPU early; 20,000 leaves the cut to the deadline)
 TRAIN_ARGS=(--target /tmp/smollm2 --out /tmp/smollm2-dflash --device cuda --layers "${LAYERS:-2}"
-            --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-3000}" --seqs-per-step "${SPS:-8}"
+            --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-20000}" --seqs-per-step "${SPS:-8}"
             --anchors "${ANCHORS:-64}" --gen-batch "${GENBATCH:-256}")
 case $step in
   install1)
