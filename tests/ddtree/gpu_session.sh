@@ -89,7 +89,8 @@ corpus_in() {
     cp .carry/drafter/corpus.pt /tmp/corpus/
   elif [ "${SEQS:-2400}" = 2400 ] && [ "${MAXNEW:-256}" = 256 ] && [ -f "$CORPUS_XZ" ]; then
     python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$CORPUS_XZ" /tmp/corpus/corpus.pt && echo "corpus from the tree"
+      "$CORPUS_XZ" /tmp/corpus/corpus.pt.part && mv /tmp/corpus/corpus.pt.part /tmp/corpus/corpus.pt &&
+      echo "corpus from the tree"
   fi
 }
 # the drafter's training recipe, one for `train` and `trainwarm` (issue 39 item 2: 2,400 distinct prompts' target
