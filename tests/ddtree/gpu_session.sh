@@ -82,16 +82,20 @@ jit_caches() {
 # fresh checkout's first training call trains from its first second; a carried .carry/drafter/corpus.pt wins, and
 # another SEQS / MAXNEW makes train-drafter write its own
 CORPUS_XZ=testbed/models/corpora/smollm2-2400x256-seed0.pt.xz
+# (had_corpus: set when a corpus was in place before training, so only one the call writes goes back to $OUT)
 corpus_in() {
   mkdir -p /tmp/corpus
-  [ -f /tmp/corpus/corpus.pt ] && return 0
-  if [ -f .carry/drafter/corpus.pt ]; then
+  if [ -f /tmp/corpus/corpus.pt ]; then
+    :
+  elif [ -f .carry/drafter/corpus.pt ]; then
     cp .carry/drafter/corpus.pt /tmp/corpus/
   elif [ "${SEQS:-2400}" = 2400 ] && [ "${MAXNEW:-256}" = 256 ] && [ -f "$CORPUS_XZ" ]; then
     python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
       "$CORPUS_XZ" /tmp/corpus/corpus.pt.part && mv /tmp/corpus/corpus.pt.part /tmp/corpus/corpus.pt &&
       echo "corpus from the tree"
   fi
+  had_corpus=; [ -f /tmp/corpus/corpus.pt ] && had_corpus=1
+  return 0
 }
 # the drafter's training recipe, one for `train` and `trainwarm` (issue 39 item 2: 2,400 distinct prompts' target
 # answers; 64 anchors of 8 sequences a step; --max-seconds in each step cuts the steps to what fits its call, and
@@ -134,7 +138,6 @@ case $step in
     source tests/ddtree/device-env.sh
     ensure_target || exit 1
     more=(--corpus /tmp/corpus/corpus.pt); corpus_in
-    had_corpus=; [ -f /tmp/corpus/corpus.pt ] && had_corpus=1
     if [ -n "${RESUME:-}" ]; then
       parts=(/tmp/drafter-parts/drafter.tar.part-*); [ -e "${parts[0]}" ] || parts=(.carry/drafter/drafter.tar.part-*)
       rm -rf /tmp/drafter-prev && mkdir -p /tmp/drafter-prev &&
@@ -196,7 +199,7 @@ case $step in
                  --out "$OUT/drafter-recipe.json")
     else
       # the corpus from the tree or the carry (corpus_in); one this call writes comes back too
-      corpus_in; had_corpus=; [ -f /tmp/corpus/corpus.pt ] && had_corpus=1
+      corpus_in
       train_cmd=(python3 -m testbed.models train-drafter "${TRAIN_ARGS[@]}" --corpus /tmp/corpus/corpus.pt
                  --max-seconds "${TRAIN_S:-460}")
     fi
@@ -222,10 +225,12 @@ case $step in
     if [ ! -f /tmp/smollm2-dflash/model.safetensors ]; then
       cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - || { echo "no drafter" >&2; exit 2; }
     fi
+    # MIN_GATE_S: the seconds a gate needs before the deadline to be started (prodseq.py --min-gate-s, 250 by
+    # default; 180 fits a last round on a warm H100, where 15 gates at once took about 163 s, 2026-12-07)
     keep=(); [ -n "${KEEP:-}" ] && keep=(--keep)
     timeout "${LIMIT:-575}" python3 tests/ddtree/prodseq.py gates --drafter /tmp/smollm2-dflash \
       --deadline "${DEADLINE:-545}" --workers "${WORKERS:-10}" --runs "${RUNS:-20}" --fault-runs "${FAULT_RUNS:-3}" \
-      ${keep[@]+"${keep[@]}"} ${PRODSEQ_OVERLAP:+--overlap} 2>&1 | tee "$OUT/prodseq.log" | tail -60 ;;
+      ${keep[@]+"${keep[@]}"} ${PRODSEQ_OVERLAP:+--overlap} ${MIN_GATE_S:+--min-gate-s "$MIN_GATE_S"} 2>&1 | tee "$OUT/prodseq.log" | tail -60 ;;
   real)
     # issue 39: SmolLM2-135M and its trained drafter inflated to Llama-3-8B's cost, served and measured
     # (bench/ddtree_real.py), carrying .carry/ddtree-srv after install1..3 and drafter (+ gguf/p3 on a machine
