@@ -235,9 +235,8 @@ def test_blocks_are_anchored_only_where_sglang_drafts_them(target, monkeypatch) 
     assert int(seen[0].min()) >= p and int(seen[0].max()) < seqs[0].shape[0] - B
 
     los: list[int] = []
-    real_loss = dflash_train._block_loss
-    monkeypatch.setattr(dflash_train, "_block_loss",
-                        lambda *a, lo=1, **kw: (los.append(lo), real_loss(*a, lo=lo, **kw))[1])
+    real_draw = dflash_train._draw_blocks
+    monkeypatch.setattr(dflash_train, "_draw_blocks", lambda *a: (los.append(a[-1]), real_draw(*a))[1])
     corpus = dflash_train.Corpus(seqs, [p] * len(seqs))
     _, report = dflash_train.train(m, corpus, cfg, block=B, layers=1, steps=2, anchors_per_seq=4, seed=0,
                                    log=lambda *_: None)
@@ -443,3 +442,42 @@ def test_the_tracked_corpus_is_the_default_recipes_and_whole(tmp_path: Path) -> 
     assert len(prompts) == 2400
     with pytest.raises(ValueError, match="another recipe or target"):
         dflash_train.load_corpus(plain, dflash_train.corpus_meta(SMOLLM2, n=2400, max_new=128, seed=0))
+
+
+def test_the_packed_step_is_the_per_sequence_steps_mean(target) -> None:
+    """Training's packed pass (all of a step's sequences at once, zero-padded to the longest) gives the mean of
+    the per-sequence losses with the same anchors, and the same gradient: padding and the other sequences'
+    blocks are invisible to every block. A mask that let blocks see each other, or the padding, fails it."""
+    m, cfg, seqs = target
+    torch.manual_seed(5)
+    model = dflash_train.DFlashDrafter(dflash_train.shape_for(cfg, layers=2, n_features=2))
+    embed, head = m.get_input_embeddings(), m.get_output_embeddings()
+    texts = [seqs[0], seqs[1][:40], seqs[2][:52]]  # unequal lengths: the packed pass pads
+    feats = [dflash_train._features(m, s, [1, 2]).float() for s in texts]
+    los = [8, 3, 20]
+    w = dflash_train.position_weights(8, 2.0)
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    rng = torch.Generator().manual_seed(11)
+    per = sum(dflash_train._block_loss(model, f, s, embed, head, 8, 95, 6, rng, lo=lo, weights=w)
+              for f, s, lo in zip(feats, texts, los, strict=True)) / 3
+    g_per = grads(per)
+    packed = dflash_train._packed_loss(model, feats, texts, embed, head, 8, 95, 6, torch.Generator().manual_seed(11),
+                                       los, weights=w)
+    g_packed = grads(packed)
+    assert torch.allclose(per, packed, atol=1e-5), (float(per), float(packed))
+    assert torch.allclose(g_per, g_packed, atol=1e-5, rtol=1e-4)
+    # a block token that could see the other blocks of its sequence computes something else
+    anchors = torch.tensor([[10, 20]])
+    e = embed(torch.full((1, 2, 8), 95)).float()
+    with torch.no_grad():
+        alone = model(feats[0], e[0], anchors[0])
+        together = model.forward_packed(feats[0].unsqueeze(0), e, anchors)[0]
+        assert torch.allclose(alone, together, atol=1e-5)
+        e2 = e.clone()
+        e2[0, 1] += 1.0  # the second block's tokens change; the first block's output must not
+        assert torch.allclose(model.forward_packed(feats[0].unsqueeze(0), e2, anchors)[0, 0], together[0], atol=1e-6)

@@ -121,22 +121,21 @@ class _Layer(nn.Module):
         return _rope(k, pos, s.rope_theta), v
 
     def forward(self, h: torch.Tensor, pos: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
-                ctx_allow: torch.Tensor) -> torch.Tensor:
-        """h [A, B, H] block hidden; ctx_k/v [L, kv, d]; ctx_allow [A, L] bool (context before each block)."""
+                allow: torch.Tensor) -> torch.Tensor:
+        """h [S, N, H] the block tokens of S groups; pos [S, N]; ctx_k / ctx_v [S, L, kv, d] each group's context;
+        allow [S, N, L + N] bool: which context and block keys each block token sees."""
         a, s = self.self_attn, self.s
-        A, B, _ = h.shape
+        S, N, _ = h.shape
         x = self.input_layernorm(h)
-        q = _rope(a.q_norm(a.q_proj(x).view(A, B, s.heads, s.head_dim)), pos, s.rope_theta)
-        k = _rope(a.k_norm(a.k_proj(x).view(A, B, s.kv_heads, s.head_dim)), pos, s.rope_theta)
-        v = a.v_proj(x).view(A, B, s.kv_heads, s.head_dim)
+        q = _rope(a.q_norm(a.q_proj(x).view(S, N, s.heads, s.head_dim)), pos, s.rope_theta)
+        k = _rope(a.k_norm(a.k_proj(x).view(S, N, s.kv_heads, s.head_dim)), pos, s.rope_theta)
+        v = a.v_proj(x).view(S, N, s.kv_heads, s.head_dim)
         rep = s.heads // s.kv_heads
-        keys = torch.cat([ctx_k.unsqueeze(0).expand(A, -1, -1, -1), k], dim=1).repeat_interleave(rep, dim=2)
-        vals = torch.cat([ctx_v.unsqueeze(0).expand(A, -1, -1, -1), v], dim=1).repeat_interleave(rep, dim=2)
-        allow = torch.cat([ctx_allow, torch.ones(A, B, dtype=torch.bool, device=h.device)], dim=1)  # [A, L+B]
-        mask = allow[:, None, None, :].expand(A, s.heads, B, allow.shape[1])
+        keys = torch.cat([ctx_k, k], dim=1).repeat_interleave(rep, dim=2)
+        vals = torch.cat([ctx_v, v], dim=1).repeat_interleave(rep, dim=2)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), vals.transpose(1, 2),
-                                             attn_mask=mask)
-        h = h + a.o_proj(out.transpose(1, 2).reshape(A, B, s.heads * s.head_dim))
+                                             attn_mask=allow[:, None, :, :])
+        h = h + a.o_proj(out.transpose(1, 2).reshape(S, N, s.heads * s.head_dim))
         m = self.mlp
         y = self.post_attention_layernorm(h)
         return h + m.down_proj(F.silu(m.gate_proj(y)) * m.up_proj(y))
@@ -153,17 +152,43 @@ class DFlashDrafter(nn.Module):
 
     def forward(self, feats: torch.Tensor, block_embeds: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """feats [L, F*H] target features of one sequence; block_embeds [A, B, H]; anchors [A] (block
-        position 0 sits at position anchors[a], its context is feats[:anchors[a]])."""
+        position 0 sits at position anchors[a], its context is feats[:anchors[a]]). Each block is a group of its
+        own: its B tokens see the context before it and the whole block (what sglang's draft pass computes)."""
         L = feats.shape[0]
+        A, B = block_embeds.shape[:2]
         ctx = self.hidden_norm(self.fc(feats))
         ctx_pos = torch.arange(L, device=feats.device)
-        ctx_allow = ctx_pos.unsqueeze(0) < anchors.unsqueeze(1)
-        pos = anchors.unsqueeze(1) + torch.arange(block_embeds.shape[1], device=feats.device).unsqueeze(0)
+        ctx_allow = (ctx_pos.unsqueeze(0) < anchors.unsqueeze(1)).unsqueeze(1).expand(A, B, L)
+        allow = torch.cat([ctx_allow, torch.ones(A, B, B, dtype=torch.bool, device=feats.device)], dim=2)
+        pos = anchors.unsqueeze(1) + torch.arange(B, device=feats.device).unsqueeze(0)
         h = block_embeds
         for layer in self.layers:
             ck, cv = layer.context_kv(ctx, ctx_pos)
-            h = layer(h, pos, ck, cv, ctx_allow)
+            h = layer(h, pos, ck.unsqueeze(0).expand(A, -1, -1, -1), cv.unsqueeze(0).expand(A, -1, -1, -1), allow)
         return self.norm(h)
+
+    def forward_packed(self, feats: torch.Tensor, block_embeds: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """The same function for S sequences in one pass (training's step: one pass instead of one per sequence,
+        whose small kernels left the GPU waiting on their launches). feats [S, L, F*H], each sequence's features
+        zero-padded to the longest; block_embeds [S, A, B, H]; anchors [S, A]. A sequence's blocks are one group:
+        a block token sees its sequence's context before its anchor and its own block, never another block
+        (a block-diagonal mask over the group's A * B tokens). Returns [S, A, B, H]."""
+        S, L = feats.shape[:2]
+        A, B, H = block_embeds.shape[1:]
+        dev = feats.device
+        ctx = self.hidden_norm(self.fc(feats))
+        ctx_pos = torch.arange(L, device=dev)
+        # padding sits at positions >= a sequence's length > every anchor, so no block sees it
+        ctx_allow = (ctx_pos.view(1, 1, L) < anchors.unsqueeze(2)).repeat_interleave(B, dim=1)  # [S, A*B, L]
+        blk = torch.arange(A * B, device=dev) // B
+        own = blk.unsqueeze(1) == blk.unsqueeze(0)  # [A*B, A*B], block-diagonal
+        allow = torch.cat([ctx_allow, own.unsqueeze(0).expand(S, -1, -1)], dim=2)
+        pos = (anchors.unsqueeze(2) + torch.arange(B, device=dev).view(1, 1, B)).reshape(S, A * B)
+        h = block_embeds.reshape(S, A * B, H)
+        for layer in self.layers:
+            ck, cv = layer.context_kv(ctx, ctx_pos)
+            h = layer(h, pos, ck, cv, allow)
+        return self.norm(h).view(S, A, B, H)
 
 
 def shape_for(target_cfg: dict[str, Any], *, layers: int, n_features: int) -> DrafterShape:
@@ -513,6 +538,11 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     t0 = time.time()
     planned = steps
     step = 0
+    # TF32 matmuls for the steps on CUDA (bench/drafter_step.py measures it beside fp32); restored after the
+    # loop, so the offline figures are computed in fp32
+    tf32_before = torch.backends.cuda.matmul.allow_tf32
+    matmul = "tf32" if str(device).startswith("cuda") else "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = matmul == "tf32"
     while step < steps:
         if deadline is not None and step == min(10, steps - 1) and step > 0:
             per = (time.time() - t0) / step
@@ -521,9 +551,9 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
                 steps = max(step + 1, fit)
                 log(f"[train-drafter] {per * 1000:.0f} ms a step: {steps} of {planned} steps fit before the deadline")
         picks = torch.randint(0, len(train_idx), (seqs_per_step,), generator=rng).tolist()
-        loss = sum(_block_loss(model, feats[i], seqs[i], embed, head, block, mask_id, anchors_per_seq, rng,
-                               lo=_first_anchor(plens[i]), weights=pos_w)
-                   for i in (train_idx[j] for j in picks)) / seqs_per_step
+        chosen = [train_idx[j] for j in picks]
+        loss = _packed_loss(model, [feats[i] for i in chosen], [seqs[i] for i in chosen], embed, head, block,
+                            mask_id, anchors_per_seq, rng, [_first_anchor(plens[i]) for i in chosen], weights=pos_w)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -534,12 +564,14 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
         if step % max(1, steps // 10) == 0:
             log(f"[train-drafter] step {step}/{steps} loss {losses[-1]:.3f} ({time.time() - t0:.0f}s)")
         step += 1
+    torch.backends.cuda.matmul.allow_tf32 = tf32_before
     acc = offline_acceptance(model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id,
                              prompt_lens=[plens[i] for i in held])
     acc["accept_length_all_anchors"] = offline_acceptance(
         model, [feats[i] for i in held], [seqs[i] for i in held], embed, head, block, mask_id)["accept_length"]
     report = {"seed": seed, "steps": steps, "steps_planned": planned, "anchors_per_seq": anchors_per_seq,
-              "lr": lr, "block_size": block, "layers": layers, "target_layer_ids": layer_ids, "mask_token_id": mask_id,
+              "lr": lr, "matmul": matmul, "packed_step": True, "block_size": block, "layers": layers,
+              "target_layer_ids": layer_ids, "mask_token_id": mask_id,
               "position_decay": position_decay, "init_from_target": init_from_target,
               "loss_first": sum(losses[:20]) / max(1, len(losses[:20])),
               "loss_last": sum(losses[-20:]) / max(1, len(losses[-20:])), "offline": acc,
@@ -576,20 +608,48 @@ def copy_target_layers(model: DFlashDrafter, target: nn.Module) -> None:
 
 def _block_loss(model, feats, seq, embed, head, block, mask_id, n_anchor, rng, lo: int = 1,
                 weights: torch.Tensor | None = None) -> torch.Tensor:
-    T = seq.shape[0]
-    hi = T - block
-    if hi <= lo:
-        raise ValueError("sequence shorter than a block after its first anchor")
-    anchors = torch.randint(lo, hi, (n_anchor,), generator=rng).to(seq.device)
-    ids = torch.full((n_anchor, block), mask_id, dtype=torch.long, device=seq.device)
-    ids[:, 0] = seq[anchors]
-    labels = torch.stack([seq[a + 1 : a + block] for a in anchors.tolist()])
+    """One sequence's blocks through ``DFlashDrafter.forward`` (the reference ``_packed_loss`` is checked against)."""
+    anchors, ids, labels = _draw_blocks(seq, block, mask_id, n_anchor, rng, lo)
     with torch.no_grad():
         e = embed(ids).float()
     h = model(feats, e, anchors)
     logits = head(h[:, 1:, :].to(head.weight.dtype)).float()
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
     return ce.mean() if weights is None else (ce.view(n_anchor, block - 1) * weights).mean()
+
+
+def _draw_blocks(seq: torch.Tensor, block: int, mask_id: int, n_anchor: int, rng: torch.Generator,
+                 lo: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """n_anchor random anchors in [lo, len - block) (drawn from ``rng``, as ``_block_loss`` draws them), the blocks'
+    ids [last committed token, mask ...] and their labels (the next block - 1 tokens of the text)."""
+    hi = seq.shape[0] - block
+    if hi <= lo:
+        raise ValueError("sequence shorter than a block after its first anchor")
+    anchors = torch.randint(lo, hi, (n_anchor,), generator=rng).to(seq.device)
+    ids = torch.full((n_anchor, block), mask_id, dtype=torch.long, device=seq.device)
+    ids[:, 0] = seq[anchors]
+    offs = torch.arange(1, block, device=seq.device)
+    return anchors, ids, seq[anchors.unsqueeze(1) + offs.unsqueeze(0)]
+
+
+def _packed_loss(model, feats: list[torch.Tensor], seqs: list[torch.Tensor], embed, head, block, mask_id, n_anchor,
+                 rng, los: list[int], weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean of ``_block_loss`` over the sequences (the same anchors from the same ``rng``), in one packed pass
+    (``DFlashDrafter.forward_packed``)."""
+    drawn = [_draw_blocks(s, block, mask_id, n_anchor, rng, lo) for s, lo in zip(seqs, los, strict=True)]
+    L = max(f.shape[0] for f in feats)
+    packed = torch.zeros(len(feats), L, feats[0].shape[1], dtype=feats[0].dtype, device=feats[0].device)
+    for i, f in enumerate(feats):
+        packed[i, : f.shape[0]] = f
+    anchors = torch.stack([d[0] for d in drawn])
+    ids = torch.stack([d[1] for d in drawn])
+    labels = torch.stack([d[2] for d in drawn])
+    with torch.no_grad():
+        e = embed(ids).float()
+    h = model.forward_packed(packed, e, anchors)
+    logits = head(h[:, :, 1:, :].to(head.weight.dtype)).float()
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    return ce.mean() if weights is None else (ce.view(-1, block - 1) * weights).mean()
 
 
 @torch.no_grad()

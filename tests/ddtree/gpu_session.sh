@@ -144,6 +144,12 @@ case $step in
         cat "${parts[@]}" | tar -C /tmp/drafter-prev -xf - || { echo "no drafter" >&2; exit 2; }
       more+=(--resume /tmp/drafter-prev/smollm2-dflash)
     fi
+    # STEPBENCH=1: first the training step side by side, per sequence / packed / packed + TF32 (bench/drafter_step.py,
+    # about 30 s; leave it room: TRAIN_S=440 TRAIN_LIMIT=490)
+    if [ -n "${STEPBENCH:-}" ]; then
+      PYTHONPATH=$PYTHONPATH:.:./src timeout 90 python3 bench/drafter_step.py --device cuda --target /tmp/smollm2 \
+        --corpus /tmp/corpus/corpus.pt --rounds 6 --out "$OUT/drafter-step.json" 2>&1 | tail -8
+    fi
     PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-560}" python3 -m testbed.models train-drafter \
       "${TRAIN_ARGS[@]}" "${more[@]}" --max-seconds "${TRAIN_S:-500}" > /tmp/train.log 2>&1
     rc=$?; echo "train rc=$rc" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/"
