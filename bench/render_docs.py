@@ -266,6 +266,13 @@ def render_drafter_recipe(raw: dict[str, Any], path: str) -> str:
     return render(raw, path)
 
 
+def render_drafter_step(raw: dict[str, Any], path: str) -> str:
+    """The drafter's training step: per sequence, packed, packed + TF32 side by side (bench/drafter_step.py)."""
+    from bench.drafter_step import render
+
+    return render(raw, path)
+
+
 def render_ddtree_real(raw: dict[str, Any], path: str) -> str:
     """DDTree with the trained drafter on the inflated 135M target, on the H200 (bench/ddtree_real.py)."""
     from bench.render_ddtree_real import render
@@ -519,6 +526,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "ddtree-step": render_ddtree_step,
     "ddtree-real": render_ddtree_real,
     "drafter-recipe": render_drafter_recipe,
+    "drafter-step": render_drafter_step,
     "gate-heldout-seeds": render_gate_heldout_seeds,
     "gate-heldout": render_gate_heldout,
     "ddtree-gpu-proof": render_gpu_proof,
