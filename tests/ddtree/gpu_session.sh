@@ -104,6 +104,15 @@ corpus_in() {
 TRAIN_ARGS=(--target /tmp/smollm2 --out /tmp/smollm2-dflash --device cuda --layers "${LAYERS:-2}"
             --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-20000}" --seqs-per-step "${SPS:-8}"
             --anchors "${ANCHORS:-64}" --gen-batch "${GENBATCH:-256}")
+# STEPBENCH=1 (train, real): first the drafter's training step side by side, per sequence / packed / packed + TF32
+# (bench/drafter_step.py, about 40 s alone on the GPU; leave it room: TRAIN_S=440 TRAIN_LIMIT=490, or a shorter
+# real LIMIT)
+step_bench() {
+  [ -n "${STEPBENCH:-}" ] || return 0
+  corpus_in
+  PYTHONPATH=$PYTHONPATH:.:./src timeout 90 python3 bench/drafter_step.py --device cuda --target /tmp/smollm2 \
+    --corpus /tmp/corpus/corpus.pt --rounds 6 --out "$OUT/drafter-step.json" 2>&1 | tail -8
+}
 case $step in
   install1)
     S=/tmp/site; mkdir -p $S
@@ -144,12 +153,7 @@ case $step in
         cat "${parts[@]}" | tar -C /tmp/drafter-prev -xf - || { echo "no drafter" >&2; exit 2; }
       more+=(--resume /tmp/drafter-prev/smollm2-dflash)
     fi
-    # STEPBENCH=1: first the training step side by side, per sequence / packed / packed + TF32 (bench/drafter_step.py,
-    # about 30 s; leave it room: TRAIN_S=440 TRAIN_LIMIT=490)
-    if [ -n "${STEPBENCH:-}" ]; then
-      PYTHONPATH=$PYTHONPATH:.:./src timeout 90 python3 bench/drafter_step.py --device cuda --target /tmp/smollm2 \
-        --corpus /tmp/corpus/corpus.pt --rounds 6 --out "$OUT/drafter-step.json" 2>&1 | tail -8
-    fi
+    step_bench
     PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-560}" python3 -m testbed.models train-drafter \
       "${TRAIN_ARGS[@]}" "${more[@]}" --max-seconds "${TRAIN_S:-500}" > /tmp/train.log 2>&1
     rc=$?; echo "train rc=$rc" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/"
@@ -245,6 +249,7 @@ case $step in
     source tests/ddtree/device-env.sh
     pkill -f sglang.launch_server && sleep 8
     ensure_target || exit 1
+    step_bench
     if [ ! -f /tmp/smollm2-dflash/model.safetensors ]; then
       cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - || { echo "no drafter" >&2; exit 2; }
     fi
