@@ -121,6 +121,19 @@ def throughput_lines(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+def unmeasured_lines(raw: dict[str, Any]) -> list[str]:
+    """Servers the run started but did not measure (the deadline came first, or the server failed), named so a
+    table without their rows is not read as if they were left out by choice."""
+    out = []
+    for s in raw["servers"]:
+        if s["name"] == "small" or s.get("cells"):
+            continue
+        why = (f"failed: {s['error'][:120]}" if s.get("error") else
+               f"up at {s['up_s']:.0f} s, not measured before the deadline" if s.get("up_s") else "never came up")
+        out.append(f"{s['name']} ({why})")
+    return ["", "Started but not measured: " + "; ".join(out) + "."] if out else []
+
+
 def path_lines(raw: dict[str, Any]) -> list[str]:
     """DDTree's tree paths on the same greedy requests (T=0, 1 stream, top-k 4), where a run measured them."""
     rows = []
@@ -192,6 +205,7 @@ def render(raw: dict[str, Any], path: str) -> str:
     lines += [*function_lines(raw), ""]
     lines += [f"Decode tok/s per server, side by side with the target alone {src}:", ""]
     lines += throughput_lines(raw)
+    lines += unmeasured_lines(raw)
     lines += [x.replace("accept length):", f"accept length) {src}:") for x in path_lines(raw)]
     lines += [x.replace("up to its length:", f"up to its length {src}:") for x in churn_lines(raw)]
     lines += ["", "Per-step breakdown, T=0, 1 stream (ms per step, mean; GPU time between CUDA events on the "

@@ -99,10 +99,11 @@ corpus_in() {
 }
 # the drafter's training recipe, one for `train` and `trainwarm` (issue 39 item 2: 2,400 distinct prompts' target
 # answers; 64 anchors of 8 sequences a step; --max-seconds in each step cuts the steps to what fits its call, and
-# the cosine schedule follows the cut: beside four compiling servers a step took 90 ms (1,646 in 148 s, 2026-12-07),
-# so 3,000 planned steps would end a 500 s call alone on the GPU early; 20,000 leaves the cut to the deadline)
+# the cosine schedule follows the cut: the packed step took 15 ms alone on the H100 (bench/drafter_step.py,
+# 2026-12-07; the per-sequence step before it 98 ms), so a 500 s call fits about 30,000; 60,000 planned leaves the
+# cut to the deadline)
 TRAIN_ARGS=(--target /tmp/smollm2 --out /tmp/smollm2-dflash --device cuda --layers "${LAYERS:-2}"
-            --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-20000}" --seqs-per-step "${SPS:-8}"
+            --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-60000}" --seqs-per-step "${SPS:-8}"
             --anchors "${ANCHORS:-64}" --gen-batch "${GENBATCH:-256}")
 # STEPBENCH=1 (train, real): first the drafter's training step side by side, per sequence / packed / packed + TF32
 # (bench/drafter_step.py, about 40 s alone on the GPU; leave it room: TRAIN_S=440 TRAIN_LIMIT=490, or a shorter

@@ -93,3 +93,20 @@ def test_a_whole_answer_compares_as_its_own_prefix_with_the_near_tie_flag(real) 
     assert rows[2] == {"id": "p2", "error": "boom"}
     assert real.compare(ref[:1], {"p0": [5, 6, 7, 9]})[0] == {"id": "p0", "tokens": 3, "identical": False,
                                                              "diverge_at": 3}
+
+
+def test_servers_started_but_not_measured_are_named_with_why() -> None:
+    """A table without a server's rows says why: not measured before the deadline, failed, or never up."""
+    from bench.render_ddtree_real import unmeasured_lines
+
+    raw = {"servers": [{"name": "small", "cells": [], "up_s": 60.0, "error": None},
+                       {"name": "target", "cells": [{"tok_s": 1.0}], "up_s": 90.0, "error": None},
+                       {"name": "chain-b8", "cells": [], "up_s": 225.2, "error": None},
+                       {"name": "ddtree-b16-overlap", "cells": [], "up_s": None, "error": "exit 1: CUDA out of memory"},
+                       {"name": "ddtree-b8", "cells": [], "up_s": None, "error": None}]}
+    text = "\n".join(unmeasured_lines(raw))
+    assert "chain-b8 (up at 225 s, not measured before the deadline)" in text
+    assert "ddtree-b16-overlap (failed: exit 1: CUDA out of memory)" in text
+    assert "ddtree-b8 (never came up)" in text
+    assert "small" not in text and "target" not in text
+    assert unmeasured_lines({"servers": raw["servers"][:2]}) == []
