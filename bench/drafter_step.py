@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "src")]
 from bench.history import raw_header  # noqa: E402
 
-CORPUS_XZ = REPO / "testbed/models/corpora/smollm2-2400x256-seed0.pt.xz"
 VARIANTS = ("per-sequence", "packed", "packed+tf32")
 
 
@@ -51,13 +49,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         target = AutoModelForCausalLM.from_pretrained(d, dtype=getattr(torch, a.dtype)).to(a.device).eval()
         cfg = json.loads((Path(d) / "config.json").read_text())
     meta = dflash_train.corpus_meta(cfg, n=2400, max_new=256, seed=0)
-    if a.corpus:
-        corpus = dflash_train.load_corpus(a.corpus, meta, device=a.device)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            p = Path(tmp) / "corpus.pt"
-            p.write_bytes(lzma.decompress(CORPUS_XZ.read_bytes()))
-            corpus = dflash_train.load_corpus(p, meta, device=a.device)
+    corpus = dflash_train.load_corpus(a.corpus or dflash_train.TRACKED_CORPUS, meta, device=a.device)
     dcfg = drafter.drafter_config_for(cfg, block_size=8, layers=a.layers)
     layer_ids = dcfg["dflash_config"]["target_layer_ids"]
     mask_id = dcfg["dflash_config"]["mask_token_id"]

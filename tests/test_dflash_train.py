@@ -418,21 +418,15 @@ def test_train_drafter_refuses_a_drafter_it_cannot_go_on_with(target, tmp_path: 
 
 # SmolLM2-135M-Instruct's shape as corpus_meta records it (the embedded target; its config.json on the Hub)
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9)
-TRACKED_CORPUS = Path(__file__).resolve().parent.parent / "testbed/models/corpora/smollm2-2400x256-seed0.pt.xz"
+TRACKED_CORPUS = dflash_train.TRACKED_CORPUS
 
 
-def test_the_tracked_corpus_is_the_default_recipes_and_whole(tmp_path: Path) -> None:
+def test_the_tracked_corpus_is_the_default_recipes_and_whole() -> None:
     """The target-written corpus kept in the tree for the device's training calls (gpu_session.sh corpus_in) loads
     for exactly the default recipe (2,400 prompts, 256 new tokens, seed 0, SmolLM2's shape), and each sequence is a
     distinct chat prompt (starting at <|im_start|>, id 1) followed by an answer of 1 to 256 tokens in the vocabulary."""
-    import lzma
-    import shutil
-
-    plain = tmp_path / "corpus.pt"
-    with lzma.open(TRACKED_CORPUS) as src, plain.open("wb") as dst:
-        shutil.copyfileobj(src, dst)
     meta = dflash_train.corpus_meta(SMOLLM2, n=2400, max_new=256, seed=0)
-    corpus = dflash_train.load_corpus(plain, meta)
+    corpus = dflash_train.load_corpus(TRACKED_CORPUS, meta)
     assert len(corpus) == 2400 == len(corpus.prompt_lens)
     prompts = set()
     for seq, p in zip(corpus, corpus.prompt_lens, strict=True):
@@ -441,7 +435,7 @@ def test_the_tracked_corpus_is_the_default_recipes_and_whole(tmp_path: Path) -> 
         prompts.add(tuple(seq[:p].tolist()))
     assert len(prompts) == 2400
     with pytest.raises(ValueError, match="another recipe or target"):
-        dflash_train.load_corpus(plain, dflash_train.corpus_meta(SMOLLM2, n=2400, max_new=128, seed=0))
+        dflash_train.load_corpus(TRACKED_CORPUS, dflash_train.corpus_meta(SMOLLM2, n=2400, max_new=128, seed=0))
 
 
 def test_the_packed_step_is_the_per_sequence_steps_mean(target) -> None:

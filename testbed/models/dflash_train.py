@@ -397,9 +397,20 @@ def save_corpus(corpus: Corpus, path: Path | str, meta: dict[str, Any]) -> Path:
     return path
 
 
+# the default recipe's corpus (2,400 answers of up to 256 tokens, seed 0, SmolLM2-135M), kept in the tree xz-compressed
+TRACKED_CORPUS = Path(__file__).resolve().parent / "corpora" / "smollm2-2400x256-seed0.pt.xz"
+
+
 def load_corpus(path: Path | str, meta: dict[str, Any], device: str = "cpu") -> Corpus:
-    """A corpus ``save_corpus`` wrote, refused (ValueError) when it was written by another recipe or target."""
-    d = torch.load(str(path), weights_only=True)
+    """A corpus ``save_corpus`` wrote (or that file xz-compressed, ``*.xz``, as ``TRACKED_CORPUS``), refused
+    (ValueError) when it was written by another recipe or target."""
+    if str(path).endswith(".xz"):
+        import lzma
+
+        with lzma.open(path) as f:
+            d = torch.load(f, weights_only=True)
+    else:
+        d = torch.load(str(path), weights_only=True)
     if d.get("meta") != meta:
         raise ValueError(f"{path}: a corpus of another recipe or target ({d.get('meta')}, not {meta})")
     seqs = [x.to(torch.long).to(device) for x in torch.split(d["ids"], d["lens"])]
@@ -637,10 +648,7 @@ def _packed_loss(model, feats: list[torch.Tensor], seqs: list[torch.Tensor], emb
     """The mean of ``_block_loss`` over the sequences (the same anchors from the same ``rng``), in one packed pass
     (``DFlashDrafter.forward_packed``)."""
     drawn = [_draw_blocks(s, block, mask_id, n_anchor, rng, lo) for s, lo in zip(seqs, los, strict=True)]
-    L = max(f.shape[0] for f in feats)
-    packed = torch.zeros(len(feats), L, feats[0].shape[1], dtype=feats[0].dtype, device=feats[0].device)
-    for i, f in enumerate(feats):
-        packed[i, : f.shape[0]] = f
+    packed = nn.utils.rnn.pad_sequence(feats, batch_first=True)  # zeros after each sequence's end
     anchors = torch.stack([d[0] for d in drawn])
     ids = torch.stack([d[1] for d in drawn])
     labels = torch.stack([d[2] for d in drawn])
