@@ -299,7 +299,7 @@ def test_the_suite_corpus_is_the_targets_greedy_answers_within_each_prompts_budg
 
 @pytest.mark.parametrize("flag", [["--seqs", "1"], ["--seqs", "999999"], ["--seqs-per-step", "0"], ["--anchors", "0"],
                                   ["--lr", "0"], ["--gen-batch", "0"], ["--steps", "0"],
-                                  ["--max-seconds", "0"], ["--position-decay", "-1"]])
+                                  ["--max-seconds", "0"], ["--position-decay", "-1"], ["--checks", "0"]])
 def test_train_drafter_refuses_bad_numbers_before_loading_anything(flag, tmp_path, capsys) -> None:
     from testbed.models.__main__ import main
 
@@ -321,6 +321,54 @@ def test_a_deadline_cuts_the_steps_to_what_fits_and_the_drafter_still_comes_back
     _, full = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=20, anchors_per_seq=8, seed=0,
                                  log=lambda *_: None, deadline=time.time() + 3600)
     assert full["steps"] == full["steps_planned"] == 20  # a deadline far off cuts nothing
+
+
+def test_the_step_time_that_fits_the_deadline_leaves_out_the_first_steps_warm_up(target, monkeypatch) -> None:
+    """The first step carries the CUDA warm-up (1 s on the H100 against 16 ms a step, 2026-12-07): timed with it,
+    the step count was cut to a fifth of what fitted. A clock that only moves at the first step (100 s) and by a
+    millisecond per reading: the steps after it cost nothing, so the planned count stands."""
+    import types
+
+    m, cfg, seqs = target
+    now = [1000.0]
+
+    def clock() -> float:
+        now[0] += 0.001
+        return now[0]
+
+    def log(msg: str) -> None:
+        if "step 0/" in msg:
+            now[0] += 100.0  # the first step's warm-up
+
+    monkeypatch.setattr(dflash_train, "time", types.SimpleNamespace(time=clock))
+    _, report = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=150, anchors_per_seq=4, seed=0,
+                                   log=log, deadline=now[0] + 30 + 500, checks=2)
+    assert report["steps"] == report["steps_planned"] == 150
+    now[0] = 1000.0
+    _, cut = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=150, anchors_per_seq=4, seed=0,
+                                log=log, deadline=now[0] + 100 + 30 - 1, checks=2)
+    assert cut["steps"] == 11 and cut["steps_planned"] == 150  # a deadline nothing fits: the minimum
+
+
+def test_the_drafter_returned_is_the_one_at_the_lowest_validation_loss(target) -> None:
+    """A learning rate that wrecks the drafter after its first steps: the one returned is the checked state with the
+    lowest loss on the validation sequences (kept out of training and of the held-out tenth), not the last."""
+    m, cfg, seqs = target
+    model, report = dflash_train.train(m, seqs, cfg, block=8, layers=1, steps=40, anchors_per_seq=8, seed=0,
+                                       lr=3.0, log=lambda *_: None, checks=8)
+    losses = [c["loss"] for c in report["validation"]]
+    assert len(losses) >= 9 and report["validation"][-1]["step"] == 40
+    best = min(range(len(losses)), key=losses.__getitem__)
+    assert report["kept_step"] == report["validation"][best]["step"] < 40 and losses[best] < losses[-1]
+    train_idx, held, val = dflash_train.split_sets(len(seqs))
+    assert report["validation_seqs"] == len(val) >= 1 and not set(val) & set(train_idx) and not set(val) & set(held)
+    layer_ids, mask_id = report["target_layer_ids"], report["mask_token_id"]
+    with torch.no_grad():
+        feats = [dflash_train._features(m, seqs[i], layer_ids).float() for i in val]
+    again = dflash_train.validation_loss(model, feats, [seqs[i] for i in val], m.get_input_embeddings(),
+                                         m.get_output_embeddings(), 8, mask_id, 8, 0 + 7919, [1] * len(val),
+                                         dflash_train.position_weights(8, 0.0))
+    assert again == pytest.approx(losses[best], rel=1e-4)
 
 
 def test_position_weights_favour_the_early_positions_and_keep_the_loss_scale() -> None:

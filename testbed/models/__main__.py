@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(the same --layers and --block-size); its steps count on in the report")
     t.add_argument("--corpus", metavar="FILE", help="the target-written corpus: read from FILE when it holds this "
                    "recipe's (--seqs, --max-new, --seed, the target), else written by the target and saved there")
+    t.add_argument("--checks", type=int, default=20, help="validation-loss checks during training; the drafter "
+                   "at the lowest validation loss is the one exported")
     i = sub.add_parser("inflate", help="a small Llama checkpoint (and its DFlash drafter) at a larger compute "
                        "shape (default Llama-3-8B's), the same logits")
     i.add_argument("--src", required=True, help="Hugging Face Llama checkpoint dir")
@@ -115,7 +117,7 @@ def _train(a: argparse.Namespace) -> int:
     pool = len(dflash_train.prompt_pool())
     bad = [f"--{k.replace('_', '-')} {v}" for k, v in (("steps", a.steps), ("seqs_per_step", a.seqs_per_step),
                                                           ("anchors", a.anchors), ("gen_batch", a.gen_batch),
-                                                          ("max_new", a.max_new)) if v < 1]
+                                                          ("max_new", a.max_new), ("checks", a.checks)) if v < 1]
     if not 2 <= a.seqs <= pool:
         bad.append(f"--seqs {a.seqs} (2 to {pool}: the corpus's distinct prompts)")
     if a.max_seconds is not None and not a.max_seconds > 0:
@@ -175,7 +177,7 @@ def _train(a: argparse.Namespace) -> int:
                                        steps=a.steps, seed=a.seed, device=a.device, anchors_per_seq=a.anchors,
                                        seqs_per_step=a.seqs_per_step, lr=a.lr, position_decay=a.position_decay,
                                        init_from_target=a.init_from_target, init_state=init_state, prior=prior,
-                                       deadline=start + a.max_seconds if a.max_seconds else None)
+                                       checks=a.checks, deadline=start + a.max_seconds if a.max_seconds else None)
     report["corpus"] = meta
     # the gate's suite, held out of the corpus: the offline figure that predicts a served accept length there
     suite = dflash_train.suite_corpus(target, tok, device=a.device, max_new=a.max_new)

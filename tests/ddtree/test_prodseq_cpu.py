@@ -217,7 +217,7 @@ def test_the_pooled_statistics_are_kept_and_get_their_table_only_where_a_run_has
     assert "pooled over the T>0" not in render_prodseq.render(raw, "r")
 
 
-@pytest.mark.parametrize("raw_name", ["prodseq-h100-2026-12-06-s31.json.gz", "prodseq-h100-2026-12-06-s30.json.gz",
+@pytest.mark.parametrize("raw_name", ["prodseq-h100-2026-12-06-s31.json.xz", "prodseq-h100-2026-12-06-s30.json.gz",
                                       "prodseq-h200-2026-12-04-s20.json.gz"])
 def test_a_runs_margin_is_below_one_exactly_when_its_gate_refused_it_at_t_above_0(raw_name: str) -> None:
     """render_prodseq.margins (p / alpha of every T>0 statistic, the answer-level alpha rebuilt from the raw's
@@ -236,7 +236,7 @@ def test_a_runs_margin_is_below_one_exactly_when_its_gate_refused_it_at_t_above_
 
 
 def test_the_margin_table_counts_runs_refused_at_smaller_alphas() -> None:
-    raw = render_prodseq.load(render_prodseq.REPO / "docs" / "results" / "prodseq-h100-2026-12-06-s31.json.gz")
+    raw = render_prodseq.load(render_prodseq.REPO / "docs" / "results" / "prodseq-h100-2026-12-06-s31.json.xz")
     rows = {r.split(" | ")[0].lstrip("| "): r.split(" | ") for r in render_prodseq.margin_table(raw)[2:]}
     assert rows["b7-k4"][3].startswith("0.63 (T0.6 ks)") and rows["b7-k4"][6:9] == ["1", "0", "0 |"]
     assert rows["fault-min_p_on_t1-b16-k4"][6:8] == ["3", "3"]
