@@ -273,6 +273,28 @@ def render_drafter_step(raw: dict[str, Any], path: str) -> str:
     return render(raw, path)
 
 
+def render_drafter_train(raw: dict[str, Any], path: str) -> str:
+    """Device calls of train-drafter, one row each (their train.json reports, as ``runs``)."""
+    rows = ["| call | steps (this call / planned) | steps in all | training loss, last 20 | held-out accept | "
+            "all anchors | suite accept | seconds |", "|---|---|---|---|---|---|---|---|"]
+    for r in raw["runs"]:
+        rep = r["report"]
+        off, suite = rep.get("offline", {}), rep.get("offline_suite", {})
+        rows.append(f"| {r['call']} | {rep['steps']:,} / {rep.get('steps_planned', rep['steps']):,} | "
+                    f"{rep.get('steps_total', rep['steps']):,} | {rep['loss_last']:.4f} | "
+                    f"{off.get('accept_length', 0):.2f} | {off.get('accept_length_all_anchors', 0):.2f} | "
+                    f"{suite.get('accept_length', 0):.2f} | {rep['seconds']:.0f} |")
+    first = raw["runs"][0]["report"].get("resumed_from")
+    start = (f"Resumed from a drafter of {first['steps_total']:,} steps (held-out accept "
+             f"{first['offline']['accept_length']:.2f}, suite {first['offline_suite']['accept_length']:.2f}). "
+             if first else "")
+    cmds = "; ".join(f"call {r['call']}: `{r['command']}`" for r in raw["runs"])
+    return (start + "Accept lengths are offline chain figures (1 + the leading drafted tokens equal to the "
+            "target's text): held out = the corpus's held-out tenth anchored where sglang drafts; all anchors = "
+            "the same anywhere in the sequence; suite = the gate's suite prompts' greedy answers.\n\n"
+            + "\n".join(rows) + f"\n\nRaw: {path} ({raw['date']}, {raw['machine']}; {cmds})\n")
+
+
 def render_ddtree_real(raw: dict[str, Any], path: str) -> str:
     """DDTree with the trained drafter on the inflated 135M target, on the H200 (bench/ddtree_real.py)."""
     from bench.render_ddtree_real import render
@@ -527,6 +549,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "ddtree-real": render_ddtree_real,
     "drafter-recipe": render_drafter_recipe,
     "drafter-step": render_drafter_step,
+    "drafter-train": render_drafter_train,
     "gate-heldout-seeds": render_gate_heldout_seeds,
     "gate-heldout": render_gate_heldout,
     "ddtree-gpu-proof": render_gpu_proof,

@@ -100,8 +100,9 @@ corpus_in() {
 # the drafter's training recipe, one for `train` and `trainwarm` (issue 39 item 2: 2,400 distinct prompts' target
 # answers; 64 anchors of 8 sequences a step; --max-seconds in each step cuts the steps to what fits its call, and
 # the cosine schedule follows the cut: the packed step took 15 ms alone on the H100 (bench/drafter_step.py,
-# 2026-12-07; the per-sequence step before it 98 ms), so a 500 s call fits about 30,000; 60,000 planned leaves the
-# cut to the deadline)
+# 2026-12-07; the per-sequence step before it 98 ms), and 25,000 steps took 403 s in a train call, so 60,000 planned
+# leaves the cut to the deadline; the 2,400-answer corpus is learnt by heart well before that, so train-drafter
+# returns the drafter at its lowest validation loss)
 TRAIN_ARGS=(--target /tmp/smollm2 --out /tmp/smollm2-dflash --device cuda --layers "${LAYERS:-2}"
             --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-60000}" --seqs-per-step "${SPS:-8}"
             --anchors "${ANCHORS:-64}" --gen-batch "${GENBATCH:-256}")
