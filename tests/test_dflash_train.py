@@ -299,7 +299,8 @@ def test_the_suite_corpus_is_the_targets_greedy_answers_within_each_prompts_budg
 
 @pytest.mark.parametrize("flag", [["--seqs", "1"], ["--seqs", "999999"], ["--seqs-per-step", "0"], ["--anchors", "0"],
                                   ["--lr", "0"], ["--gen-batch", "0"], ["--steps", "0"],
-                                  ["--max-seconds", "0"], ["--position-decay", "-1"], ["--checks", "0"]])
+                                  ["--max-seconds", "0"], ["--position-decay", "-1"], ["--checks", "0"],
+                                  ["--answers-per-prompt", "0"], ["--answers-per-prompt", "5"]])
 def test_train_drafter_refuses_bad_numbers_before_loading_anything(flag, tmp_path, capsys) -> None:
     from testbed.models.__main__ import main
 
@@ -360,7 +361,7 @@ def test_the_drafter_returned_is_the_one_at_the_lowest_validation_loss(target) -
     assert len(losses) >= 9 and report["validation"][-1]["step"] == 40
     best = min(range(len(losses)), key=losses.__getitem__)
     assert report["kept_step"] == report["validation"][best]["step"] < 40 and losses[best] < losses[-1]
-    train_idx, held, val = dflash_train.split_sets(len(seqs))
+    train_idx, held, val = dflash_train.split_sets(list(range(len(seqs))), len(seqs))
     assert report["validation_seqs"] == len(val) >= 1 and not set(val) & set(train_idx) and not set(val) & set(held)
     layer_ids, mask_id = report["target_layer_ids"], report["mask_token_id"]
     with torch.no_grad():
@@ -407,6 +408,53 @@ def test_init_from_target_copies_the_targets_last_layers(target) -> None:
         for n in ("self_attn.q_proj", "mlp.down_proj", "input_layernorm"):
             assert torch.allclose(dst.get_submodule(n).weight, src.get_submodule(n).weight, atol=1e-6), n
         assert torch.allclose(dst.self_attn.q_norm.weight, torch.ones_like(dst.self_attn.q_norm.weight))
+
+
+def test_several_answers_per_prompt_are_the_one_answer_corpus_and_more_at_other_temperatures(target) -> None:
+    """answers=2: the first answers are the one-answer corpus's text; the second answer to each prompt is written
+    at the next temperature (so a greedy prompt's second answer is sampled and a sampled one's may be greedy), and
+    every sequence knows its prompt."""
+    m, _, _ = target
+    tok = _ChatTok()
+    one = dflash_train.self_distill_corpus(m, tok, n=8, max_new=12, seed=0, device="cpu", batch=3)
+    two = dflash_train.self_distill_corpus(m, tok, n=8, max_new=12, seed=0, device="cpu", batch=3, answers=2)
+    assert len(two) == 16 and two.prompts == list(range(8)) * 2 and two.n_prompts == 8
+    assert [x.tolist() for x in two[:8]] == [x.tolist() for x in one] and two.prompt_lens[:8] == one.prompt_lens
+    assert two.prompt_lens[8:] == one.prompt_lens  # the same prompts again
+    # prompt 3 is sampled (T 1.0) in its first answer and greedy (T 0, the next temperature) in its second
+    ids = tok.apply_chat_template([{"role": "user", "content": dflash_train.corpus_prompts(8)[3]}])
+    with torch.no_grad():
+        alone = m.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
+    if 2 in alone[len(ids):]:
+        alone = alone[: len(ids) + alone[len(ids):].index(2) + 1]
+    assert two[8 + 3].tolist() == alone
+    with pytest.raises(ValueError, match="answers 5"):
+        dflash_train.self_distill_corpus(m, tok, n=8, max_new=12, seed=0, device="cpu", answers=5)
+
+
+def test_the_split_is_by_prompt_so_no_prompts_answers_straddle_two_sets() -> None:
+    groups = [g for _ in range(3) for g in range(60)]  # three answers to each of 60 prompts
+    train, held, val = dflash_train.split_sets(groups, 60)
+    by = {name: {groups[i] for i in idx} for name, idx in (("train", train), ("held", held), ("val", val))}
+    assert by["held"] == set(range(6)) and len(held) == 18  # the first tenth of the prompts, all their answers
+    assert by["val"] == {6, 26, 46} and len(val) == 9
+    assert not (by["train"] & by["held"]) and not (by["train"] & by["val"]) and not (by["held"] & by["val"])
+    assert sorted(train + held + val) == list(range(180))
+    # a drafter trained on one corpus goes on with more answers to the same prompts, never with other prompts
+    meta = dflash_train.corpus_meta(TINY, n=60, max_new=12, seed=0)
+    assert "answers" not in meta and dflash_train.same_held_out(meta, {**meta, "answers": 3, "seed": 5})
+    assert not dflash_train.same_held_out(meta, dflash_train.corpus_meta(TINY, n=70, max_new=12, seed=0))
+    assert dflash_train.same_held_out(None, meta)
+
+
+def test_a_corpus_of_several_answers_keeps_its_prompts_through_a_file(tmp_path: Path) -> None:
+    seqs = dflash_train.Corpus([torch.arange(5, 17), torch.arange(40, 49), torch.arange(7, 19)], [4, 2, 4],
+                               [0, 1, 0], 2)
+    meta = dflash_train.corpus_meta(TINY, n=2, max_new=12, seed=0, answers=2)
+    back = dflash_train.load_corpus(dflash_train.save_corpus(seqs, tmp_path / "corpus.pt", meta), meta)
+    assert back.prompts == [0, 1, 0] and back.n_prompts == 2 and back.prompt_lens == [4, 2, 4]
+    with pytest.raises(ValueError, match="prompt index"):
+        dflash_train.Corpus([torch.arange(3)], [1], [2], 2)
 
 
 def test_a_saved_corpus_comes_back_whole_and_only_for_its_own_recipe(tmp_path: Path) -> None:

@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(the same --layers and --block-size); its steps count on in the report")
     t.add_argument("--corpus", metavar="FILE", help="the target-written corpus: read from FILE when it holds this "
                    "recipe's (--seqs, --max-new, --seed, the target), else written by the target and saved there")
+    t.add_argument("--answers-per-prompt", type=int, default=1, help="answers the target writes to each corpus "
+                   "prompt (1 to 4, each at another temperature); the held-out tenth is split by prompt")
     t.add_argument("--checks", type=int, default=20, help="validation-loss checks during training; the drafter "
                    "at the lowest validation loss is the one exported")
     i = sub.add_parser("inflate", help="a small Llama checkpoint (and its DFlash drafter) at a larger compute "
@@ -120,6 +122,8 @@ def _train(a: argparse.Namespace) -> int:
                                                           ("max_new", a.max_new), ("checks", a.checks)) if v < 1]
     if not 2 <= a.seqs <= pool:
         bad.append(f"--seqs {a.seqs} (2 to {pool}: the corpus's distinct prompts)")
+    if not 1 <= a.answers_per_prompt <= len(dflash_train.CORPUS_TEMPS):
+        bad.append(f"--answers-per-prompt {a.answers_per_prompt} (1 to {len(dflash_train.CORPUS_TEMPS)})")
     if a.max_seconds is not None and not a.max_seconds > 0:
         bad.append(f"--max-seconds {a.max_seconds}")
     if not a.lr > 0:
@@ -155,7 +159,8 @@ def _train(a: argparse.Namespace) -> int:
     start = time.time()
     tok = AutoTokenizer.from_pretrained(a.target)
     target = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16).to(a.device).eval()
-    meta = dflash_train.corpus_meta(target_cfg, n=a.seqs, max_new=a.max_new, seed=a.seed)
+    meta = dflash_train.corpus_meta(target_cfg, n=a.seqs, max_new=a.max_new, seed=a.seed,
+                                    answers=a.answers_per_prompt)
     seqs = None
     if a.corpus and Path(a.corpus).is_file():
         try:
@@ -164,13 +169,13 @@ def _train(a: argparse.Namespace) -> int:
         except (ValueError, RuntimeError, KeyError) as e:
             print(f"error: --corpus {e}", file=sys.stderr)
             return 2
-    if prior is not None and prior.get("corpus") not in (None, meta):
-        print(f"error: --resume {a.resume}: its drafter was trained on another corpus ({prior['corpus']}); its "
-              "held-out tenth would not be held out of this one", file=sys.stderr)
+    if prior is not None and not dflash_train.same_held_out(prior.get("corpus"), meta):
+        print(f"error: --resume {a.resume}: its drafter was trained on a corpus of other prompts or another target "
+              f"({prior['corpus']}); its held-out tenth would not be held out of this one", file=sys.stderr)
         return 2
     if seqs is None:
         seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed,
-                                                device=a.device, batch=a.gen_batch)
+                                                device=a.device, batch=a.gen_batch, answers=a.answers_per_prompt)
         if a.corpus:
             dflash_train.save_corpus(seqs, a.corpus, meta)
     model, report = dflash_train.train(target, seqs, target_cfg, block=a.block_size, layers=a.layers,

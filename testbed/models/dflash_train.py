@@ -347,43 +347,79 @@ def corpus_prompts(n: int) -> list[str]:
 
 
 class Corpus(list):
-    """Target-written sequences (a list of 1-D id tensors) with each one's prompt length."""
+    """Target-written sequences (a list of 1-D id tensors) with each one's prompt length and the index of the prompt
+    it answers (``prompts``; default one prompt each, in order) among ``n_prompts`` (default the largest index + 1):
+    several answers to one prompt share an index, so that a split by prompt keeps them on one side."""
 
-    def __init__(self, seqs: list[torch.Tensor], prompt_lens: list[int]) -> None:
+    def __init__(self, seqs: list[torch.Tensor], prompt_lens: list[int], prompts: list[int] | None = None,
+                 n_prompts: int | None = None) -> None:
         super().__init__(seqs)
         if len(prompt_lens) != len(seqs):
             raise ValueError("one prompt length per sequence")
         self.prompt_lens = [int(p) for p in prompt_lens]
+        self.prompts = list(range(len(seqs))) if prompts is None else [int(g) for g in prompts]
+        if len(self.prompts) != len(seqs) or any(g < 0 for g in self.prompts):
+            raise ValueError("one prompt index (>= 0) per sequence")
+        self.n_prompts = max(self.prompts, default=-1) + 1 if n_prompts is None else int(n_prompts)
+        if self.n_prompts <= max(self.prompts, default=-1):
+            raise ValueError(f"a prompt index beyond n_prompts {self.n_prompts}")
+
+
+# the temperatures a corpus's answers are written at, one prompt in four each (answer j of prompt i at
+# CORPUS_TEMPS[(i + j) % 4]: a prompt's answers are at distinct temperatures, so at most one is greedy)
+CORPUS_TEMPS = (0.0, 0.6, 0.8, 1.0)
 
 
 def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, seed: int,
-                        device: str, batch: int = 64) -> Corpus:
-    """Sequences the target writes itself: chat prompts, sampled at T 0 / 0.6 / 0.8 / 1.0 (one in
-    four each), generated in left-padded batches; each sequence is its prompt plus the answer up
-    to and including the first end-of-sequence token (``.prompt_lens``: each prompt's length)."""
-    temps = (0.0, 0.6, 0.8, 1.0)
+                        device: str, batch: int = 64, answers: int = 1) -> Corpus:
+    """Sequences the target writes itself: ``n`` chat prompts, each answered ``answers`` times (1 to 4) at
+    T 0 / 0.6 / 0.8 / 1.0 (``CORPUS_TEMPS``: one prompt in four each, a prompt's answers each at another one),
+    generated in left-padded batches; each sequence is its prompt plus the answer up to and including the first
+    end-of-sequence token (``.prompt_lens``: each prompt's length; ``.prompts``: which prompt). The first answers
+    are the one-answer corpus's, the same text."""
+    if not 1 <= answers <= len(CORPUS_TEMPS):
+        raise ValueError(f"answers {answers}: 1 to {len(CORPUS_TEMPS)} (one per temperature)")
     prompts = corpus_prompts(n)
-    out: dict[int, torch.Tensor] = {}
-    plen: dict[int, int] = {}
+    seqs: list[torch.Tensor] = []
+    plens: list[int] = []
+    groups: list[int] = []
     t0 = time.time()
-    for g, t in enumerate(temps):
-        idx = [i for i in range(n) if i % len(temps) == g]
-        for c in range(0, len(idx), batch):
-            chunk = idx[c : c + batch]
-            torch.manual_seed(seed * 1000 + g * 100 + c)
-            for i, (seq, pl) in zip(chunk, _answers(target, tok, [prompts[i] for i in chunk], max_new, t, device),
-                                    strict=True):
-                out[i], plen[i] = seq, pl
-            print(f"[train-drafter] corpus {len(out)}/{n} sequences written by the target ({time.time() - t0:.0f}s)",
-                  flush=True)
-    return Corpus([out[i] for i in range(n)], [plen[i] for i in range(n)])
+    for j in range(answers):
+        out: dict[int, tuple[torch.Tensor, int]] = {}
+        for g, t in enumerate(CORPUS_TEMPS):
+            idx = [i for i in range(n) if (i + j) % len(CORPUS_TEMPS) == g]
+            for c in range(0, len(idx), batch):
+                chunk = idx[c : c + batch]
+                torch.manual_seed(seed * 1000 + g * 100 + c + j * 1_000_003)
+                for i, got in zip(chunk, _answers(target, tok, [prompts[i] for i in chunk], max_new, t, device),
+                                  strict=True):
+                    out[i] = got
+                print(f"[train-drafter] corpus {len(seqs) + len(out)}/{n * answers} sequences written by the "
+                      f"target ({time.time() - t0:.0f}s)", flush=True)
+        for i in range(n):
+            seqs.append(out[i][0])
+            plens.append(out[i][1])
+            groups.append(i)
+    return Corpus(seqs, plens, groups, n)
 
 
 
-def corpus_meta(target_cfg: dict[str, Any], *, n: int, max_new: int, seed: int) -> dict[str, Any]:
-    """What makes a corpus: the recipe that wrote it and the target that wrote it (its shape and vocabulary)."""
+def corpus_meta(target_cfg: dict[str, Any], *, n: int, max_new: int, seed: int, answers: int = 1) -> dict[str, Any]:
+    """What makes a corpus: the recipe that wrote it and the target that wrote it (its shape and vocabulary);
+    ``answers`` per prompt only when more than one (a one-answer corpus's meta is what it always was)."""
     keys = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads")
-    return {"seqs": n, "max_new": max_new, "seed": seed, "target": {k: target_cfg.get(k) for k in keys}}
+    meta = {"seqs": n, "max_new": max_new, "seed": seed, "target": {k: target_cfg.get(k) for k in keys}}
+    return meta if answers == 1 else {**meta, "answers": answers}
+
+
+def same_held_out(prior: dict[str, Any] | None, meta: dict[str, Any]) -> bool:
+    """Whether a drafter trained on the corpus ``prior`` describes may go on training on ``meta``'s: the held-out
+    tenth (the first tenth of the prompts, ``split_sets``) must be the same prompts and the text the same target's,
+    so its prompts (``seqs``), ``max_new`` and target must agree; the seed and the answers per prompt may differ
+    (more answers to the same training prompts). No prior corpus recorded: yes."""
+    if prior is None:
+        return True
+    return all(prior.get(k) == meta.get(k) for k in ("seqs", "max_new", "target"))
 
 
 def save_corpus(corpus: Corpus, path: Path | str, meta: dict[str, Any]) -> Path:
@@ -393,7 +429,10 @@ def save_corpus(corpus: Corpus, path: Path | str, meta: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     lens = [int(x.shape[0]) for x in corpus]
     flat = torch.cat([x.to(torch.int32).cpu() for x in corpus]) if corpus else torch.zeros(0, dtype=torch.int32)
-    torch.save({"meta": meta, "ids": flat, "lens": lens, "prompt_lens": list(corpus.prompt_lens)}, str(path))
+    d = {"meta": meta, "ids": flat, "lens": lens, "prompt_lens": list(corpus.prompt_lens)}
+    if corpus.prompts != list(range(len(corpus))) or corpus.n_prompts != len(corpus):
+        d.update(prompts=list(corpus.prompts), n_prompts=corpus.n_prompts)
+    torch.save(d, str(path))
     return path
 
 
@@ -414,7 +453,7 @@ def load_corpus(path: Path | str, meta: dict[str, Any], device: str = "cpu") -> 
     if d.get("meta") != meta:
         raise ValueError(f"{path}: a corpus of another recipe or target ({d.get('meta')}, not {meta})")
     seqs = [x.to(torch.long).to(device) for x in torch.split(d["ids"], d["lens"])]
-    return Corpus(seqs, d["prompt_lens"])
+    return Corpus(seqs, d["prompt_lens"], d.get("prompts"), d.get("n_prompts"))
 
 
 def load_drafter(src: Path | str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -485,14 +524,18 @@ def _first_anchor(prompt_len: int | None) -> int:
     return max(1, int(prompt_len or 0))
 
 
-def split_sets(n: int) -> tuple[list[int], list[int], list[int]]:
-    """The ``n`` sequences' indices as (training, held out, validation): the first tenth (at least one) is held out
-    for the offline figures; every 20th of the rest (at least one) validates during training and is not trained on
-    (unless it is the only training sequence)."""
-    cut = max(1, n // 10)
-    rest, held = list(range(cut, n)), list(range(cut))
-    val = rest[::20] if len(rest) >= 20 else rest[-1:]
-    return ([i for i in rest if i not in set(val)] if len(rest) > len(val) else rest), held, val
+def split_sets(groups: list[int], n_prompts: int) -> tuple[list[int], list[int], list[int]]:
+    """Sequences (``groups[i]``: the prompt sequence i answers, of ``n_prompts``) as indices (training, held out,
+    validation), split by prompt so that a prompt's answers fall on one side: the answers to the first tenth of the
+    prompts (at least one) are held out for the offline figures; those to every 20th prompt of the rest that has
+    answers (at least one) validate during training and are not trained on (unless that leaves no training)."""
+    cut = max(1, n_prompts // 10)
+    held = [i for i, g in enumerate(groups) if g < cut]
+    rest = sorted({g for g in groups if g >= cut})
+    vp = set(rest[::20] if len(rest) >= 20 else rest[-1:])
+    val = [i for i, g in enumerate(groups) if g in vp]
+    train = [i for i, g in enumerate(groups) if g >= cut and g not in vp]
+    return (train or val), held, val
 
 
 def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any], *, block: int = 8,
@@ -526,8 +569,10 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     plens = [None] * len(seqs) if prompt_lens is None else [int(p) for p in prompt_lens]
     if len(plens) != len(seqs):
         raise ValueError("one prompt length per sequence")
+    groups = list(getattr(seqs, "prompts", range(len(seqs))))
+    n_prompts = int(getattr(seqs, "n_prompts", len(seqs)))
     keep = [i for i, x in enumerate(seqs) if x.shape[0] >= block + 4 and x.shape[0] - block > _first_anchor(plens[i])]
-    seqs, plens = [seqs[i] for i in keep], [plens[i] for i in keep]
+    seqs, plens, groups = [seqs[i] for i in keep], [plens[i] for i in keep], [groups[i] for i in keep]
     if len(seqs) < 2:
         raise ValueError(f"need at least 2 target-written sequences longer than {block + 3} tokens "
                          "with an answer of more than one block")
@@ -560,7 +605,9 @@ def train(target: nn.Module, seqs: list[torch.Tensor], target_cfg: dict[str, Any
     log(f"[train-drafter] target features of {len(seqs)} sequences ({time.time() - t_feat:.0f}s)")
     if checks < 1:
         raise ValueError(f"checks {checks}: at least one validation check")
-    train_idx, held, val = split_sets(len(seqs))
+    train_idx, held, val = split_sets(groups, n_prompts)
+    if not held:
+        raise ValueError("no sequence answers a held-out prompt (the first tenth of the prompts)")
     val_rng_seed = seed + 7919
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = torch.Generator(device="cpu").manual_seed(seed)

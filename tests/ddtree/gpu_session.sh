@@ -82,19 +82,26 @@ jit_caches() {
 # fresh checkout's first training call trains from its first second; a carried .carry/drafter/corpus.pt wins, and
 # another SEQS / MAXNEW makes train-drafter write its own
 CORPUS_XZ=testbed/models/corpora/smollm2-2400x256-seed0.pt.xz
+# the corpus file of this call's recipe (SEQS prompts, MAXNEW tokens, ANSWERS per prompt): corpus.pt for the
+# default one, whose file the tree keeps; another recipe's is named after it, here and as .carry/drafter/NAME
+if [ "${SEQS:-2400}" = 2400 ] && [ "${MAXNEW:-256}" = 256 ] && [ "${ANSWERS:-1}" = 1 ]; then
+  CORPUS_NAME=corpus.pt
+else
+  CORPUS_NAME=corpus-${SEQS:-2400}x${MAXNEW:-256}-a${ANSWERS:-1}.pt
+fi
+CORPUS=/tmp/corpus/$CORPUS_NAME
 # (had_corpus: set when a corpus was in place before training, so only one the call writes goes back to $OUT)
 corpus_in() {
   mkdir -p /tmp/corpus
-  if [ -f /tmp/corpus/corpus.pt ]; then
+  if [ -f "$CORPUS" ]; then
     :
-  elif [ -f .carry/drafter/corpus.pt ]; then
-    cp .carry/drafter/corpus.pt /tmp/corpus/
-  elif [ "${SEQS:-2400}" = 2400 ] && [ "${MAXNEW:-256}" = 256 ] && [ -f "$CORPUS_XZ" ]; then
+  elif [ -f ".carry/drafter/$CORPUS_NAME" ]; then
+    cp ".carry/drafter/$CORPUS_NAME" /tmp/corpus/
+  elif [ "$CORPUS_NAME" = corpus.pt ] && [ -f "$CORPUS_XZ" ]; then
     python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$CORPUS_XZ" /tmp/corpus/corpus.pt.part && mv /tmp/corpus/corpus.pt.part /tmp/corpus/corpus.pt &&
-      echo "corpus from the tree"
+      "$CORPUS_XZ" "$CORPUS.part" && mv "$CORPUS.part" "$CORPUS" && echo "corpus from the tree"
   fi
-  had_corpus=; [ -f /tmp/corpus/corpus.pt ] && had_corpus=1
+  had_corpus=; [ -f "$CORPUS" ] && had_corpus=1
   return 0
 }
 # the drafter's training recipe, one for `train` and `trainwarm` (issue 39 item 2: 2,400 distinct prompts' target
@@ -104,16 +111,16 @@ corpus_in() {
 # leaves the cut to the deadline; the 2,400-answer corpus is learnt by heart well before that, so train-drafter
 # returns the drafter at its lowest validation loss)
 TRAIN_ARGS=(--target /tmp/smollm2 --out /tmp/smollm2-dflash --device cuda --layers "${LAYERS:-2}"
-            --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --steps "${STEPS:-60000}" --seqs-per-step "${SPS:-8}"
+            --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --answers-per-prompt "${ANSWERS:-1}" --steps "${STEPS:-60000}" --seqs-per-step "${SPS:-8}"
             --anchors "${ANCHORS:-64}" --gen-batch "${GENBATCH:-256}")
 # STEPBENCH=1 (train, real): first the drafter's training step side by side, per sequence / packed / packed + TF32
 # (bench/drafter_step.py, about 40 s alone on the GPU; leave it room: TRAIN_S=440 TRAIN_LIMIT=490, or a shorter
 # real LIMIT)
 step_bench() {
   [ -n "${STEPBENCH:-}" ] || return 0
-  corpus_in
+  # (on the tracked corpus, read by the bench itself: the step's cost, whatever corpus the call trains on)
   PYTHONPATH=$PYTHONPATH:.:./src timeout 90 python3 bench/drafter_step.py --device cuda --target /tmp/smollm2 \
-    --corpus /tmp/corpus/corpus.pt --rounds 6 --out "$OUT/drafter-step.json" 2>&1 | tail -8
+    --rounds 6 --out "$OUT/drafter-step.json" 2>&1 | tail -8
 }
 case $step in
   install1)
@@ -148,7 +155,7 @@ case $step in
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     ensure_target || exit 1
-    more=(--corpus /tmp/corpus/corpus.pt); corpus_in
+    more=(--corpus "$CORPUS"); corpus_in
     if [ -n "${RESUME:-}" ]; then
       parts=(/tmp/drafter-parts/drafter.tar.part-*); [ -e "${parts[0]}" ] || parts=(.carry/drafter/drafter.tar.part-*)
       rm -rf /tmp/drafter-prev && mkdir -p /tmp/drafter-prev &&
@@ -159,7 +166,7 @@ case $step in
     PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-560}" python3 -m testbed.models train-drafter \
       "${TRAIN_ARGS[@]}" "${more[@]}" --max-seconds "${TRAIN_S:-500}" > /tmp/train.log 2>&1
     rc=$?; echo "train rc=$rc" >> /tmp/train.log; tail -2 /tmp/train.log; cp /tmp/train.log "$OUT/"
-    [ -n "$had_corpus" ] || cp /tmp/corpus/corpus.pt "$OUT/" 2>/dev/null  # a corpus this call wrote
+    [ -n "$had_corpus" ] || cp "$CORPUS" "$OUT/" 2>/dev/null  # a corpus this call wrote
     # the drafter comes back for later sessions (carry it as .carry/drafter), its report as a raw for docs/results
     [ "$rc" = 0 ] && cp /tmp/smollm2-dflash/train.json "$OUT/drafter-train.json" &&
       tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-" ;;
@@ -212,7 +219,7 @@ case $step in
     else
       # the corpus from the tree or the carry (corpus_in); one this call writes comes back too
       corpus_in
-      train_cmd=(python3 -m testbed.models train-drafter "${TRAIN_ARGS[@]}" --corpus /tmp/corpus/corpus.pt
+      train_cmd=(python3 -m testbed.models train-drafter "${TRAIN_ARGS[@]}" --corpus "$CORPUS"
                  --max-seconds "${TRAIN_S:-460}")
     fi
     { PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-520}" "${train_cmd[@]}" > /tmp/train.log 2>&1
@@ -221,7 +228,7 @@ case $step in
     timeout "${WARM_LIMIT:-480}" python3 tests/ddtree/prodseq.py warm --deadline "${WARM_DEADLINE:-400}" 2>&1 | tail -3
     wait $train
     tail -3 /tmp/train.log; cp /tmp/train.log "$OUT/"
-    [ -n "${had_corpus:-}" ] || cp /tmp/corpus/corpus.pt "$OUT/" 2>/dev/null
+    [ -n "${had_corpus:-}" ] || cp "$CORPUS" "$OUT/" 2>/dev/null
     if [ -f /tmp/smollm2-dflash/model.safetensors ]; then  # for a fresh machine: carry as .carry/drafter, step drafter
       cp /tmp/smollm2-dflash/train.json "$OUT/drafter-train.json" 2>/dev/null
       tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-"
