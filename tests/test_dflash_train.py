@@ -410,6 +410,21 @@ def test_init_from_target_copies_the_targets_last_layers(target) -> None:
         assert torch.allclose(dst.self_attn.q_norm.weight, torch.ones_like(dst.self_attn.q_norm.weight))
 
 
+def test_features_in_batches_are_each_sequences_own(target) -> None:
+    """features_of (right-padded batches in order of length) gives each sequence, in the order given, what
+    _features gives it alone."""
+    m, _, seqs = target
+    mixed = [seqs[0][:20], seqs[1], seqs[2][:9], seqs[3][:41], seqs[4][:33]]
+    with torch.no_grad():
+        alone = [dflash_train._features(m, x, [1, 2]).float() for x in mixed]
+        got = dflash_train.features_of(m, mixed, [1, 2], batch=2)
+    assert [g.shape for g in got] == [a.shape for a in alone]
+    for g, a in zip(got, alone, strict=True):
+        assert torch.allclose(g, a, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        dflash_train.features_of(m, mixed, [3], batch=2)
+
+
 def test_several_answers_per_prompt_are_the_one_answer_corpus_and_more_at_other_temperatures(target) -> None:
     """answers=2: the first answers are the one-answer corpus's text; the second answer to each prompt is written
     at the next temperature (so a greedy prompt's second answer is sampled and a sampled one's may be greedy), and
