@@ -87,7 +87,9 @@ def test_target_only_cli_deploys_without_gate_and_speculation(tmp_path: Path,
 
     monkeypatch.setattr(promote, "deploy", deploy)
     assert flow_cli.main(["deploy", "--hosts", "pcie-01", "--image", "r.example/x:1", "--target-only"]) == 0
-    assert got["cfg"].gate is False and got["extra_vars"] == {"serve_spec_algorithm": "NONE"}
+    # the target alone: no speculation, and no DDTree overlap opt-in (bad input without DDTree)
+    assert got["cfg"].gate is False and got["extra_vars"] == {"serve_spec_algorithm": "NONE",
+                                                             "serve_spec_ddtree_overlap": False}
     assert not promote._speculative({**{"serve_engine": "sglang", "serve_spec_algorithm": "DDTREE"},
                                      **got["extra_vars"]})
 

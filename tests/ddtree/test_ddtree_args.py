@@ -55,7 +55,7 @@ def test_bad_arguments_are_one_clear_error(change: dict, message: str) -> None:
 
 
 def test_the_overlap_scheduler_is_refused_unless_opted_into(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The overlap path is built but not yet shown exact on a GPU: refused by default, run with
+    """The overlap path is an opt-in per server (gated exact at b16/k4 on an H100): refused by default, run with
     SGLANG_DDTREE_OVERLAP=1 in the server's environment (or an explicit opt-in), and an explicit refusal wins."""
     on = {**GOOD, "disable_overlap_schedule": False}
     monkeypatch.delenv("SGLANG_DDTREE_OVERLAP", raising=False)
@@ -89,8 +89,8 @@ def parse(root: Path, argvs: list[list[str]], **extra_env: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, list[str]]:
-    """Every example host's server command, rendered by the rollout (real Ansible, no SSH)."""
+def rendered() -> dict[str, tuple[list[str], dict[str, str]]]:
+    """Every example host's server command and container env, rendered by the rollout (real Ansible, no SSH)."""
     proc = subprocess.run([sys.executable, "-m", "sglfleet.rollout", "render", "--hosts", "all",
                            "--inventory", str(ROOT / "src" / "sglfleet" / "ansible" / "inventories" / "example"),
                            "--json"],
@@ -98,20 +98,28 @@ def rendered() -> dict[str, list[str]]:
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(proc.stdout)
     hosts = data.get("hosts", data)
-    cmds = {h: (v.get("command") if isinstance(v, dict) else None) for h, v in hosts.items()}
-    cmds = {h: c for h, c in cmds.items() if c}
-    assert cmds, f"render gave no commands: {proc.stdout[:1000]}"
-    return cmds
+    specs = {h: v for h, v in hosts.items() if isinstance(v, dict) and v.get("command")}
+    assert specs, f"render gave no commands: {proc.stdout[:1000]}"
+    return {h: (v["command"], {k: str(x) for k, x in (v.get("env") or {}).items()}) for h, v in specs.items()}
 
 
 @pytest.mark.integration
-def test_every_rendered_command_passes_sglangs_parser(patched_sglang: Path, rendered: dict[str, list[str]]) -> None:
-    results = parse(patched_sglang, list(rendered.values()))
-    for (host, argv), res in zip(rendered.items(), results, strict=True):
-        assert res["rc"] == 0, f"{host}: sglang rejects {' '.join(argv)}\n{res['stderr']}"
-        assert res["ddtree"] == {"budget": 16, "topk": 4, "verify_width": 17}, (host, res)
-        # sglang's own resolution (patch 0015) derives the same width from the same rules
-        assert res["resolved"] == {"verify_width": 17, "topk": 4, "block": 8}, (host, res)
+def test_every_rendered_command_passes_sglangs_parser(patched_sglang: Path,
+                                                      rendered: dict[str, tuple[list[str], dict[str, str]]]) -> None:
+    """Each host's command under its own rendered overlap opt-in (SGLANG_DDTREE_OVERLAP from its container env,
+    never this process's): the example inventory runs DDTree under the overlap scheduler (serve_spec_ddtree_overlap)."""
+    by_opt_in: dict[str, list[str]] = {}
+    for host, (argv, env) in rendered.items():
+        assert "--disable-overlap-schedule" not in argv and env.get("SGLANG_DDTREE_OVERLAP") == "1", (host, env)
+        by_opt_in.setdefault(env.get("SGLANG_DDTREE_OVERLAP", ""), []).append(host)
+    for opt_in, hosts in by_opt_in.items():
+        results = parse(patched_sglang, [rendered[h][0] for h in hosts], SGLANG_DDTREE_OVERLAP=opt_in)
+        for host, res in zip(hosts, results, strict=True):
+            argv = rendered[host][0]
+            assert res["rc"] == 0, f"{host}: sglang rejects {' '.join(argv)}\n{res['stderr']}"
+            assert res["ddtree"] == {"budget": 16, "topk": 4, "verify_width": 17}, (host, res)
+            # sglang's own resolution (patch 0015) derives the same width from the same rules
+            assert res["resolved"] == {"verify_width": 17, "topk": 4, "block": 8}, (host, res)
 
 
 def _decode_reserve(root: Path):

@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                              "--loadtest-config and --no-loadtest")
         args.no_gate = True
         extra_vars["serve_spec_algorithm"] = "NONE"
+        extra_vars["serve_spec_ddtree_overlap"] = False  # the DDTree opt-in needs DDTree (preflight refuses it)
     if args.inventory:
         overrides["inventory"] = args.inventory
     if args.serial:

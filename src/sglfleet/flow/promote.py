@@ -66,7 +66,8 @@ def _speculative(hostvars: dict[str, Any]) -> bool:
 
 def serve_args_stage(cfg: RolloutConfig, hosts_pattern: str, image: str) -> Stage:
     """Render each target host's server command (no connection) and run the DDTree rules on it:
-    a budget the block cannot hold, a backend without a tree mask, overlap scheduling left on, ... is
+    a budget the block cannot hold, a backend without a tree mask, overlap scheduling left on without the
+    host's opt-in (SGLANG_DDTREE_OVERLAP=1 in its rendered env, serve_spec_ddtree_overlap), ... is
     UsageError (exit 2) here, before anything changes, not an sglang startup failure after the old
     server is stopped."""
     t0 = time.monotonic()
@@ -74,10 +75,12 @@ def serve_args_stage(cfg: RolloutConfig, hosts_pattern: str, image: str) -> Stag
     found: dict[str, Any] = {}
     for host, spec in sorted(rendered.items()):
         cmd = [str(x) for x in ((spec or {}).get("command") or [])]
-        r = check_serve_command(host, cmd)
+        r = check_serve_command(host, cmd, (spec or {}).get("env") or {})
         if r is not None:
-            found[host] = {"budget": r.budget, "topk": r.topk, "verify_width": r.verify_width}
-    summary = (", ".join(f"{h}: DDTree budget {v['budget']} top-k {v['topk']} (verify width {v['verify_width']})"
+            found[host] = {"budget": r.budget, "topk": r.topk, "verify_width": r.verify_width,
+                           "overlap": "--disable-overlap-schedule" not in cmd}
+    summary = (", ".join(f"{h}: DDTree budget {v['budget']} top-k {v['topk']} (verify width {v['verify_width']}"
+                         f"{', overlap scheduler' if v['overlap'] else ''})"
                          for h, v in found.items()) or "no DDTree host among the targets")
     return Stage("serve-args", True, summary, seconds=time.monotonic() - t0, data=found)
 

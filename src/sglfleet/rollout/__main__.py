@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
 
         rendered = d.render(cfg, args.hosts, args.image)
         for host, spec in sorted(rendered.items()):  # the DDTree rules deploy runs: bad input, exit 2, one line
-            check_serve_command(host, [str(x) for x in ((spec or {}).get("command") or [])])
+            check_serve_command(host, [str(x) for x in ((spec or {}).get("command") or [])],
+                                (spec or {}).get("env") or {})  # the host's env: its overlap opt-in
         print(json.dumps(rendered, indent=2))
         return EXIT_OK
     rc, hosts = d.status(cfg, args.hosts)

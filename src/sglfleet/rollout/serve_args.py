@@ -4,13 +4,16 @@ The serve role renders the container command; sglang would refuse a bad DDTree s
 but only after the image is pulled, the weights staged and the old server stopped. This runs the
 same rules (``sglang_ddtree.config.resolve``, what patch 0015 calls inside sglang) on the rendered
 argv on the controller, so a bad budget, a backend without a tree mask or overlap scheduling left on
-is one clear error with nothing changed.
+is one clear error with nothing changed. Whether a host opted into DDTree under the overlap scheduler
+(``SGLANG_DDTREE_OVERLAP=1``, the serve role's ``serve_spec_ddtree_overlap``) is read from that host's
+rendered container env, never from the controller's own environment.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -76,21 +79,30 @@ def ddtree_args_of(command: list[str]) -> dict[str, Any] | None:
     return out
 
 
-def check_serve_command(host: str, command: list[str]) -> Any:
+def check_serve_command(host: str, command: list[str], env: Mapping[str, Any] | None = None) -> Any:
     """Raise UsageError (bad input, exit 2) naming the host and the rule; return the resolved
-    DDTree args, or None for a command without DDTree."""
+    DDTree args, or None for a command without DDTree. ``env``: the environment the host's server
+    process gets (the rendered spec's ``env``); None is an empty one. The overlap opt-in counts only
+    as the plugin reads it there (``sglang_ddtree.config.overlap_opted_in``: the value ``1``); the
+    controller's own environment is never read. An opt-in on a command without DDTree is bad input."""
     args = ddtree_args_of(command)
-    if args is None:
+    if args is None and not env:
         return None
     rules = _ddtree_rules()
+    # the host's env, never the controller's: overlap_opted_in(None) would read this process's environment
+    opted_in = bool(rules.overlap_opted_in(dict(env or {})))
+    if args is None:
+        if opted_in:
+            raise UsageError(f"{host}: {rules.OVERLAP_ENV}=1 in the server's environment opts DDTree into the "
+                             "overlap scheduler, but its command runs no DDTree (no --speculative-ddtree-budget): "
+                             "set serve_spec_ddtree_overlap only with serve_spec_algorithm DDTREE")
+        return None
     DDTreeArgError, resolve = rules.DDTreeArgError, rules.resolve
     if "budget" not in args:
         raise UsageError(f"{host}: --speculative-ddtree-topk without --speculative-ddtree-budget")
     try:
-        # the fleet's hosts run DDTree without the overlap scheduler until an H200 run shows that path exact: the
-        # controller's own SGLANG_DDTREE_OVERLAP is not the host's, so it is never read here
         return resolve(**{"disable_overlap_schedule": False, "dp_attention": False, "topk": None, "block_size": None,
                           "algorithm": None, "draft_model_path": None, "attention_backend": None,
-                          "overlap_opt_in": False, **args})
+                          "overlap_opt_in": opted_in, **args})
     except DDTreeArgError as e:
         raise UsageError(f"{host}: DDTree settings cannot start: {e}") from None

@@ -18,8 +18,9 @@ TREE_MASK_BACKENDS = ("triton", "flashinfer")
 MAX_BUDGET = 255
 MAX_TOPK = 64
 # DDTree under sglang's overlap scheduler: built (the worker fences the scheduler's next writes behind its own
-# req_to_token commit, see worker.DDTreeWorker._fence_scheduler_writes) and opted into with this variable until an
-# H200 run has shown it exact (bench/ddtree_real.py --overlap-budgets); without it the overlap scheduler is refused.
+# req_to_token commit, see worker.DDTreeWorker._fence_scheduler_writes) and opted into per server with this
+# variable (b16/k4 passed 8 of 8 production-sequence gates on an H100, docs/production-gate.md; the serve role sets
+# it with serve_spec_ddtree_overlap); without it the overlap scheduler is refused.
 OVERLAP_ENV = "SGLANG_DDTREE_OVERLAP"
 
 
@@ -129,8 +130,8 @@ def resolve(
         )
     if not disable_overlap_schedule and not (overlap_opted_in() if overlap_opt_in is None else overlap_opt_in):
         raise DDTreeArgError(
-            "DDTree under the overlap scheduler is built but not yet shown exact on a GPU: add "
-            f"--disable-overlap-schedule, or set {OVERLAP_ENV}=1 in the server's environment to run it"
+            "DDTree runs under the overlap scheduler only when the server opts in: add --disable-overlap-schedule, "
+            f"or set {OVERLAP_ENV}=1 in the server's environment to run it"
         )
     if dp_attention:
         raise DDTreeArgError("DDTree does not support --enable-dp-attention")
