@@ -300,7 +300,8 @@ def test_the_suite_corpus_is_the_targets_greedy_answers_within_each_prompts_budg
 @pytest.mark.parametrize("flag", [["--seqs", "1"], ["--seqs", "999999"], ["--seqs-per-step", "0"], ["--anchors", "0"],
                                   ["--lr", "0"], ["--gen-batch", "0"], ["--steps", "0"],
                                   ["--max-seconds", "0"], ["--position-decay", "-1"], ["--checks", "0"],
-                                  ["--answers-per-prompt", "0"], ["--answers-per-prompt", "5"]])
+                                  ["--answers-per-prompt", "0"], ["--answers-per-prompt", "5"],
+                                  ["--base-corpus", "x.pt"]])
 def test_train_drafter_refuses_bad_numbers_before_loading_anything(flag, tmp_path, capsys) -> None:
     from testbed.models.__main__ import main
 
@@ -445,6 +446,28 @@ def test_several_answers_per_prompt_are_the_one_answer_corpus_and_more_at_other_
     assert two[8 + 3].tolist() == alone
     with pytest.raises(ValueError, match="answers 5"):
         dflash_train.self_distill_corpus(m, tok, n=8, max_new=12, seed=0, device="cpu", answers=5)
+
+
+def test_more_answers_on_a_base_corpus_keep_its_answers_and_write_only_the_rest(target, tmp_path: Path) -> None:
+    """base=: the answers of a corpus with fewer per prompt are kept (not written again) and the rest are what a
+    corpus written whole has; a base of another shape, or a file of another recipe, is refused."""
+    m, _, _ = target
+    tok = _ChatTok()
+    one = dflash_train.self_distill_corpus(m, tok, n=8, max_new=12, seed=0, device="cpu", batch=3)
+    whole = dflash_train.self_distill_corpus(m, tok, n=8, max_new=12, seed=0, device="cpu", batch=3, answers=2)
+    grown = dflash_train.self_distill_corpus(m, tok, n=8, max_new=12, seed=0, device="cpu", batch=3, answers=2,
+                                             base=one)
+    assert all(g is o for g, o in zip(grown[:8], one, strict=True))  # kept, not written again
+    assert [x.tolist() for x in grown] == [x.tolist() for x in whole] and grown.prompts == whole.prompts
+    with pytest.raises(ValueError, match="base corpus"):
+        dflash_train.self_distill_corpus(m, tok, n=8, max_new=12, seed=0, device="cpu", answers=2, base=whole)
+    meta1 = dflash_train.corpus_meta(TINY, n=8, max_new=12, seed=0)
+    f = dflash_train.save_corpus(one, tmp_path / "one.pt", meta1)
+    meta3 = dflash_train.corpus_meta(TINY, n=8, max_new=12, seed=0, answers=3)
+    assert len(dflash_train.load_fewer_answers(f, meta3)) == 8
+    for other in (meta1, dflash_train.corpus_meta(TINY, n=8, max_new=12, seed=1, answers=3)):
+        with pytest.raises(ValueError, match="fewer than"):
+            dflash_train.load_fewer_answers(f, other)
 
 
 def test_the_split_is_by_prompt_so_no_prompts_answers_straddle_two_sets() -> None:

@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
                    "recipe's (--seqs, --max-new, --seed, the target), else written by the target and saved there")
     t.add_argument("--answers-per-prompt", type=int, default=1, help="answers the target writes to each corpus "
                    "prompt (1 to 4, each at another temperature); the held-out tenth is split by prompt")
+    t.add_argument("--base-corpus", metavar="FILE", help="with --answers-per-prompt > 1 and no --corpus file yet: "
+                   "a corpus of the same recipe with fewer answers per prompt (e.g. the one-answer corpus); its "
+                   "answers are kept and only the rest are written")
     t.add_argument("--checks", type=int, default=20, help="validation-loss checks during training; the drafter "
                    "at the lowest validation loss is the one exported")
     i = sub.add_parser("inflate", help="a small Llama checkpoint (and its DFlash drafter) at a larger compute "
@@ -124,6 +127,8 @@ def _train(a: argparse.Namespace) -> int:
         bad.append(f"--seqs {a.seqs} (2 to {pool}: the corpus's distinct prompts)")
     if not 1 <= a.answers_per_prompt <= len(dflash_train.CORPUS_TEMPS):
         bad.append(f"--answers-per-prompt {a.answers_per_prompt} (1 to {len(dflash_train.CORPUS_TEMPS)})")
+    if a.base_corpus and a.answers_per_prompt < 2:
+        bad.append(f"--base-corpus with --answers-per-prompt {a.answers_per_prompt} (a base needs 2 or more)")
     if a.max_seconds is not None and not a.max_seconds > 0:
         bad.append(f"--max-seconds {a.max_seconds}")
     if not a.lr > 0:
@@ -173,9 +178,18 @@ def _train(a: argparse.Namespace) -> int:
         print(f"error: --resume {a.resume}: its drafter was trained on a corpus of other prompts or another target "
               f"({prior['corpus']}); its held-out tenth would not be held out of this one", file=sys.stderr)
         return 2
+    base = None
+    if seqs is None and a.base_corpus and a.answers_per_prompt > 1:
+        try:
+            base = dflash_train.load_fewer_answers(a.base_corpus, meta, device=a.device)
+            print(f"[train-drafter] {len(base)} answers kept from {a.base_corpus}", flush=True)
+        except (ValueError, RuntimeError, KeyError, OSError) as e:
+            print(f"error: --base-corpus {a.base_corpus}: {e}", file=sys.stderr)
+            return 2
     if seqs is None:
         seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed,
-                                                device=a.device, batch=a.gen_batch, answers=a.answers_per_prompt)
+                                                device=a.device, batch=a.gen_batch, answers=a.answers_per_prompt,
+                                                base=base)
         if a.corpus:
             dflash_train.save_corpus(seqs, a.corpus, meta)
     model, report = dflash_train.train(target, seqs, target_cfg, block=a.block_size, layers=a.layers,

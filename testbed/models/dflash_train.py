@@ -401,20 +401,28 @@ CORPUS_TEMPS = (0.0, 0.6, 0.8, 1.0)
 
 
 def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, seed: int,
-                        device: str, batch: int = 64, answers: int = 1) -> Corpus:
+                        device: str, batch: int = 64, answers: int = 1, base: Corpus | None = None) -> Corpus:
     """Sequences the target writes itself: ``n`` chat prompts, each answered ``answers`` times (1 to 4) at
     T 0 / 0.6 / 0.8 / 1.0 (``CORPUS_TEMPS``: one prompt in four each, a prompt's answers each at another one),
     generated in left-padded batches; each sequence is its prompt plus the answer up to and including the first
     end-of-sequence token (``.prompt_lens``: each prompt's length; ``.prompts``: which prompt). The first answers
-    are the one-answer corpus's, the same text."""
+    are the one-answer corpus's, the same text. ``base``: a corpus of the same recipe with fewer answers per prompt
+    (as this function wrote it): its answers are kept and only the rest are written."""
     if not 1 <= answers <= len(CORPUS_TEMPS):
         raise ValueError(f"answers {answers}: 1 to {len(CORPUS_TEMPS)} (one per temperature)")
     prompts = corpus_prompts(n)
     seqs: list[torch.Tensor] = []
     plens: list[int] = []
     groups: list[int] = []
+    kept = 0
+    if base is not None:
+        kept = len(base) // n if n else 0
+        if base.n_prompts != n or len(base) != kept * n or base.prompts != list(range(n)) * kept or kept >= answers:
+            raise ValueError(f"the base corpus ({len(base)} answers to {base.n_prompts} prompts) is not this "
+                             f"recipe's with fewer than {answers} answers to each of {n} prompts")
+        seqs, plens, groups = list(base), list(base.prompt_lens), list(base.prompts)
     t0 = time.time()
-    for j in range(answers):
+    for j in range(kept, answers):
         out: dict[int, tuple[torch.Tensor, int]] = {}
         for g, t in enumerate(CORPUS_TEMPS):
             idx = [i for i in range(n) if (i + j) % len(CORPUS_TEMPS) == g]
@@ -473,15 +481,35 @@ TRACKED_CORPUS = Path(__file__).resolve().parent / "corpora" / "smollm2-2400x256
 def load_corpus(path: Path | str, meta: dict[str, Any], device: str = "cpu") -> Corpus:
     """A corpus ``save_corpus`` wrote (or that file xz-compressed, ``*.xz``, as ``TRACKED_CORPUS``), refused
     (ValueError) when it was written by another recipe or target."""
+    d = _read_corpus(path)
+    if d.get("meta") != meta:
+        raise ValueError(f"{path}: a corpus of another recipe or target ({d.get('meta')}, not {meta})")
+    return _corpus_of(d, device)
+
+
+def load_fewer_answers(path: Path | str, meta: dict[str, Any], device: str = "cpu") -> Corpus:
+    """A corpus of ``meta``'s recipe with fewer answers per prompt (``self_distill_corpus``'s ``base``), refused
+    (ValueError) when the file holds anything else."""
+    d = _read_corpus(path)
+    want = int(meta.get("answers", 1))
+    fewer = [{k: v for k, v in meta.items() if k != "answers"} | ({"answers": a} if a > 1 else {})
+             for a in range(1, want)]
+    if d.get("meta") not in fewer:
+        raise ValueError(f"{path}: not a corpus of this recipe with fewer than {want} answers per prompt "
+                         f"({d.get('meta')})")
+    return _corpus_of(d, device)
+
+
+def _read_corpus(path: Path | str) -> dict[str, Any]:
     if str(path).endswith(".xz"):
         import lzma
 
         with lzma.open(path) as f:
-            d = torch.load(f, weights_only=True)
-    else:
-        d = torch.load(str(path), weights_only=True)
-    if d.get("meta") != meta:
-        raise ValueError(f"{path}: a corpus of another recipe or target ({d.get('meta')}, not {meta})")
+            return torch.load(f, weights_only=True)
+    return torch.load(str(path), weights_only=True)
+
+
+def _corpus_of(d: dict[str, Any], device: str) -> Corpus:
     seqs = [x.to(torch.long).to(device) for x in torch.split(d["ids"], d["lens"])]
     return Corpus(seqs, d["prompt_lens"], d.get("prompts"), d.get("n_prompts"))
 

@@ -102,6 +102,16 @@ corpus_in() {
       "$CORPUS_XZ" "$CORPUS.part" && mv "$CORPUS.part" "$CORPUS" && echo "corpus from the tree"
   fi
   had_corpus=; [ -f "$CORPUS" ] && had_corpus=1
+  # ANSWERS > 1 with no corpus of that recipe yet: the one-answer corpus (from the carry or the tree) is its base,
+  # so the target writes only the further answers (train-drafter --base-corpus)
+  base_corpus=()
+  if [ -z "$had_corpus" ] && [ "${ANSWERS:-1}" -gt 1 ] && [ "${SEQS:-2400}" = 2400 ] && [ "${MAXNEW:-256}" = 256 ]; then
+    if [ -f .carry/drafter/corpus.pt ]; then
+      base_corpus=(--base-corpus .carry/drafter/corpus.pt)
+    elif [ -f "$CORPUS_XZ" ]; then
+      base_corpus=(--base-corpus "$CORPUS_XZ")
+    fi
+  fi
   return 0
 }
 # the drafter's training recipe, one for `train` and `trainwarm` (issue 39 item 2: 2,400 distinct prompts' target
@@ -155,7 +165,7 @@ case $step in
     # shellcheck disable=SC1091
     source tests/ddtree/device-env.sh
     ensure_target || exit 1
-    more=(--corpus "$CORPUS"); corpus_in
+    corpus_in; more=(--corpus "$CORPUS" "${base_corpus[@]}")
     if [ -n "${RESUME:-}" ]; then
       parts=(/tmp/drafter-parts/drafter.tar.part-*); [ -e "${parts[0]}" ] || parts=(.carry/drafter/drafter.tar.part-*)
       rm -rf /tmp/drafter-prev && mkdir -p /tmp/drafter-prev &&
@@ -219,7 +229,7 @@ case $step in
     else
       # the corpus from the tree or the carry (corpus_in); one this call writes comes back too
       corpus_in
-      train_cmd=(python3 -m testbed.models train-drafter "${TRAIN_ARGS[@]}" --corpus "$CORPUS"
+      train_cmd=(python3 -m testbed.models train-drafter "${TRAIN_ARGS[@]}" --corpus "$CORPUS" "${base_corpus[@]}"
                  --max-seconds "${TRAIN_S:-460}")
     fi
     { PYTHONPATH=$PYTHONPATH:.:./src timeout "${TRAIN_LIMIT:-520}" "${train_cmd[@]}" > /tmp/train.log 2>&1
