@@ -295,6 +295,24 @@ def run_server(s: RealServer, ps: list[dict[str, Any]], ref: dict[str, list[int]
     return cells
 
 
+def server_plan(budgets: list[int], ov_budgets: list[int], overlap_chain: bool = False,
+                chain: bool = True) -> list[tuple[str, str, int | None, bool]]:
+    """The measured servers after the target alone, in the order they are measured: (name, kind, budget, overlap).
+    The first DDTree budget and the chain, then DDTree (and the chain) under the overlap scheduler, then the other
+    budgets; ``chain`` False leaves the chains out, and an empty ``budgets`` leaves out DDTree without the overlap
+    scheduler (a call that measures only overlap servers beside the target alone)."""
+    plan: list[tuple[str, str, int | None, bool]] = []
+    if budgets:
+        plan.append((f"ddtree-b{budgets[0]}", "ddtree", budgets[0], False))
+    if chain:
+        plan.append(("chain-b8", "chain", None, False))
+    plan += [(f"ddtree-b{b}-overlap", "ddtree", b, True) for b in ov_budgets]
+    if overlap_chain:
+        plan.append(("chain-b8-overlap", "chain", None, True))
+    plan += [(f"ddtree-b{b}", "ddtree", b, False) for b in budgets[1:]]
+    return plan
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budgets", default="16,8,31", help="DDTree budgets, measured in this order")
@@ -303,6 +321,8 @@ def main() -> int:
     ap.add_argument("--overlap-budgets", default="",
                     help="DDTree budgets also served under the overlap scheduler (SGLANG_DDTREE_OVERLAP=1)")
     ap.add_argument("--overlap-chain", action="store_true", help="the DFLASH chain under the overlap scheduler too")
+    ap.add_argument("--no-chain", action="store_true",
+                    help="leave out the DFLASH chain (without the overlap scheduler)")
     ap.add_argument("--no-small", action="store_true",
                     help="leave out the 135M target and its function check (its memory goes to the others)")
     ap.add_argument("--quick", action="store_true",
@@ -314,8 +334,9 @@ def main() -> int:
         ov_budgets = [int(b) for b in a.overlap_budgets.split(",") if b.strip()]
     except ValueError:
         budgets = ov_budgets = [0]
-    if not budgets or any(b < 1 for b in budgets + ov_budgets) or a.new < 1:
-        print("error: --budgets / --overlap-budgets must list budgets >= 1 and --new be >= 1", file=sys.stderr)
+    if not (budgets or ov_budgets) or any(b < 1 for b in budgets + ov_budgets) or a.new < 1:
+        print("error: --budgets / --overlap-budgets must list budgets >= 1 (--budgets may be empty when "
+              "--overlap-budgets is not) and --new be >= 1", file=sys.stderr)
         return 2
     t0 = time.time()
     deadline = t0 + a.deadline
@@ -330,12 +351,8 @@ def main() -> int:
     small = None if a.no_small else RealServer("small", "target", None, next(port), a.mem, model=SMALL)
     big = RealServer("target", "target", None, next(port), a.mem)
     servers = [x for x in (small, big) if x is not None]
-    servers += [RealServer(f"ddtree-b{budgets[0]}", "ddtree", budgets[0], next(port), a.mem),
-                RealServer("chain-b8", "chain", None, next(port), a.mem)]
-    servers += [RealServer(f"ddtree-b{b}-overlap", "ddtree", b, next(port), a.mem, overlap=True) for b in ov_budgets]
-    if a.overlap_chain:
-        servers.append(RealServer("chain-b8-overlap", "chain", None, next(port), a.mem, overlap=True))
-    servers += [RealServer(f"ddtree-b{b}", "ddtree", b, next(port), a.mem) for b in budgets[1:]]
+    servers += [RealServer(name, kind, b, next(port), a.mem, overlap=ov)
+                for name, kind, b, ov in server_plan(budgets, ov_budgets, a.overlap_chain, not a.no_chain)]
     # the churn cell on the overlap servers, their non-overlap twins and the target alone
     twins = {s.name.removesuffix("-overlap") for s in servers if s.overlap}
     churned = {s.name for s in servers if s.overlap or s.name in twins} | ({"target"} if twins else set())

@@ -274,7 +274,8 @@ case $step in
     fi
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
     # REAL_ARGS: more of ddtree_real.py's options, e.g. "--overlap-budgets 16 --overlap-chain --no-small" (DDTree
-    # and the chain under the overlap scheduler beside their twins, with the churn check)
+    # and the chain under the overlap scheduler beside their twins, with the churn check); BUDGETS=, and
+    # "--no-small --no-chain --overlap-budgets 8,16,31" measures only the overlap servers beside the target alone
     # shellcheck disable=SC2086
     timeout "${LIMIT:-560}" python3 bench/ddtree_real.py --deadline "${DEADLINE:-520}" ${BUDGETS:+--budgets "$BUDGETS"} \
       ${REAL_ARGS:-} 2>&1 | tee "$OUT/ddtree-real.log" | tail -60 ;;

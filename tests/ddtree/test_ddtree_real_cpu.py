@@ -110,3 +110,23 @@ def test_servers_started_but_not_measured_are_named_with_why() -> None:
     assert "ddtree-b8 (never came up)" in text
     assert "small" not in text and "target" not in text
     assert unmeasured_lines({"servers": raw["servers"][:2]}) == []
+
+
+def test_the_server_plan_keeps_its_order_and_can_measure_only_the_overlap_servers(real) -> None:
+    default = real.server_plan([16, 8, 31], [16])
+    assert [n for n, *_ in default] == ["ddtree-b16", "chain-b8", "ddtree-b16-overlap", "ddtree-b8", "ddtree-b31"]
+    assert [ov for *_, ov in default] == [False, False, True, False, False]
+    only = real.server_plan([], [8, 16, 31], chain=False)
+    assert only == [("ddtree-b8-overlap", "ddtree", 8, True), ("ddtree-b16-overlap", "ddtree", 16, True),
+                    ("ddtree-b31-overlap", "ddtree", 31, True)]
+    assert [n for n, *_ in real.server_plan([16], [], overlap_chain=True)] == ["ddtree-b16", "chain-b8",
+                                                                              "chain-b8-overlap"]
+
+
+@pytest.mark.parametrize("argv", [["--budgets", ""], ["--budgets", "", "--overlap-budgets", "0"],
+                                  ["--budgets", "x"], ["--new", "0"]])
+def test_no_ddtree_server_or_a_bad_budget_is_bad_input_before_anything_starts(real, argv, monkeypatch,
+                                                                               capsys) -> None:
+    monkeypatch.setattr(real, "inflate", lambda: pytest.fail("started work on bad input"))
+    monkeypatch.setattr(sys, "argv", ["ddtree_real.py", *argv])
+    assert real.main() == 2 and "error: --budgets" in capsys.readouterr().err
