@@ -61,7 +61,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     for p in target.parameters():
         p.requires_grad_(False)
     with torch.no_grad():
-        feats = [dflash_train._features(target, s, layer_ids).float() for s in seqs]
+        feats = dflash_train.features_of(target, seqs, layer_ids)
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     torch.manual_seed(0)
     model = dflash_train.DFlashDrafter(dflash_train.shape_for(cfg, layers=a.layers, n_features=len(layer_ids)))

@@ -206,13 +206,16 @@ def _features(target: nn.Module, ids: torch.Tensor, layer_ids: list[int]) -> tor
     order, the order the target's layer loop captures them) the residual stream entering layer
     ``id + 1``. HF's ``hidden_states[k]`` is the input of layer ``k`` for ``k < n``, but
     ``hidden_states[n]`` is the final-norm output, which sglang never captures (id ``n - 1``)."""
-    out = target(ids.unsqueeze(0), output_hidden_states=True)
-    hs = out.hidden_states
-    n = len(hs) - 1
+    hs = target(ids.unsqueeze(0), output_hidden_states=True).hidden_states
+    _check_layer_ids(layer_ids, len(hs) - 1)
+    return torch.cat([hs[i + 1][0] for i in layer_ids], dim=-1)
+
+
+def _check_layer_ids(layer_ids: list[int], n: int) -> None:
+    """The capture ids a target of ``n`` layers can hand the drafter (ValueError otherwise)."""
     if list(layer_ids) != sorted(set(layer_ids)) or not all(0 <= i < n - 1 for i in layer_ids):
         raise ValueError(f"target_layer_ids {list(layer_ids)} must increase and lie in 0..{n - 2} "
                          "(sglang captures the input of layer id + 1, in layer order)")
-    return torch.cat([hs[i + 1][0] for i in layer_ids], dim=-1)
 
 
 def features_of(target: nn.Module, seqs: list[torch.Tensor], layer_ids: list[int],
@@ -235,10 +238,7 @@ def features_of(target: nn.Module, seqs: list[torch.Tensor], layer_ids: list[int
             n = int(seqs[i].shape[0])
             ids[r, :n], mask[r, :n] = seqs[i], 1
         hs = target.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
-        n_layers = len(hs) - 1
-        if list(layer_ids) != sorted(set(layer_ids)) or not all(0 <= k < n_layers - 1 for k in layer_ids):
-            raise ValueError(f"target_layer_ids {list(layer_ids)} must increase and lie in 0..{n_layers - 2} "
-                             "(sglang captures the input of layer id + 1, in layer order)")
+        _check_layer_ids(layer_ids, len(hs) - 1)
         cat = torch.cat([hs[k + 1] for k in layer_ids], dim=-1).float()
         for r, i in enumerate(idx):
             out[i] = cat[r, : int(seqs[i].shape[0])].clone()
@@ -572,7 +572,7 @@ def suite_acceptance(model: DFlashDrafter, target: nn.Module, corpus: Corpus, la
     """``offline_acceptance`` on the suite's greedy answers (``suite_corpus``), anchored where sglang drafts."""
     embed, head = target.get_input_embeddings(), target.get_output_embeddings()
     with torch.no_grad():
-        feats = [_features(target, s, layer_ids).float() for s in corpus]
+        feats = features_of(target, list(corpus), layer_ids)
     return offline_acceptance(model, feats, list(corpus), embed, head, block, mask_id, prompt_lens=corpus.prompt_lens)
 
 
