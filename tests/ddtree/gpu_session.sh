@@ -104,9 +104,18 @@ corpus_in() {
   had_corpus=; [ -f "$CORPUS" ] && had_corpus=1
   # ANSWERS > 1 with no corpus of that recipe yet: the one-answer corpus (from the carry or the tree) is its base,
   # so the target writes only the further answers (train-drafter --base-corpus)
+  # (the base with the most answers wins: ANSWERS=3 keeps an a2 corpus this machine or the carry has)
   base_corpus=()
   if [ -z "$had_corpus" ] && [ "${ANSWERS:-1}" -gt 1 ] && [ "${SEQS:-2400}" = 2400 ] && [ "${MAXNEW:-256}" = 256 ]; then
-    if [ -f .carry/drafter/corpus.pt ]; then
+    local a f
+    for ((a = ANSWERS - 1; a >= 2; a--)); do
+      for f in "/tmp/corpus/corpus-2400x256-a$a.pt" ".carry/drafter/corpus-2400x256-a$a.pt"; do
+        [ -f "$f" ] && [ ${#base_corpus[@]} = 0 ] && base_corpus=(--base-corpus "$f")
+      done
+    done
+    if [ ${#base_corpus[@]} -gt 0 ]; then
+      :
+    elif [ -f .carry/drafter/corpus.pt ]; then
       base_corpus=(--base-corpus .carry/drafter/corpus.pt)
     elif [ -f "$CORPUS_XZ" ]; then
       base_corpus=(--base-corpus "$CORPUS_XZ")
