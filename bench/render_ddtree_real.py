@@ -128,7 +128,11 @@ def unmeasured_lines(raw: dict[str, Any]) -> list[str]:
     for s in raw["servers"]:
         if s["name"] == "small" or s.get("cells"):
             continue
-        why = (f"failed: {s['error'][:120]}" if s.get("error") else
+        err = str(s.get("error") or "")
+        # a server the GPU had no room for says so somewhere in its log's tail, rarely in its first characters
+        oom = "out of memory" in err.lower() or "outofmemory" in err.lower().replace(" ", "")
+        why = ("failed: CUDA out of memory (too many servers for the GPU at this --mem)" if oom else
+               f"failed: {err[:120]}" if err else
                f"up at {s['up_s']:.0f} s, not measured before the deadline" if s.get("up_s") else "never came up")
         out.append(f"{s['name']} ({why})")
     return ["", "Started but not measured: " + "; ".join(out) + "."] if out else []
@@ -143,7 +147,8 @@ def path_lines(raw: dict[str, Any]) -> list[str]:
         cells = {p: _cell(s, 0.0, 1, 4, p) for p in ("device", "graphed", "host")}
         if cells["graphed"] is None and cells["host"] is None:
             continue
-        rows.append(f"| b{s['budget']} | " + " | ".join(
+        ov = " (overlap scheduler)" if s.get("overlap") else ""
+        rows.append(f"| b{s['budget']}{ov} | " + " | ".join(
             f"{_f(c and c.get('tok_s'))} / {_f(c and c.get('accept_length'), 2)}" for c in cells.values()) + " |")
     if not rows:
         return []

@@ -275,13 +275,19 @@ def render_drafter_step(raw: dict[str, Any], path: str) -> str:
 
 def render_drafter_train(raw: dict[str, Any], path: str) -> str:
     """Device calls of train-drafter, one row each (their train.json reports, as ``runs``)."""
-    rows = ["| call | steps (this call / planned) | steps in all | training loss, last 20 | held-out accept | "
-            "all anchors | suite accept | seconds |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| call | steps (this call / planned) | steps in all | training loss, last 20 | kept: step, validation "
+            "loss (lowest / last) | answers per prompt, training answers | held-out accept | all anchors | "
+            "suite accept | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in raw["runs"]:
         rep = r["report"]
         off, suite = rep.get("offline", {}), rep.get("offline_suite", {})
+        val = rep.get("validation") or []
+        # a report from before the validation checks (95bf693) kept its last step and has no validation loss
+        kept = (f"{rep['kept_step']:,}, {min(v['loss'] for v in val):.2f} / {val[-1]['loss']:.2f}"
+                if val and "kept_step" in rep else "last step (no checks)")
+        answers = f"{rep.get('corpus', {}).get('answers', 1)}, {rep['train_seqs']:,}" if "train_seqs" in rep else "—"
         rows.append(f"| {r['call']} | {rep['steps']:,} / {rep.get('steps_planned', rep['steps']):,} | "
-                    f"{rep.get('steps_total', rep['steps']):,} | {rep['loss_last']:.4f} | "
+                    f"{rep.get('steps_total', rep['steps']):,} | {rep['loss_last']:.4f} | {kept} | {answers} | "
                     f"{off.get('accept_length', 0):.2f} | {off.get('accept_length_all_anchors', 0):.2f} | "
                     f"{suite.get('accept_length', 0):.2f} | {rep['seconds']:.0f} |")
     first = raw["runs"][0]["report"].get("resumed_from")

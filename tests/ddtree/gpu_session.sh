@@ -286,7 +286,7 @@ case $step in
     # and the chain under the overlap scheduler beside their twins, with the churn check); BUDGETS=, and
     # "--no-small --no-chain --overlap-budgets 8,16,31" measures only the overlap servers beside the target alone
     # shellcheck disable=SC2086
-    timeout "${LIMIT:-560}" python3 bench/ddtree_real.py --deadline "${DEADLINE:-520}" ${BUDGETS:+--budgets "$BUDGETS"} \
+    timeout "${LIMIT:-560}" python3 bench/ddtree_real.py --deadline "${DEADLINE:-520}" ${BUDGETS+--budgets "$BUDGETS"} \
       ${REAL_ARGS:-} 2>&1 | tee "$OUT/ddtree-real.log" | tail -60 ;;
   seeded)
     # tests/ddtree/seeded_identity.py: target-only, the correct DDTree b16/k4 and its step_shared_random fault, all

@@ -102,11 +102,16 @@ def test_servers_started_but_not_measured_are_named_with_why() -> None:
     raw = {"servers": [{"name": "small", "cells": [], "up_s": 60.0, "error": None},
                        {"name": "target", "cells": [{"tok_s": 1.0}], "up_s": 90.0, "error": None},
                        {"name": "chain-b8", "cells": [], "up_s": 225.2, "error": None},
-                       {"name": "ddtree-b16-overlap", "cells": [], "up_s": None, "error": "exit 1: CUDA out of memory"},
+                       # the log's tail, the out-of-memory line far past its first 120 characters
+                       {"name": "ddtree-b16-overlap", "cells": [], "up_s": None,
+                        "error": "exited rc=-9: " + "File model_runner.py, load_model\n" * 20
+                        + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB"},
+                       {"name": "ddtree-b31", "cells": [], "up_s": None, "error": "exited rc=1: bad server arg"},
                        {"name": "ddtree-b8", "cells": [], "up_s": None, "error": None}]}
     text = "\n".join(unmeasured_lines(raw))
     assert "chain-b8 (up at 225 s, not measured before the deadline)" in text
-    assert "ddtree-b16-overlap (failed: exit 1: CUDA out of memory)" in text
+    assert "ddtree-b16-overlap (failed: CUDA out of memory (too many servers for the GPU at this --mem))" in text
+    assert "ddtree-b31 (failed: exited rc=1: bad server arg)" in text
     assert "ddtree-b8 (never came up)" in text
     assert "small" not in text and "target" not in text
     assert unmeasured_lines({"servers": raw["servers"][:2]}) == []
