@@ -301,7 +301,7 @@ def test_the_suite_corpus_is_the_targets_greedy_answers_within_each_prompts_budg
                                   ["--lr", "0"], ["--gen-batch", "0"], ["--steps", "0"],
                                   ["--max-seconds", "0"], ["--position-decay", "-1"], ["--checks", "0"],
                                   ["--answers-per-prompt", "0"], ["--answers-per-prompt", "5"],
-                                  ["--base-corpus", "x.pt"]])
+                                  ["--base-corpus", "x.pt"], ["--self-asked", "-1"]])
 def test_train_drafter_refuses_bad_numbers_before_loading_anything(flag, tmp_path, capsys) -> None:
     from testbed.models.__main__ import main
 
@@ -466,8 +466,73 @@ def test_more_answers_on_a_base_corpus_keep_its_answers_and_write_only_the_rest(
     meta3 = dflash_train.corpus_meta(TINY, n=8, max_new=12, seed=0, answers=3)
     assert len(dflash_train.load_fewer_answers(f, meta3)) == 8
     for other in (meta1, dflash_train.corpus_meta(TINY, n=8, max_new=12, seed=1, answers=3)):
-        with pytest.raises(ValueError, match="fewer than"):
+        with pytest.raises(ValueError, match="not a corpus of this recipe"):
             dflash_train.load_fewer_answers(f, other)
+
+
+class _TemplateTok(_ChatTok):
+    """A stand-in with a chat template's user-turn prefix ([1, 5, 6]), an end-of-turn eos (2) and a decoder: ids
+    that are multiples of 4 read as spaces, so sampled rows have words."""
+
+    def apply_chat_template(self, conv, add_generation_prompt=True):
+        return [1, 5, 6] + [3 + (ord(c) % 87) for c in conv[0]["content"]] + [2]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(" " if i % 4 == 0 else chr(ord("a") + i % 26) for i in ids if i > 2)
+
+
+def test_self_asked_prompts_are_the_targets_own_distinct_and_never_the_suites(target, monkeypatch) -> None:
+    """The target asks from its user turn; each kept request ended, has 3 to 60 words, is unlike every other and
+    every excluded one, and is neither inside nor around a held-out suite prompt; too few that end is an error."""
+    m, _, _ = target
+    tok = _TemplateTok()
+    asked = dflash_train.self_asked_prompts(m, tok, 12, seed=0, device="cpu", exclude=[], batch=16, max_new=24)
+    keys = [dflash_train._norm(p) for p in asked]
+    assert len(asked) == 12 and len(set(keys)) == 12 and all(3 <= len(p.split()) <= 60 for p in asked)
+    assert asked == dflash_train.self_asked_prompts(m, tok, 12, seed=0, device="cpu", exclude=[], batch=16,
+                                                    max_new=24)  # the seed decides
+    # one becomes a suite prompt (seen inside a longer one), another an excluded pool prompt: both go, n still come
+    monkeypatch.setattr(dflash_train, "held_out_prompts", lambda: [f"Please: {asked[0].upper()}, thanks."])
+    again = dflash_train.self_asked_prompts(m, tok, 12, seed=0, device="cpu", exclude=[asked[1] + "!"], batch=16,
+                                            max_new=24)
+    assert len(again) == 12 and asked[0] not in again and asked[1] not in again and again[:10] == asked[2:12]
+    with pytest.raises(ValueError, match="kept from"):  # one token a request: none ends as a whole request
+        dflash_train.self_asked_prompts(m, tok, 2, seed=0, device="cpu", exclude=[], batch=8, max_new=1)
+
+
+def test_self_asked_prompts_extend_a_corpus_that_keeps_the_pool_prompts_answers(target, tmp_path: Path) -> None:
+    """prompts=: the pool's prompts then the asked ones; a base answering the pool's prompts alone is kept (not
+    written again) and only the new prompts are answered; the meta names the asked prompts, and a base of the pool
+    alone loads for it."""
+    m, _, _ = target
+    tok = _ChatTok()
+    pool = dflash_train.corpus_prompts(4)
+    one = dflash_train.self_distill_corpus(m, tok, n=4, max_new=12, seed=0, device="cpu", batch=3)
+    prompts = [*pool, "how do kites fly", "name three rivers"]
+    grown = dflash_train.self_distill_corpus(m, tok, n=6, max_new=12, seed=0, device="cpu", batch=3, base=one,
+                                             prompts=prompts)
+    assert len(grown) == 6 and grown.n_prompts == 6 and grown.prompts == list(range(6))
+    assert all(g is o for g, o in zip(grown[:4], one, strict=True))
+    ids = tok.apply_chat_template([{"role": "user", "content": prompts[4]}])  # prompt 4: greedy (4 % 4 == 0)
+    with torch.no_grad():
+        alone = m.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0].tolist()
+    if 2 in alone[len(ids):]:
+        alone = alone[: len(ids) + alone[len(ids):].index(2) + 1]
+    assert grown[4].tolist() == alone and grown.prompt_lens[4] == len(ids)
+    two = dflash_train.self_distill_corpus(m, tok, n=6, max_new=12, seed=0, device="cpu", batch=3, base=one,
+                                           prompts=prompts, answers=2)  # the pool's second answers are written too
+    assert len(two) == 12 and all(g is o for g, o in zip(two[:4], one, strict=True)) and two.prompts[6:] == list(
+        range(6))
+    with pytest.raises(ValueError, match="prompts for a corpus"):
+        dflash_train.self_distill_corpus(m, tok, n=5, max_new=12, seed=0, device="cpu", prompts=prompts)
+    meta = dflash_train.corpus_meta(TINY, n=4, max_new=12, seed=0, self_asked=2)
+    assert meta["self_asked"] == 2 and "self_asked" not in dflash_train.corpus_meta(TINY, n=4, max_new=12, seed=0)
+    f = dflash_train.save_corpus(one, tmp_path / "pool.pt", dflash_train.corpus_meta(TINY, n=4, max_new=12, seed=0))
+    assert len(dflash_train.load_fewer_answers(f, meta)) == 4
+    g = dflash_train.save_corpus(grown, tmp_path / "grown.pt", meta)
+    with pytest.raises(ValueError, match="not a corpus of this recipe"):  # the same recipe is no base of itself
+        dflash_train.load_fewer_answers(g, meta)
+    assert not dflash_train.same_held_out(meta, dflash_train.corpus_meta(TINY, n=4, max_new=12, seed=0))
 
 
 def test_the_split_is_by_prompt_so_no_prompts_answers_straddle_two_sets() -> None:

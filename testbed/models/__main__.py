@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--base-corpus", metavar="FILE", help="with --answers-per-prompt > 1 and no --corpus file yet: "
                    "a corpus of the same recipe with fewer answers per prompt (e.g. the one-answer corpus); its "
                    "answers are kept and only the rest are written")
+    t.add_argument("--self-asked", type=int, default=0, metavar="N", help="N more prompts the target asks itself "
+                   "(sampled from its chat template's user turn; distinct, none a gate suite prompt), answered "
+                   "after the --seqs pool prompts; with --base-corpus a corpus of the pool prompts alone is kept")
     t.add_argument("--checks", type=int, default=20, help="validation-loss checks during training; the drafter "
                    "at the lowest validation loss is the one exported")
     i = sub.add_parser("inflate", help="a small Llama checkpoint (and its DFlash drafter) at a larger compute "
@@ -127,8 +130,11 @@ def _train(a: argparse.Namespace) -> int:
         bad.append(f"--seqs {a.seqs} (2 to {pool}: the corpus's distinct prompts)")
     if not 1 <= a.answers_per_prompt <= len(dflash_train.CORPUS_TEMPS):
         bad.append(f"--answers-per-prompt {a.answers_per_prompt} (1 to {len(dflash_train.CORPUS_TEMPS)})")
-    if a.base_corpus and a.answers_per_prompt < 2:
-        bad.append(f"--base-corpus with --answers-per-prompt {a.answers_per_prompt} (a base needs 2 or more)")
+    if a.base_corpus and a.answers_per_prompt < 2 and a.self_asked < 1:
+        bad.append(f"--base-corpus with --answers-per-prompt {a.answers_per_prompt} and no --self-asked (a base "
+                   "needs more answers or more prompts)")
+    if not 0 <= a.self_asked <= 100_000:
+        bad.append(f"--self-asked {a.self_asked} (0 to 100000)")
     if a.max_seconds is not None and not a.max_seconds > 0:
         bad.append(f"--max-seconds {a.max_seconds}")
     if not a.lr > 0:
@@ -165,7 +171,7 @@ def _train(a: argparse.Namespace) -> int:
     tok = AutoTokenizer.from_pretrained(a.target)
     target = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.bfloat16).to(a.device).eval()
     meta = dflash_train.corpus_meta(target_cfg, n=a.seqs, max_new=a.max_new, seed=a.seed,
-                                    answers=a.answers_per_prompt)
+                                    answers=a.answers_per_prompt, self_asked=a.self_asked)
     seqs = None
     if a.corpus and Path(a.corpus).is_file():
         try:
@@ -179,7 +185,7 @@ def _train(a: argparse.Namespace) -> int:
               f"({prior['corpus']}); its held-out tenth would not be held out of this one", file=sys.stderr)
         return 2
     base = None
-    if seqs is None and a.base_corpus and a.answers_per_prompt > 1:
+    if seqs is None and a.base_corpus:
         try:
             base = dflash_train.load_fewer_answers(a.base_corpus, meta, device=a.device)
             print(f"[train-drafter] {len(base)} answers kept from {a.base_corpus}", flush=True)
@@ -187,9 +193,13 @@ def _train(a: argparse.Namespace) -> int:
             print(f"error: --base-corpus {a.base_corpus}: {e}", file=sys.stderr)
             return 2
     if seqs is None:
-        seqs = dflash_train.self_distill_corpus(target, tok, n=a.seqs, max_new=a.max_new, seed=a.seed,
+        prompts = dflash_train.corpus_prompts(a.seqs)
+        if a.self_asked:
+            prompts += dflash_train.self_asked_prompts(target, tok, a.self_asked, seed=a.seed, device=a.device,
+                                                       exclude=dflash_train.prompt_pool(), batch=a.gen_batch)
+        seqs = dflash_train.self_distill_corpus(target, tok, n=len(prompts), max_new=a.max_new, seed=a.seed,
                                                 device=a.device, batch=a.gen_batch, answers=a.answers_per_prompt,
-                                                base=base)
+                                                base=base, prompts=prompts)
         if a.corpus:
             dflash_train.save_corpus(seqs, a.corpus, meta)
     model, report = dflash_train.train(target, seqs, target_cfg, block=a.block_size, layers=a.layers,

@@ -376,6 +376,65 @@ def corpus_prompts(n: int) -> list[str]:
     return pool[:n]
 
 
+def _user_turn_prefix(tok: Any) -> list[int]:
+    """The ids a chat template puts before a user's words (its system turn, the user role's header): the longest
+    common start of two one-turn conversations that differ only in the words."""
+    def ids(text: str) -> list[int]:
+        got = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=False)
+        return [int(x) for x in (got["input_ids"] if isinstance(got, dict) or hasattr(got, "keys") else got)]
+
+    a, b = ids("Hello there."), ids("Quite different words!")
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def self_asked_prompts(target: nn.Module, tok: Any, n: int, *, seed: int, device: str, exclude: list[str],
+                       batch: int = 256, max_new: int = 48, temperature: float = 1.0) -> list[str]:
+    """``n`` distinct chat prompts the target writes itself: sampled (``temperature``, top-p 0.95) from its chat
+    template's user turn, the way a chat model's own distribution asks (no text from outside the machine). Kept:
+    a request that ends (the end-of-turn token) within ``max_new`` tokens, of 3 to 60 words, unlike every other
+    kept one and every one of ``exclude`` (the pool's prompts) up to case and punctuation, and neither inside nor
+    around a gate suite prompt (``held_out_prompts``: measured on, never trained on). ValueError when 8n
+    requests do not give n."""
+    if n < 1:
+        raise ValueError(f"self-asked prompts: {n} (at least 1)")
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    prefix = _user_turn_prefix(tok)
+    if not prefix:
+        raise ValueError("the chat template has no user-turn prefix to ask from")
+    held = [_norm(h) for h in held_out_prompts()]
+    seen = {_norm(e) for e in exclude}
+    kept: list[str] = []
+    tries = 0
+    x = torch.tensor([prefix] * batch, device=device)
+    while len(kept) < n:
+        if tries >= 8 * n:
+            raise ValueError(f"self-asked prompts: {len(kept)} of {n} kept from {tries} requests")
+        torch.manual_seed(seed * 7919 + tries)
+        with torch.no_grad():
+            y = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, pad_token_id=pad,
+                                do_sample=True, temperature=temperature, top_p=0.95)
+        tries += batch
+        for row in y[:, len(prefix):].tolist():
+            if eos not in row:
+                continue  # cut off: not a whole request
+            text = " ".join(tok.decode(row[: row.index(eos)], skip_special_tokens=True).split())
+            key = _norm(text)
+            if not 3 <= len(text.split()) <= 60 or not key or key in seen:
+                continue
+            if any(h in key or key in h for h in held):
+                continue
+            seen.add(key)
+            kept.append(text)
+            if len(kept) == n:
+                break
+        print(f"[train-drafter] {len(kept)}/{n} prompts asked by the target ({tries} requests)", flush=True)
+    return kept
+
+
 class Corpus(list):
     """Target-written sequences (a list of 1-D id tensors) with each one's prompt length and the index of the prompt
     it answers (``prompts``; default one prompt each, in order) among ``n_prompts`` (default the largest index + 1):
@@ -401,53 +460,71 @@ CORPUS_TEMPS = (0.0, 0.6, 0.8, 1.0)
 
 
 def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, seed: int,
-                        device: str, batch: int = 64, answers: int = 1, base: Corpus | None = None) -> Corpus:
+                        device: str, batch: int = 64, answers: int = 1, base: Corpus | None = None,
+                        prompts: list[str] | None = None) -> Corpus:
     """Sequences the target writes itself: ``n`` chat prompts, each answered ``answers`` times (1 to 4) at
     T 0 / 0.6 / 0.8 / 1.0 (``CORPUS_TEMPS``: one prompt in four each, a prompt's answers each at another one),
     generated in left-padded batches; each sequence is its prompt plus the answer up to and including the first
     end-of-sequence token (``.prompt_lens``: each prompt's length; ``.prompts``: which prompt). The first answers
     are the one-answer corpus's, the same text. ``base``: a corpus of the same recipe with fewer answers per prompt
-    (as this function wrote it): its answers are kept and only the rest are written."""
+    (as this function wrote it): its answers are kept and only the rest are written. ``prompts``: the ``n`` prompts
+    (default ``corpus_prompts(n)``); a base may then answer only their first ``base.n_prompts`` (the pool's, before
+    the self-asked ones), its answers kept and the later prompts' written."""
     if not 1 <= answers <= len(CORPUS_TEMPS):
         raise ValueError(f"answers {answers}: 1 to {len(CORPUS_TEMPS)} (one per temperature)")
-    prompts = corpus_prompts(n)
+    prompts = corpus_prompts(n) if prompts is None else list(prompts)
+    if len(prompts) != n:
+        raise ValueError(f"{len(prompts)} prompts for a corpus of {n}")
+    nb, kb = 0, 0  # the base's prompts and answers to each
+    if base is not None:
+        nb = base.n_prompts
+        kb = len(base) // nb if nb else 0
+        if (not 1 <= nb <= n or len(base) != kb * nb or base.prompts != list(range(nb)) * kb or kb > answers
+                or (nb, kb) == (n, answers)):
+            raise ValueError(f"the base corpus ({len(base)} answers to {base.n_prompts} prompts) is not this "
+                             f"recipe's with fewer answers or prompts than {answers} answers to each of {n} prompts")
     seqs: list[torch.Tensor] = []
     plens: list[int] = []
     groups: list[int] = []
-    kept = 0
-    if base is not None:
-        kept = len(base) // n if n else 0
-        if base.n_prompts != n or len(base) != kept * n or base.prompts != list(range(n)) * kept or kept >= answers:
-            raise ValueError(f"the base corpus ({len(base)} answers to {base.n_prompts} prompts) is not this "
-                             f"recipe's with fewer than {answers} answers to each of {n} prompts")
-        seqs, plens, groups = list(base), list(base.prompt_lens), list(base.prompts)
     t0 = time.time()
-    for j in range(kept, answers):
+    written = 0
+    for j in range(answers):
+        keep = nb if j < kb else 0  # prompts whose answer j the base has
         out: dict[int, tuple[torch.Tensor, int]] = {}
         for g, t in enumerate(CORPUS_TEMPS):
-            idx = [i for i in range(n) if (i + j) % len(CORPUS_TEMPS) == g]
+            idx = [i for i in range(keep, n) if (i + j) % len(CORPUS_TEMPS) == g]
             for c in range(0, len(idx), batch):
                 chunk = idx[c : c + batch]
                 torch.manual_seed(seed * 1000 + g * 100 + c + j * 1_000_003)
                 for i, got in zip(chunk, _answers(target, tok, [prompts[i] for i in chunk], max_new, t, device),
                                   strict=True):
                     out[i] = got
-                print(f"[train-drafter] corpus {len(seqs) + len(out)}/{n * answers} sequences written by the "
+                written += len(chunk)
+                print(f"[train-drafter] corpus {written}/{n * answers - nb * kb} sequences written by the "
                       f"target ({time.time() - t0:.0f}s)", flush=True)
+        assert base is not None or keep == 0
         for i in range(n):
-            seqs.append(out[i][0])
-            plens.append(out[i][1])
+            seq, plen = (base[j * nb + i], base.prompt_lens[j * nb + i]) if i < keep and base is not None \
+                else out[i]
+            seqs.append(seq)
+            plens.append(plen)
             groups.append(i)
     return Corpus(seqs, plens, groups, n)
 
 
 
-def corpus_meta(target_cfg: dict[str, Any], *, n: int, max_new: int, seed: int, answers: int = 1) -> dict[str, Any]:
+def corpus_meta(target_cfg: dict[str, Any], *, n: int, max_new: int, seed: int, answers: int = 1,
+                self_asked: int = 0) -> dict[str, Any]:
     """What makes a corpus: the recipe that wrote it and the target that wrote it (its shape and vocabulary);
-    ``answers`` per prompt only when more than one (a one-answer corpus's meta is what it always was)."""
+    ``answers`` per prompt only when more than one and ``self_asked`` prompts only when some (a one-answer corpus
+    of the pool's prompts has the meta it always had)."""
     keys = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads")
-    meta = {"seqs": n, "max_new": max_new, "seed": seed, "target": {k: target_cfg.get(k) for k in keys}}
-    return meta if answers == 1 else {**meta, "answers": answers}
+    meta: dict[str, Any] = {"seqs": n, "max_new": max_new, "seed": seed, "target": {k: target_cfg.get(k) for k in keys}}
+    if answers != 1:
+        meta["answers"] = answers
+    if self_asked:
+        meta["self_asked"] = self_asked
+    return meta
 
 
 def same_held_out(prior: dict[str, Any] | None, meta: dict[str, Any]) -> bool:
@@ -457,7 +534,7 @@ def same_held_out(prior: dict[str, Any] | None, meta: dict[str, Any]) -> bool:
     (more answers to the same training prompts). No prior corpus recorded: yes."""
     if prior is None:
         return True
-    return all(prior.get(k) == meta.get(k) for k in ("seqs", "max_new", "target"))
+    return all(prior.get(k) == meta.get(k) for k in ("seqs", "max_new", "target", "self_asked"))
 
 
 def save_corpus(corpus: Corpus, path: Path | str, meta: dict[str, Any]) -> Path:
@@ -492,11 +569,14 @@ def load_fewer_answers(path: Path | str, meta: dict[str, Any], device: str = "cp
     (ValueError) when the file holds anything else."""
     d = _read_corpus(path)
     want = int(meta.get("answers", 1))
-    fewer = [{k: v for k, v in meta.items() if k != "answers"} | ({"answers": a} if a > 1 else {})
-             for a in range(1, want)]
-    if d.get("meta") not in fewer:
-        raise ValueError(f"{path}: not a corpus of this recipe with fewer than {want} answers per prompt "
-                         f"({d.get('meta')})")
+    plain = {k: v for k, v in meta.items() if k not in ("answers", "self_asked")}
+    # fewer answers to the same prompts, or (with self-asked prompts) at most as many to the pool's prompts alone
+    fewer = [plain | ({"answers": a} if a > 1 else {}) | ({"self_asked": meta["self_asked"]} if s else {})
+             for s in ((True, False) if meta.get("self_asked") else (False,))
+             for a in range(1, want + (0 if s else 1))]
+    if d.get("meta") not in [f for f in fewer if f != meta]:
+        raise ValueError(f"{path}: not a corpus of this recipe with fewer answers per prompt, or of its pool's "
+                         f"prompts alone ({d.get('meta')})")
     return _corpus_of(d, device)
 
 

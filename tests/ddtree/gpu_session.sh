@@ -84,10 +84,12 @@ jit_caches() {
 CORPUS_XZ=testbed/models/corpora/smollm2-2400x256-seed0.pt.xz
 # the corpus file of this call's recipe (SEQS prompts, MAXNEW tokens, ANSWERS per prompt): corpus.pt for the
 # default one, whose file the tree keeps; another recipe's is named after it, here and as .carry/drafter/NAME
-if [ "${SEQS:-2400}" = 2400 ] && [ "${MAXNEW:-256}" = 256 ] && [ "${ANSWERS:-1}" = 1 ]; then
+# SELF_ASKED=N: N more prompts the target asks itself (train-drafter --self-asked), named -sN
+ASKED_SFX=; [ "${SELF_ASKED:-0}" != 0 ] && ASKED_SFX=-s$SELF_ASKED
+if [ "${SEQS:-2400}" = 2400 ] && [ "${MAXNEW:-256}" = 256 ] && [ "${ANSWERS:-1}" = 1 ] && [ -z "$ASKED_SFX" ]; then
   CORPUS_NAME=corpus.pt
 else
-  CORPUS_NAME=corpus-${SEQS:-2400}x${MAXNEW:-256}-a${ANSWERS:-1}.pt
+  CORPUS_NAME=corpus-${SEQS:-2400}x${MAXNEW:-256}-a${ANSWERS:-1}$ASKED_SFX.pt
 fi
 CORPUS=/tmp/corpus/$CORPUS_NAME
 # (had_corpus: set when a corpus was in place before training, so only one the call writes goes back to $OUT)
@@ -104,12 +106,18 @@ corpus_in() {
   had_corpus=; [ -f "$CORPUS" ] && had_corpus=1
   # ANSWERS > 1 with no corpus of that recipe yet: the one-answer corpus (from the carry or the tree) is its base,
   # so the target writes only the further answers (train-drafter --base-corpus)
-  # (the base with the most answers wins: ANSWERS=3 keeps an a2 corpus this machine or the carry has)
+  # (the base with the most answers wins: ANSWERS=3 keeps an a2 corpus this machine or the carry has; with
+  # SELF_ASKED, the same recipe's with fewer answers, else the pool prompts' alone with at most ANSWERS)
   base_corpus=()
-  if [ -z "$had_corpus" ] && [ "${ANSWERS:-1}" -gt 1 ] && [ "${SEQS:-2400}" = 2400 ] && [ "${MAXNEW:-256}" = 256 ]; then
-    local a f
-    for ((a = ANSWERS - 1; a >= 2; a--)); do
-      for f in "/tmp/corpus/corpus-2400x256-a$a.pt" ".carry/drafter/corpus-2400x256-a$a.pt"; do
+  if [ -z "$had_corpus" ] && { [ "${ANSWERS:-1}" -gt 1 ] || [ -n "$ASKED_SFX" ]; } && [ "${SEQS:-2400}" = 2400 ] &&
+     [ "${MAXNEW:-256}" = 256 ]; then
+    local a f names=()
+    for ((a = ${ANSWERS:-1} - 1; a >= 2; a--)); do names+=("corpus-2400x256-a$a$ASKED_SFX.pt"); done
+    if [ -n "$ASKED_SFX" ]; then
+      for ((a = ${ANSWERS:-1}; a >= 2; a--)); do names+=("corpus-2400x256-a$a.pt"); done
+    fi
+    for n in ${names[@]+"${names[@]}"}; do
+      for f in "/tmp/corpus/$n" ".carry/drafter/$n"; do
         [ -f "$f" ] && [ ${#base_corpus[@]} = 0 ] && base_corpus=(--base-corpus "$f")
       done
     done
@@ -130,7 +138,7 @@ corpus_in() {
 # leaves the cut to the deadline; the 2,400-answer corpus is learnt by heart well before that, so train-drafter
 # returns the drafter at its lowest validation loss)
 TRAIN_ARGS=(--target /tmp/smollm2 --out /tmp/smollm2-dflash --device cuda --layers "${LAYERS:-2}"
-            --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --answers-per-prompt "${ANSWERS:-1}" --steps "${STEPS:-60000}" --seqs-per-step "${SPS:-8}"
+            --seqs "${SEQS:-2400}" --max-new "${MAXNEW:-256}" --answers-per-prompt "${ANSWERS:-1}" --self-asked "${SELF_ASKED:-0}" --steps "${STEPS:-60000}" --seqs-per-step "${SPS:-8}"
             --anchors "${ANCHORS:-64}" --gen-batch "${GENBATCH:-256}")
 # STEPBENCH=1 (train, real): first the drafter's training step side by side, per sequence / packed / packed + TF32
 # (bench/drafter_step.py, about 40 s alone on the GPU; leave it room: TRAIN_S=440 TRAIN_LIMIT=490, or a shorter
