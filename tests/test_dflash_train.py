@@ -4,6 +4,7 @@ loads (checked against the target), and it reloads to the same outputs."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -371,6 +372,18 @@ def test_the_drafter_returned_is_the_one_at_the_lowest_validation_loss(target) -
                                          m.get_output_embeddings(), 8, mask_id, 8, 0 + 7919, [1] * len(val),
                                          dflash_train.position_weights(8, 0.0))
     assert again == pytest.approx(losses[best], rel=1e-4)
+
+
+def test_validation_checks_come_early_then_evenly() -> None:
+    """A long run checks within its first thousand steps (where a small corpus's best drafter can be), never further
+    apart than steps // checks, and a short run's checks stay evenly spread."""
+    at, got = 0, []
+    while at < 24_587:
+        got.append(at)
+        at = dflash_train.next_check_after(at, 24_587, 20)
+    assert got[:5] == [0, 250, 500, 750, 1125] and len([g for g in got if g < 3000]) >= 6
+    assert max(b - a for a, b in itertools.pairwise(got)) == 24_587 // 20 and len(got) <= 40
+    assert [dflash_train.next_check_after(s, 40, 8) for s in (0, 5, 35)] == [5, 10, 40]
 
 
 def test_position_weights_favour_the_early_positions_and_keep_the_loss_scale() -> None:
