@@ -157,8 +157,11 @@ def path_lines(raw: dict[str, Any]) -> list[str]:
 
 
 def breakdown_lines(raw: dict[str, Any], temp: float = 0.0, streams: int = 1) -> list[str]:
-    lines = ["| DDTree step | steps | " + " | ".join(STAGES) + " | between steps | step | outside verify |",
-             "|---|---|" + "---|" * (len(STAGES) + 3)]
+    # host: draft = the host's time in the draft stage (launching the drafter: its batch, KV plan and attention
+    # metadata; under the overlap scheduler also the wait for the step before's lengths)
+    lines = ["| DDTree step | steps | " + " | ".join(STAGES)
+             + " | between steps | step | outside verify | host: draft |",
+             "|---|---|" + "---|" * (len(STAGES) + 4)]
     for s in raw["servers"]:
         if s["kind"] != "ddtree":
             continue
@@ -171,7 +174,8 @@ def breakdown_lines(raw: dict[str, Any], temp: float = 0.0, streams: int = 1) ->
             out = (r["step"] - r["verify"]) / r["step"] if r["step"] else None
             ov = " overlap" if s.get("overlap") else ""
             lines.append(f"| b{s['budget']}/k{k}{ov} | {r['steps']} | " + " | ".join(_f(r[st], 2) for st in STAGES)
-                         + f" | {_f(r['between'], 2)} | {_f(r['step'], 2)} | {'—' if out is None else f'{out:.0%}'} |")
+                         + f" | {_f(r['between'], 2)} | {_f(r['step'], 2)} | {'—' if out is None else f'{out:.0%}'} | "
+                         f"{_f(totals[key].get('host_ms', {}).get('draft', 0.0) / max(1, r['steps']), 2)} |")
     return lines
 
 

@@ -273,6 +273,13 @@ def render_drafter_step(raw: dict[str, Any], path: str) -> str:
     return render(raw, path)
 
 
+def render_self_asked(raw: dict[str, Any], path: str) -> str:
+    """A sample of the prompts the target asks itself (bench/self_asked.py)."""
+    from bench.self_asked import render
+
+    return render(raw, path)
+
+
 def render_drafter_train(raw: dict[str, Any], path: str) -> str:
     """Device calls of train-drafter, one row each (their train.json reports, as ``runs``)."""
     rows = ["| call | steps (this call / planned) | steps in all | training loss, last 20 | kept: step, validation "
@@ -556,6 +563,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], str]] = {
     "drafter-recipe": render_drafter_recipe,
     "drafter-step": render_drafter_step,
     "drafter-train": render_drafter_train,
+    "self-asked": render_self_asked,
     "gate-heldout-seeds": render_gate_heldout_seeds,
     "gate-heldout": render_gate_heldout,
     "ddtree-gpu-proof": render_gpu_proof,

@@ -511,6 +511,24 @@ def test_self_asked_prompts_are_the_targets_own_distinct_and_never_the_suites(ta
     assert len(again) == 12 and asked[0] not in again and asked[1] not in again and again[:10] == asked[2:12]
     with pytest.raises(ValueError, match="kept from"):  # one token a request: none ends as a whole request
         dflash_train.self_asked_prompts(m, tok, 2, seed=0, device="cpu", exclude=[], batch=8, max_new=1)
+    stats: dict[str, int] = {}
+    dflash_train.self_asked_prompts(m, tok, 12, seed=0, device="cpu", exclude=[asked[1]], batch=16, max_new=24,
+                                    stats=stats)
+    assert stats["kept"] == 12 and stats["dropped_suite"] >= 1 and stats["dropped_duplicate"] >= 1
+    assert stats["requests"] >= 12 + sum(v for k, v in stats.items() if k.startswith("dropped_"))
+
+
+def test_the_self_asked_sample_counts_kinds_drops_and_the_corpus_checks() -> None:
+    """bench/self_asked.py's summary: keep rate over the requests examined, and the two checks it reports (a pool
+    prompt or one around a suite prompt among the kept) count what is there."""
+    from bench.self_asked import kind_of, summary
+
+    pool, held = ["Write a poem about the sea."], ["Tell me a joke about cats."]
+    kept = ["Can you write a Python function to sort a list?", "write a POEM about the sea",
+            "Please, tell me a joke about cats today", "How do volcanoes form?"]
+    s = summary(kept, {"requests": 10, "kept": 4, "dropped_cut_off": 3, "dropped_length": 1}, pool, held)
+    assert s["examined"] == 8 and s["keep_rate"] == 0.5 and s["in_pool"] == 1 and s["around_suite"] == 1
+    assert s["kinds"]["code"] == 1 and kind_of("How do volcanoes form?") == "question" and s["distinct"] == 4
 
 
 def test_self_asked_prompts_extend_a_corpus_that_keeps_the_pool_prompts_answers(target, tmp_path: Path) -> None:

@@ -391,13 +391,14 @@ def _user_turn_prefix(tok: Any) -> list[int]:
 
 
 def self_asked_prompts(target: nn.Module, tok: Any, n: int, *, seed: int, device: str, exclude: list[str],
-                       batch: int = 256, max_new: int = 48, temperature: float = 1.0) -> list[str]:
+                       batch: int = 256, max_new: int = 48, temperature: float = 1.0,
+                       stats: dict[str, int] | None = None) -> list[str]:
     """``n`` distinct chat prompts the target writes itself: sampled (``temperature``, top-p 0.95) from its chat
     template's user turn, the way a chat model's own distribution asks (no text from outside the machine). Kept:
     a request that ends (the end-of-turn token) within ``max_new`` tokens, of 3 to 60 words, unlike every other
     kept one and every one of ``exclude`` (the pool's prompts) up to case and punctuation, and neither inside nor
     around a gate suite prompt (``held_out_prompts``: measured on, never trained on). ValueError when 8n
-    requests do not give n."""
+    requests do not give n. ``stats``: filled with the requests sampled and why the others were dropped."""
     if n < 1:
         raise ValueError(f"self-asked prompts: {n} (at least 1)")
     eos = tok.eos_token_id
@@ -409,6 +410,7 @@ def self_asked_prompts(target: nn.Module, tok: Any, n: int, *, seed: int, device
     seen = {_norm(e) for e in exclude}
     kept: list[str] = []
     tries = 0
+    why = {"cut_off": 0, "length": 0, "duplicate": 0, "suite": 0}
     x = torch.tensor([prefix] * batch, device=device)
     while len(kept) < n:
         if tries >= 8 * n:
@@ -419,19 +421,23 @@ def self_asked_prompts(target: nn.Module, tok: Any, n: int, *, seed: int, device
                                 do_sample=True, temperature=temperature, top_p=0.95)
         tries += batch
         for row in y[:, len(prefix):].tolist():
+            if len(kept) == n:
+                break
             if eos not in row:
-                continue  # cut off: not a whole request
+                why["cut_off"] += 1  # not a whole request
+                continue
             text = " ".join(tok.decode(row[: row.index(eos)], skip_special_tokens=True).split())
             key = _norm(text)
-            if not 3 <= len(text.split()) <= 60 or not key or key in seen:
-                continue
-            if any(h in key or key in h for h in held):
+            drop = ("length" if not 3 <= len(text.split()) <= 60 or not key else "duplicate" if key in seen else
+                    "suite" if any(h in key or key in h for h in held) else None)
+            if drop:
+                why[drop] += 1
                 continue
             seen.add(key)
             kept.append(text)
-            if len(kept) == n:
-                break
         print(f"[train-drafter] {len(kept)}/{n} prompts asked by the target ({tries} requests)", flush=True)
+    if stats is not None:
+        stats.update(requests=tries, kept=len(kept), **{f"dropped_{k}": v for k, v in why.items()})
     return kept
 
 
