@@ -14,7 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repo root
 from bench.history import render_main
-from bench.render_ddtree_step import STAGES, breakdown, profile_totals
+from bench.render_ddtree_step import DRAFT_PARTS, STAGES, breakdown, profile_totals
 
 
 def _f(v: float | None, d: int = 0) -> str:
@@ -156,12 +156,24 @@ def path_lines(raw: dict[str, Any]) -> list[str]:
             "| budget | device (default) | graphed | host (numpy reference) |", "|---|---|---|---|", *rows]
 
 
+def _host(t: dict[str, Any], stages: tuple[str, ...]) -> float:
+    """The host's mean ms per step over ``stages``."""
+    return sum(t.get("host_ms", {}).get(st, 0.0) for st in stages) / max(1, t["steps"])
+
+
+def _draft_split(t: dict[str, Any]) -> str:
+    if not all(p in t.get("host_ms", {}) for p in DRAFT_PARTS):
+        return "—"  # a worker from before the parts were marked
+    return " / ".join(f"{_host(t, (st,)):.2f}" for st in (*DRAFT_PARTS, "draft"))
+
+
 def breakdown_lines(raw: dict[str, Any], temp: float = 0.0, streams: int = 1) -> list[str]:
     # host: draft = the host's time in the draft stage (launching the drafter: its batch, KV plan and attention
     # metadata; under the overlap scheduler also the wait for the step before's lengths)
+    # host: draft split = the host's ms in the draft stage's parts (lens / prep / forward), where the worker marks them
     lines = ["| DDTree step | steps | " + " | ".join(STAGES)
-             + " | between steps | step | outside verify | host: draft |",
-             "|---|---|" + "---|" * (len(STAGES) + 4)]
+             + " | between steps | step | outside verify | host: draft | host: draft split (lens / prep / forward) |",
+             "|---|---|" + "---|" * (len(STAGES) + 5)]
     for s in raw["servers"]:
         if s["kind"] != "ddtree":
             continue
@@ -175,7 +187,7 @@ def breakdown_lines(raw: dict[str, Any], temp: float = 0.0, streams: int = 1) ->
             ov = " overlap" if s.get("overlap") else ""
             lines.append(f"| b{s['budget']}/k{k}{ov} | {r['steps']} | " + " | ".join(_f(r[st], 2) for st in STAGES)
                          + f" | {_f(r['between'], 2)} | {_f(r['step'], 2)} | {'—' if out is None else f'{out:.0%}'} | "
-                         f"{_f(totals[key].get('host_ms', {}).get('draft', 0.0) / max(1, r['steps']), 2)} |")
+                         f"{_f(_host(totals[key], ('draft', *DRAFT_PARTS)), 2)} | {_draft_split(totals[key])} |")
     return lines
 
 

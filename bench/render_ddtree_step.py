@@ -13,6 +13,9 @@ from typing import Any
 
 STAGES = ("draft", "topk", "tree", "mask", "prepare", "verify", "accept", "commit", "draft_kv")
 PATHS = ("device", "graphed", "eager", "host")
+# the draft stage's first parts, marked since 2026-12-07 (sglang_ddtree.worker): the host copy of the prefix lengths
+# (under the overlap scheduler, resolved from what the step before published) and the drafter launch's preparation
+DRAFT_PARTS = ("lens", "draft_prep")
 
 
 def _f(v: float | None, d: int = 0) -> str:
@@ -115,6 +118,8 @@ def breakdown(t: dict) -> dict[str, float]:
     time in tree + mask + accept."""
     n = max(1, t["steps"])
     row = {st: t["gpu_ms"].get(st, 0.0) / n for st in STAGES}
+    # the draft stage's parts a later worker marks (lens, draft_prep; profiling only) count in its draft column
+    row["draft"] += sum(t["gpu_ms"].get(st, 0.0) for st in DRAFT_PARTS) / n
     row["between"] = t["gap_ms"] / max(1, t["gaps"])
     row["step"] = sum(t["gpu_ms"].values()) / n + row["between"]
     row["host_tree"] = sum(t["host_ms"].get(st, 0.0) for st in ("tree", "mask", "accept")) / n

@@ -135,3 +135,27 @@ def test_no_ddtree_server_or_a_bad_budget_is_bad_input_before_anything_starts(re
     monkeypatch.setattr(real, "inflate", lambda: pytest.fail("started work on bad input"))
     monkeypatch.setattr(sys, "argv", ["ddtree_real.py", *argv])
     assert real.main() == 2 and "error: --budgets" in capsys.readouterr().err
+
+
+def _totals(parts: bool) -> dict:
+    gpu = {"draft": 100.0, "verify": 700.0, "prepare": 30.0, "end": 0.0}
+    host = {"draft": 130.0, "verify": 20.0, "prepare": 60.0, "end": 1.0}
+    if parts:
+        gpu.update(lens=50.0, draft_prep=30.0)
+        host.update(lens=390.0, draft_prep=110.0)
+    return {"steps": 100, "gpu_ms": gpu, "host_ms": host, "gap_ms": 40.0, "gaps": 100}
+
+
+def test_the_breakdown_keeps_the_draft_column_whole_and_splits_the_hosts_draft_time_where_marked() -> None:
+    """A worker that marks the draft stage's parts (lens, draft_prep) has them counted in the draft column (so its
+    rows compare with older ones) and shown as the host's split; an older worker's row shows no split."""
+    from bench.render_ddtree_real import breakdown_lines
+
+    raw = {"servers": [{"name": f"ddtree-b16-{i}", "kind": "ddtree", "budget": 16, "overlap": parts,
+                        "profiles": {"p.json": {"totals": {"kernel/k4/bs1/t0.0-k4-s1": _totals(parts)}}}}
+                       for i, parts in enumerate((True, False))]}
+    new, old = breakdown_lines(raw)[2:]
+    cells = [c.strip() for c in new.strip("|").split("|")]
+    assert cells[2] == "1.80" and cells[-3] == "26%" and cells[-2] == "6.30" and cells[-1] == "3.90 / 1.10 / 1.30"
+    old_cells = [c.strip() for c in old.strip("|").split("|")]
+    assert old_cells[2] == "1.00" and old_cells[-3] == "20%" and old_cells[-2] == "1.30" and old_cells[-1] == "—"

@@ -252,6 +252,8 @@ class DDTreeWorker(DFlashWorkerV2):
             can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
         )
         plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        if self._prof is not None:
+            self._prof.mark("draft_prep")
         with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
             out = self.draft_model_runner.forward(forward_batch)
         # the graph's head wrote this step's candidates (read by _tree_candidates)
@@ -341,6 +343,8 @@ class DDTreeWorker(DFlashWorkerV2):
             prefix_cpu = batch.seq_lens_cpu.to(torch.int64)
         else:
             prefix_cpu = prefix_lens.to("cpu", torch.int64)
+        if prof is not None:  # the draft stage in three (profiling only): the lengths, the launch's prep, the forward
+            prof.mark("lens")
         # 1) draft distributions
         draft_hidden = self._draft_block(batch, prefix_lens, prefix_cpu, window, use_graph_head=path == "device")
         if prof is not None:
