@@ -563,6 +563,10 @@ def test_self_asked_prompts_extend_a_corpus_that_keeps_the_pool_prompts_answers(
     g = dflash_train.save_corpus(grown, tmp_path / "grown.pt", meta)
     with pytest.raises(ValueError, match="not a corpus of this recipe"):  # the same recipe is no base of itself
         dflash_train.load_fewer_answers(g, meta)
+    # the sampled prompts' words travel with a self-asked corpus (more answers later answer the same prompts)
+    assert dflash_train.load_corpus(g, meta).texts == prompts and grown.texts == prompts
+    assert dflash_train.load_fewer_answers(g, {**meta, "answers": 2}).texts == prompts
+    assert dflash_train.load_corpus(f, dflash_train.corpus_meta(TINY, n=4, max_new=12, seed=0)).texts is None
     assert not dflash_train.same_held_out(meta, dflash_train.corpus_meta(TINY, n=4, max_new=12, seed=0))
 
 

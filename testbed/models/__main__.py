@@ -194,7 +194,10 @@ def _train(a: argparse.Namespace) -> int:
             return 2
     if seqs is None:
         prompts = dflash_train.corpus_prompts(a.seqs)
-        if a.self_asked:
+        if a.self_asked and base is not None and base.texts is not None and len(base.texts) == a.seqs + a.self_asked:
+            prompts = list(base.texts)  # the base's sampled prompts: more answers to the same ones, not asked again
+            print(f"[train-drafter] the {a.self_asked} self-asked prompts from {a.base_corpus}", flush=True)
+        elif a.self_asked:
             prompts += dflash_train.self_asked_prompts(target, tok, a.self_asked, seed=a.seed, device=a.device,
                                                        exclude=dflash_train.prompt_pool(), batch=a.gen_batch)
         seqs = dflash_train.self_distill_corpus(target, tok, n=len(prompts), max_new=a.max_new, seed=a.seed,

@@ -444,11 +444,14 @@ def self_asked_prompts(target: nn.Module, tok: Any, n: int, *, seed: int, device
 class Corpus(list):
     """Target-written sequences (a list of 1-D id tensors) with each one's prompt length and the index of the prompt
     it answers (``prompts``; default one prompt each, in order) among ``n_prompts`` (default the largest index + 1):
-    several answers to one prompt share an index, so that a split by prompt keeps them on one side."""
+    several answers to one prompt share an index, so that a split by prompt keeps them on one side. ``texts``: the
+    prompts' own words, one per prompt index, where known (a corpus with self-asked prompts keeps them, so that more
+    answers later answer the same sampled prompts instead of asking again)."""
 
     def __init__(self, seqs: list[torch.Tensor], prompt_lens: list[int], prompts: list[int] | None = None,
-                 n_prompts: int | None = None) -> None:
+                 n_prompts: int | None = None, texts: list[str] | None = None) -> None:
         super().__init__(seqs)
+        self.texts = None if texts is None else [str(t) for t in texts]
         if len(prompt_lens) != len(seqs):
             raise ValueError("one prompt length per sequence")
         self.prompt_lens = [int(p) for p in prompt_lens]
@@ -458,6 +461,8 @@ class Corpus(list):
         self.n_prompts = max(self.prompts, default=-1) + 1 if n_prompts is None else int(n_prompts)
         if self.n_prompts <= max(self.prompts, default=-1):
             raise ValueError(f"a prompt index beyond n_prompts {self.n_prompts}")
+        if self.texts is not None and len(self.texts) != self.n_prompts:
+            raise ValueError(f"{len(self.texts)} prompt texts for {self.n_prompts} prompts")
 
 
 # the temperatures a corpus's answers are written at, one prompt in four each (answer j of prompt i at
@@ -515,7 +520,7 @@ def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, se
             seqs.append(seq)
             plens.append(plen)
             groups.append(i)
-    return Corpus(seqs, plens, groups, n)
+    return Corpus(seqs, plens, groups, n, texts=prompts)
 
 
 
@@ -553,6 +558,8 @@ def save_corpus(corpus: Corpus, path: Path | str, meta: dict[str, Any]) -> Path:
     d = {"meta": meta, "ids": flat, "lens": lens, "prompt_lens": list(corpus.prompt_lens)}
     if corpus.prompts != list(range(len(corpus))) or corpus.n_prompts != len(corpus):
         d.update(prompts=list(corpus.prompts), n_prompts=corpus.n_prompts)
+    if meta.get("self_asked") and corpus.texts is not None:  # the sampled prompts, for more answers to them later
+        d["prompt_texts"] = list(corpus.texts)
     torch.save(d, str(path))
     return path
 
@@ -597,7 +604,7 @@ def _read_corpus(path: Path | str) -> dict[str, Any]:
 
 def _corpus_of(d: dict[str, Any], device: str) -> Corpus:
     seqs = [x.to(torch.long).to(device) for x in torch.split(d["ids"], d["lens"])]
-    return Corpus(seqs, d["prompt_lens"], d.get("prompts"), d.get("n_prompts"))
+    return Corpus(seqs, d["prompt_lens"], d.get("prompts"), d.get("n_prompts"), texts=d.get("prompt_texts"))
 
 
 def load_drafter(src: Path | str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
