@@ -9,7 +9,10 @@
 #   (the SmolLM2 GGUF rides in four pieces, .carry/gguf/p0..p3 from tests/ddtree/split_gguf.sh: p0..p2 with
 #   install1..3, p3 with the step that first needs the target)
 #   train     .carry/gguf/p3                           the drafter alone (TRAIN_ARGS below); drafter -> $OUT; after
-#                                                      RESUME=1 (carrying .carry/drafter too) goes on training it
+#                                                      RESUME=1 (carrying .carry/drafter too) goes on training it;
+#                                                      ANSWERS=N answers per prompt, SELF_ASKED=N prompts the target
+#                                                      asks itself (a fresh drafter: their held-out split differs),
+#                                                      e.g. SELF_ASKED=4800 STEPS=8000 TRAIN_S=540 TRAIN_LIMIT=585
 #   drafter   .carry/drafter [.carry/jit]              a drafter an earlier gate30 returned, for gate30 (and
 #                                                      the JIT cache a matrix step returned)
 #   matrix    .carry/gguf/p3 .carry/ddtree-srv         the full serve matrix (28 servers, two waves); warms
