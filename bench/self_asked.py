@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +52,11 @@ def summary(prompts: list[str], stats: dict[str, int], pool: list[str], held: li
     examined = len(prompts) + sum(dropped.values())
     words = [len(p.split()) for p in prompts]
     pool_keys, held_keys = {_norm(p) for p in pool}, [_norm(h) for h in held]
-    kinds: dict[str, int] = {}
-    for p in prompts:
-        kinds[kind_of(p)] = kinds.get(kind_of(p), 0) + 1
+    kinds = Counter(kind_of(p) for p in prompts)
     return {"kept": len(prompts), "examined": examined, "keep_rate": len(prompts) / examined if examined else 0.0,
             "dropped": dropped, "distinct": len({_norm(p) for p in prompts}),
             "words": {"median": statistics.median(words), "min": min(words), "max": max(words)} if words else {},
-            "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "kinds": dict(kinds.most_common()),
             "in_pool": sum(_norm(p) in pool_keys for p in prompts),
             "around_suite": sum(any(h in _norm(p) or _norm(p) in h for h in held_keys) for p in prompts)}
 

@@ -376,14 +376,16 @@ def corpus_prompts(n: int) -> list[str]:
     return pool[:n]
 
 
+def _chat_ids(tok: Any, text: str, add_generation_prompt: bool = True) -> list[int]:
+    """The ids of a one-turn chat whose user says ``text`` (a tokenizer may hand back a mapping)."""
+    got = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=add_generation_prompt)
+    return [int(x) for x in (got["input_ids"] if isinstance(got, dict) or hasattr(got, "keys") else got)]
+
+
 def _user_turn_prefix(tok: Any) -> list[int]:
     """The ids a chat template puts before a user's words (its system turn, the user role's header): the longest
     common start of two one-turn conversations that differ only in the words."""
-    def ids(text: str) -> list[int]:
-        got = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=False)
-        return [int(x) for x in (got["input_ids"] if isinstance(got, dict) or hasattr(got, "keys") else got)]
-
-    a, b = ids("Hello there."), ids("Quite different words!")
+    a, b = (_chat_ids(tok, t, add_generation_prompt=False) for t in ("Hello there.", "Quite different words!"))
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
@@ -494,6 +496,7 @@ def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, se
                 or (nb, kb) == (n, answers)):
             raise ValueError(f"the base corpus ({len(base)} answers to {base.n_prompts} prompts) is not this "
                              f"recipe's with fewer answers or prompts than {answers} answers to each of {n} prompts")
+    b_seqs, b_lens = (list(base), base.prompt_lens) if base is not None else ([], [])
     seqs: list[torch.Tensor] = []
     plens: list[int] = []
     groups: list[int] = []
@@ -513,10 +516,8 @@ def self_distill_corpus(target: nn.Module, tok: Any, *, n: int, max_new: int, se
                 written += len(chunk)
                 print(f"[train-drafter] corpus {written}/{n * answers - nb * kb} sequences written by the "
                       f"target ({time.time() - t0:.0f}s)", flush=True)
-        assert base is not None or keep == 0
         for i in range(n):
-            seq, plen = (base[j * nb + i], base.prompt_lens[j * nb + i]) if i < keep and base is not None \
-                else out[i]
+            seq, plen = (b_seqs[j * nb + i], b_lens[j * nb + i]) if i < keep else out[i]
             seqs.append(seq)
             plens.append(plen)
             groups.append(i)
@@ -581,13 +582,15 @@ def load_fewer_answers(path: Path | str, meta: dict[str, Any], device: str = "cp
     """A corpus of ``meta``'s recipe with fewer answers per prompt (``self_distill_corpus``'s ``base``), refused
     (ValueError) when the file holds anything else."""
     d = _read_corpus(path)
-    want = int(meta.get("answers", 1))
-    plain = {k: v for k, v in meta.items() if k not in ("answers", "self_asked")}
+    have = d.get("meta") or {}
+
+    def rest(m: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in m.items() if k not in ("answers", "self_asked")}
+
+    want, asked = int(meta.get("answers", 1)), int(meta.get("self_asked", 0))
+    a, s = int(have.get("answers", 1)), int(have.get("self_asked", 0))
     # fewer answers to the same prompts, or (with self-asked prompts) at most as many to the pool's prompts alone
-    fewer = [plain | ({"answers": a} if a > 1 else {}) | ({"self_asked": meta["self_asked"]} if s else {})
-             for s in ((True, False) if meta.get("self_asked") else (False,))
-             for a in range(1, want + (0 if s else 1))]
-    if d.get("meta") not in [f for f in fewer if f != meta]:
+    if rest(have) != rest(meta) or not ((s == asked and a < want) or (asked and s == 0 and a <= want)):
         raise ValueError(f"{path}: not a corpus of this recipe with fewer answers per prompt, or of its pool's "
                          f"prompts alone ({d.get('meta')})")
     return _corpus_of(d, device)
@@ -627,12 +630,7 @@ def _answers(target: nn.Module, tok: Any, prompts: list[str], max_new: int, temp
     token, prompt length)."""
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
-    rows = []
-    for p in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        rows.append([int(x) for x in ids])
+    rows = [_chat_ids(tok, p) for p in prompts]
     width = max(len(r) for r in rows)
     x = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
     attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
