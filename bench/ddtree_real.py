@@ -25,14 +25,17 @@ top-k 8, top-k 4 by request), CUDA graphs on. Then:
 
 ``--overlap-budgets`` adds DDTree servers under the overlap scheduler (``SGLANG_DDTREE_OVERLAP=1``, the
 plugin's opt-in), ``--overlap-chain`` the DFLASH chain under it (sglang's own default for DFLASH), each
-measured like its non-overlap twin.
+measured like its non-overlap twin. ``--overlap-sync-budgets`` adds, beside those, overlap servers that copy the
+device lengths to the host every step (``SGLANG_DDTREE_SYNC_LENS=1``, the worker before sglang_ddtree/lens.py's
+reserved bound), so the cut is measured side by side in one run.
 
 Decode tok/s: completion tokens after each request's first chunk over the time after it, summed over a
 cell's requests (one stream) or rounds (4 streams: tokens after each stream's first chunk over the span
 from the first stream's first chunk to the last stream's last). Writes $OUT/ddtree-real.json and
 $OUT/logs.tgz.
 
-    python3 bench/ddtree_real.py [--budgets 16,8,31] [--overlap-budgets 16] [--overlap-chain] [--no-small]
+    python3 bench/ddtree_real.py [--budgets 16,8,31] [--overlap-budgets 16] [--overlap-sync-budgets 16]
+                                 [--overlap-chain] [--no-small]
                                  [--quick] [--new 256] [--deadline 520]
 """
 
@@ -67,6 +70,7 @@ SUITE = ROOT / "src" / "sglfleet" / "validation" / "prompts" / "suite-v1.yaml"
 CHURN_REQUESTS = 32
 CHURN_STREAMS = 6
 CHURN_SEED = 20261205
+SYNC_ENV = "SGLANG_DDTREE_SYNC_LENS"  # lens.SYNC_ENV of sglang_ddtree (a wheel here; a test holds them equal)
 
 
 def inflate() -> dict[str, Any]:
@@ -296,17 +300,22 @@ def run_server(s: RealServer, ps: list[dict[str, Any]], ref: dict[str, list[int]
 
 
 def server_plan(budgets: list[int], ov_budgets: list[int], overlap_chain: bool = False,
-                chain: bool = True) -> list[tuple[str, str, int | None, bool]]:
+                chain: bool = True, sync_budgets: tuple[int, ...] | list[int] = ()
+                ) -> list[tuple[str, str, int | None, bool]]:
     """The measured servers after the target alone, in the order they are measured: (name, kind, budget, overlap).
-    The first DDTree budget and the chain, then DDTree (and the chain) under the overlap scheduler, then the other
-    budgets; ``chain`` False leaves the chains out, and an empty ``budgets`` leaves out DDTree without the overlap
-    scheduler (a call that measures only overlap servers beside the target alone)."""
+    The first DDTree budget and the chain, then DDTree under the overlap scheduler (each followed by its twin that
+    waits for the host lengths, ``-overlap-sync``, where ``sync_budgets`` names it) and the chain under it, then the
+    other budgets; ``chain`` False leaves the chains out, and an empty ``budgets`` leaves out DDTree without the
+    overlap scheduler (a call that measures only overlap servers beside the target alone)."""
     plan: list[tuple[str, str, int | None, bool]] = []
     if budgets:
         plan.append((f"ddtree-b{budgets[0]}", "ddtree", budgets[0], False))
     if chain:
         plan.append(("chain-b8", "chain", None, False))
-    plan += [(f"ddtree-b{b}-overlap", "ddtree", b, True) for b in ov_budgets]
+    for b in ov_budgets:
+        plan.append((f"ddtree-b{b}-overlap", "ddtree", b, True))
+        if b in sync_budgets:
+            plan.append((f"ddtree-b{b}-overlap-sync", "ddtree", b, True))
     if overlap_chain:
         plan.append(("chain-b8-overlap", "chain", None, True))
     plan += [(f"ddtree-b{b}", "ddtree", b, False) for b in budgets[1:]]
@@ -320,6 +329,9 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=520.0, help="seconds; stop starting measurements after")
     ap.add_argument("--overlap-budgets", default="",
                     help="DDTree budgets also served under the overlap scheduler (SGLANG_DDTREE_OVERLAP=1)")
+    ap.add_argument("--overlap-sync-budgets", default="",
+                    help="of --overlap-budgets, those also served waiting for the host lengths every step "
+                         "(SGLANG_DDTREE_SYNC_LENS=1): the cut measured side by side")
     ap.add_argument("--overlap-chain", action="store_true", help="the DFLASH chain under the overlap scheduler too")
     ap.add_argument("--no-chain", action="store_true",
                     help="leave out the DFLASH chain (without the overlap scheduler)")
@@ -332,11 +344,14 @@ def main() -> int:
     try:
         budgets = [int(b) for b in a.budgets.split(",") if b.strip()]
         ov_budgets = [int(b) for b in a.overlap_budgets.split(",") if b.strip()]
+        sync_budgets = [int(b) for b in a.overlap_sync_budgets.split(",") if b.strip()]
     except ValueError:
-        budgets = ov_budgets = [0]
-    if not (budgets or ov_budgets) or any(b < 1 for b in budgets + ov_budgets) or a.new < 1:
+        budgets = ov_budgets = sync_budgets = [0]
+    if not (budgets or ov_budgets) or any(b < 1 for b in budgets + ov_budgets) or a.new < 1 \
+            or not set(sync_budgets) <= set(ov_budgets):
         print("error: --budgets / --overlap-budgets must list budgets >= 1 (--budgets may be empty when "
-              "--overlap-budgets is not) and --new be >= 1", file=sys.stderr)
+              "--overlap-budgets is not), --overlap-sync-budgets only budgets of --overlap-budgets, and --new be "
+              ">= 1", file=sys.stderr)
         return 2
     t0 = time.time()
     deadline = t0 + a.deadline
@@ -352,7 +367,11 @@ def main() -> int:
     big = RealServer("target", "target", None, next(port), a.mem)
     servers = [x for x in (small, big) if x is not None]
     servers += [RealServer(name, kind, b, next(port), a.mem, overlap=ov)
-                for name, kind, b, ov in server_plan(budgets, ov_budgets, a.overlap_chain, not a.no_chain)]
+                for name, kind, b, ov in server_plan(budgets, ov_budgets, a.overlap_chain, not a.no_chain,
+                                                     sync_budgets)]
+    for s in servers:
+        if s.name.endswith("-overlap-sync"):
+            s.env[SYNC_ENV] = "1"  # the worker before lens.py's reserved bound: the host waits for the lengths
     # the churn cell on the overlap servers, their non-overlap twins and the target alone
     twins = {s.name.removesuffix("-overlap") for s in servers if s.overlap}
     churned = {s.name for s in servers if s.overlap or s.name in twins} | ({"target"} if twins else set())

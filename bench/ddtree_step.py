@@ -261,7 +261,8 @@ def start_all(servers: list[StepServer], plug: Path, deadline: float, t0: float)
 def finish(name: str, doc: dict, servers: list[StepServer], results: dict[str, list[dict]], t0: float) -> int:
     """Every server's record into ``doc``, written to $OUT/name before the servers stop (they drain slowly); the
     logs packed; what failed printed."""
-    doc["servers"] = [{"name": s.name, "kind": s.kind, "budget": s.budget, "overlap": s.overlap, "up_s": s.up_s,
+    doc["servers"] = [{"name": s.name, "kind": s.kind, "budget": s.budget, "overlap": s.overlap, "env": s.env,
+                       "up_s": s.up_s,
                        "error": s.error,
                        "cmd": s.cmd(), "cells": results.get(s.name, []), "profiles": read_profiles(s)}
                       for s in servers]

@@ -30,8 +30,19 @@ def _cell(s: dict[str, Any], temp: float, streams: int, topk: int | None, path: 
     return None
 
 
+def _synced(s: dict[str, Any]) -> bool:
+    """A server that waits for the host lengths every step (SGLANG_DDTREE_SYNC_LENS=1: the worker before the
+    reserved bound, measured beside it)."""
+    return (s.get("env") or {}).get("SGLANG_DDTREE_SYNC_LENS") == "1"
+
+
+def _sched(s: dict[str, Any]) -> str:
+    """``overlap scheduler`` (``, lengths synced`` for the twin that waits), or ``""``."""
+    return ("overlap scheduler" + (", lengths synced" if _synced(s) else "")) if s.get("overlap") else ""
+
+
 def _label(s: dict[str, Any], k: int | None = None) -> str:
-    ov = ", overlap scheduler" if s.get("overlap") else ""
+    ov = f", {_sched(s)}" if s.get("overlap") else ""
     if s["kind"] == "target":
         return "target alone"
     if s["kind"] == "chain":
@@ -147,7 +158,7 @@ def path_lines(raw: dict[str, Any]) -> list[str]:
         cells = {p: _cell(s, 0.0, 1, 4, p) for p in ("device", "graphed", "host")}
         if cells["graphed"] is None and cells["host"] is None:
             continue
-        ov = " (overlap scheduler)" if s.get("overlap") else ""
+        ov = f" ({_sched(s)})" if s.get("overlap") else ""
         rows.append(f"| b{s['budget']}{ov} | " + " | ".join(
             f"{_f(c and c.get('tok_s'))} / {_f(c and c.get('accept_length'), 2)}" for c in cells.values()) + " |")
     if not rows:
@@ -184,7 +195,7 @@ def breakdown_lines(raw: dict[str, Any], temp: float = 0.0, streams: int = 1) ->
                 continue
             r = breakdown(totals[key])
             out = (r["step"] - r["verify"]) / r["step"] if r["step"] else None
-            ov = " overlap" if s.get("overlap") else ""
+            ov = (" overlap, synced" if _synced(s) else " overlap") if s.get("overlap") else ""
             lines.append(f"| b{s['budget']}/k{k}{ov} | {r['steps']} | " + " | ".join(_f(r[st], 2) for st in STAGES)
                          + f" | {_f(r['between'], 2)} | {_f(r['step'], 2)} | {'—' if out is None else f'{out:.0%}'} | "
                          f"{_f(_host(totals[key], ('draft', *DRAFT_PARTS)), 2)} | {_draft_split(totals[key])} |")

@@ -159,3 +159,38 @@ def test_the_breakdown_keeps_the_draft_column_whole_and_splits_the_hosts_draft_t
     assert cells[2] == "1.80" and cells[-3] == "26%" and cells[-2] == "6.30" and cells[-1] == "3.90 / 1.10 / 1.30"
     old_cells = [c.strip() for c in old.strip("|").split("|")]
     assert old_cells[2] == "1.00" and old_cells[-3] == "20%" and old_cells[-2] == "1.30" and old_cells[-1] == "—"
+
+
+def test_a_sync_twin_follows_its_overlap_server_and_only_an_overlap_budget_may_have_one(real, monkeypatch,
+                                                                                       capsys) -> None:
+    plan = real.server_plan([], [16, 31], chain=False, overlap_chain=True, sync_budgets=[16])
+    assert [n for n, *_ in plan] == ["ddtree-b16-overlap", "ddtree-b16-overlap-sync", "ddtree-b31-overlap",
+                                     "chain-b8-overlap"]
+    assert all(ov for *_, ov in plan)
+    monkeypatch.setattr(real, "inflate", lambda: pytest.fail("started work on bad input"))
+    monkeypatch.setattr(sys, "argv", ["ddtree_real.py", "--overlap-budgets", "16", "--overlap-sync-budgets", "31"])
+    assert real.main() == 2 and "--overlap-sync-budgets only budgets of --overlap-budgets" in capsys.readouterr().err
+
+
+def test_the_bench_names_the_workers_switch() -> None:
+    from sglang_ddtree.lens import SYNC_ENV
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import ddtree_real
+
+    assert ddtree_real.SYNC_ENV == SYNC_ENV
+
+
+def test_the_sync_twin_is_labelled_apart_in_every_table() -> None:
+    from bench.render_ddtree_real import _label, breakdown_lines
+
+    def server(name: str, env: dict) -> dict:
+        return {"name": name, "kind": "ddtree", "budget": 16, "overlap": True, "env": env,
+                "profiles": {"p.json": {"totals": {"kernel/k4/bs1/t0.0-k4-s1": _totals(True)}}}}
+
+    cut, synced = server("ddtree-b16-overlap", {}), server("ddtree-b16-overlap-sync",
+                                                           {"SGLANG_DDTREE_SYNC_LENS": "1"})
+    assert _label(cut, 4) == "DDTree b16 / top-k 4 (overlap scheduler)"
+    assert _label(synced, 4) == "DDTree b16 / top-k 4 (overlap scheduler, lengths synced)"
+    rows = breakdown_lines({"servers": [cut, synced]})[2:]
+    assert rows[0].startswith("| b16/k4 overlap |") and rows[1].startswith("| b16/k4 overlap, synced |")

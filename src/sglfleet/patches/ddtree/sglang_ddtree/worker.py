@@ -22,8 +22,9 @@ Prefill (and idle DP rounds) are DFLASH's own. One decode step for ``bs`` reques
    captured at width ``W`` (patches 0012-0014).
 4. Accept: the target's token at every node (argmax at T = 0, a draw from its adjusted
    distribution at T > 0), walked down the tree as tensor ops (``tree_device.accept``: the
-   deepest node whose whole root path matches). No value goes to the host in steps 1-5 beyond
-   the prefix lengths the scheduler already keeps there.
+   deepest node whose whole root path matches). No value goes to the host in steps 1-5: the KV
+   plans' host bounds come from the scheduler's host lengths, or under the overlap scheduler with a
+   backend that plans from device lengths (triton) from the KV each request reserved (``lens.py``).
 5. Commit: the accepted path's KV slots move to the front of the window by permuting the
    request's ``req_to_token`` row (no KV is copied); the drafter's context features for the
    committed tokens are written to the draft KV like DFLASH's; the bonus token starts the next
@@ -71,6 +72,7 @@ from . import tree as tree_mod
 from . import tree_device, tree_kernel
 from .config import resolve_from_server_args
 from .head import DraftTopKHead, draft_topk
+from .lens import HostLens, host_lens, mask_cells, sync_forced
 from .profile import StepProfiler
 
 # The sampler (node_draws), its test faults (TEST_FAULTS, each documented there, read by read_test_fault at start)
@@ -130,6 +132,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self._overlap = not bool(getattr(server_args, "disable_overlap_schedule", False))
         self._head_rows = 0  # > 0: this step's candidates are in the draft graph's head buffers
         self._prof = StepProfiler.from_env()  # per-stage timing for bench/ddtree_step.py, off by default
+        # SGLANG_DDTREE_SYNC_LENS=1: copy the device lengths to the host every step (waits for the step before),
+        # the behaviour before lens.py's reserved bound, kept to measure against (bench/ddtree_real.py)
+        self._sync_lens = sync_forced()
         logger.info(
             "DDTree on: budget=%d topk=%d block=%d verify width=%d scheduler=%s tree=%s",
             self.ddtree.budget,
@@ -193,11 +198,12 @@ class DDTreeWorker(DFlashWorkerV2):
         rows = batch.req_pool_indices.to(torch.int64).unsqueeze(1).expand_as(cols)
         return req_to_token[rows, cols].to(torch.int64)
 
-    def _window_plan(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, prefix_cpu: torch.Tensor,
+    def _window_plan(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, lens: HostLens,
                      locs: torch.Tensor, width: int):
         """The KV plan of a forward writing ``width`` slots per request at ``locs`` (flattened
-        ``[bs, width]``), with DFLASH's host bound prefix + width; returns (plan, host bound)."""
-        seq_lens_cpu = prefix_cpu.to(torch.int32) + width
+        ``[bs, width]``), with the host bound ``lens.bound(width)`` (DFLASH's prefix + width, or the
+        reservation that covers it); returns (plan, host bound)."""
+        seq_lens_cpu = lens.bound(width)
         plan = self.target_worker.model_runner.kv_index_translator.plan(
             req_pool_indices=batch.req_pool_indices,
             seq_lens=prefix_lens,
@@ -207,7 +213,7 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         return plan, seq_lens_cpu
 
-    def _draft_block(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, prefix_cpu: torch.Tensor,
+    def _draft_block(self, batch: ScheduleBatch, prefix_lens: torch.Tensor, lens: HostLens,
                      window: torch.Tensor, use_graph_head: bool = True):
         """Run the DFlash drafter on ``[root, mask...]``; return its hidden states [bs, B, H].
         ``use_graph_head``: this step reads the candidates the draft graph's head wrote (path device)."""
@@ -230,7 +236,7 @@ class DDTreeWorker(DFlashWorkerV2):
             noise = noise * self._noise_embed_scale
         input_embeds = noise.view(-1, noise.shape[-1])
 
-        plan, seq_lens_cpu = self._window_plan(batch, prefix_lens, prefix_cpu, block_locs, block)
+        plan, seq_lens_cpu = self._window_plan(batch, prefix_lens, lens, block_locs, block)
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             batch_size=bs,
@@ -336,17 +342,16 @@ class DDTreeWorker(DFlashWorkerV2):
             prof.begin(f"{kind}/k{topk}/bs{bs}{self._profile_tag(batch)}")
         window = self._window_locs(batch, prefix_lens, self.window_width)  # [bs, max(W, B)]
 
-        # the host copy of the prefix lengths: the scheduler's when it has one (no sync here; under the overlap
-        # scheduler it resolves them from the lengths the step before published, for the triton and flashinfer
-        # backends DDTree runs on); otherwise read from the device, which waits for the step before
-        if batch.seq_lens_cpu is not None and not host_path:
-            prefix_cpu = batch.seq_lens_cpu.to(torch.int64)
-        else:
-            prefix_cpu = prefix_lens.to("cpu", torch.int64)
+        # the host's lengths (lens.py): the scheduler's copy when it has one; under the overlap scheduler with a
+        # backend that plans from device lengths (triton) the KV each request reserved, which bounds the window
+        # without waiting for the step before; the device lengths copied over (a wait) only for the host path
+        lens = host_lens(seq_lens_cpu=batch.seq_lens_cpu, reserved=getattr(draft_input, "nxt_kv_lens_cpu", None),
+                         device_lens=prefix_lens, window=self.window_width, need_exact=host_path,
+                         sync=self._sync_lens)
         if prof is not None:  # the draft stage in three (profiling only): the lengths, the launch's prep, the forward
             prof.mark("lens")
         # 1) draft distributions
-        draft_hidden = self._draft_block(batch, prefix_lens, prefix_cpu, window, use_graph_head=path == "device")
+        draft_hidden = self._draft_block(batch, prefix_lens, lens, window, use_graph_head=path == "device")
         if prof is not None:
             prof.mark("draft")
         logp, ids = self._tree_candidates(batch, draft_hidden)
@@ -356,8 +361,8 @@ class DDTreeWorker(DFlashWorkerV2):
         # padded to the size the backends check against that bound (cells past the last block
         # are never read)
         verify_locs = window[:, :w].reshape(-1).contiguous()
-        plan, seq_lens_cpu = self._window_plan(batch, prefix_lens, prefix_cpu, verify_locs, w)
-        mask_cells = w * int(seq_lens_cpu.sum()) + bs * w * w
+        plan, seq_lens_cpu = self._window_plan(batch, prefix_lens, lens, verify_locs, w)
+        cells = mask_cells(lens, w, limit=self._mask_limit())
         # 2) tree: on the device by default (tree_device), on the host for comparison (tree)
         if host_path:
             roots = draft_input.bonus_tokens.view(-1).to("cpu", torch.int64).numpy()
@@ -367,12 +372,13 @@ class DDTreeWorker(DFlashWorkerV2):
             depths = torch.from_numpy(tree.depths).to(device)
             if prof is not None:
                 prof.mark("tree")
-            mask = self._tree_mask(tree, prefix_cpu, pad_to=mask_cells).to(device, non_blocking=True)
+            assert lens.prefix is not None  # host_lens gives the host path the exact lengths
+            mask = self._tree_mask(tree, lens.prefix, pad_to=cells).to(device, non_blocking=True)
         else:
             roots = draft_input.bonus_tokens.view(-1)
             mask = None
             if kernel is not None:  # the kernel writes the tree's cells of the flat mask in the same launch
-                mask = torch.ones(mask_cells, dtype=torch.bool, device=device)
+                mask = torch.ones(cells, dtype=torch.bool, device=device)
                 dtree = kernel.build(roots, logp, ids, topk, prefix_lens=prefix_lens, flat=mask)
             elif graphed is not None:
                 dtree = graphed.build(roots, logp, ids, topk)
@@ -383,7 +389,7 @@ class DDTreeWorker(DFlashWorkerV2):
             if prof is not None:
                 prof.mark("tree")
             if mask is None:
-                mask = tree_device.flat_mask(dtree.ancestors, prefix_lens, mask_cells)
+                mask = tree_device.flat_mask(dtree.ancestors, prefix_lens, cells)
         if prof is not None:
             prof.mark("mask")
 
@@ -471,7 +477,7 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTree verify needs the target's hidden states (capture FULL)")
         hidden = hidden[: bs * w][row_index]  # [bs * B, Hc], the accepted path in order
         draft_locs = new_window[:, :block].contiguous()
-        draft_plan, _ = self._window_plan(batch, prefix_lens, prefix_cpu, draft_locs.reshape(-1), block)
+        draft_plan, _ = self._window_plan(batch, prefix_lens, lens, draft_locs.reshape(-1), block)
         cache_loc = self._draft_write_ids(draft_plan)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=hidden,
@@ -500,6 +506,13 @@ class DDTreeWorker(DFlashWorkerV2):
             routed_experts_output=target_out.routed_experts_output,
             indexer_topk_output=target_out.indexer_topk_output,
         )
+
+    def _mask_limit(self) -> int | None:
+        """Cells of the target's captured verify-mask buffer (graph replays copy the flat mask into it), None
+        where the backend keeps none."""
+        vm = getattr(self.target_worker.model_runner.attn_backend, "verify_mask", None)
+        buf = getattr(vm, "buffer", None)
+        return None if buf is None else int(buf.numel())
 
     def _fence_scheduler_writes(self) -> None:
         """Under the overlap scheduler, hand the scheduler's write-after-read barrier an event recorded after the
