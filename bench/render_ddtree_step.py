@@ -1,6 +1,6 @@
 """Render bench/ddtree_step.py's raw JSON: decode tok/s side by side, and DDTree's per-step breakdown.
 
-    python3 bench/render_ddtree_step.py docs/results/ddtree-step-2026-12-03-run2.json.gz
+    python3 bench/render_ddtree_step.py docs/results/ddtree-step-2026-12-03-run2.json.xz
 
 bench/render_docs.py calls `render` for the `ddtree-step` blocks of docs/ddtree-step.md.
 """

@@ -33,7 +33,7 @@ def test_a_build_stopped_only_by_the_reference_checks_has_their_words_quoted() -
     from bench.history import raw_text
     from bench.incident_table import render
 
-    raw = Path(__file__).resolve().parents[1] / "docs/results/incident-smollm2-gated-2026-12-02.json.gz"
+    raw = Path(__file__).resolve().parents[1] / "docs/results/incident-smollm2-gated-2026-12-02.json.xz"
     out = render(json.loads(raw_text(raw)))
     ref = out.split("What the checks against the target itself said")[1]
     rows = [ln for ln in ref.splitlines() if ln.startswith("| unpatched-b7-k4 |")]

@@ -218,7 +218,7 @@ def test_the_pooled_statistics_are_kept_and_get_their_table_only_where_a_run_has
 
 
 @pytest.mark.parametrize("raw_name", ["prodseq-h100-2026-12-06-s31.json.xz", "prodseq-h100-2026-12-06-s30.json.xz",
-                                      "prodseq-h200-2026-12-04-s20.json.gz"])
+                                      "prodseq-h200-2026-12-04-s20.json.xz"])
 def test_a_runs_margin_is_below_one_exactly_when_its_gate_refused_it_at_t_above_0(raw_name: str) -> None:
     """render_prodseq.margins (p / alpha of every T>0 statistic, the answer-level alpha rebuilt from the raw's
     profile) against the gate's own verdicts in real device runs; the support check (impossible tokens, no p) apart."""
