@@ -114,8 +114,10 @@ corpus_in() {
   base_corpus=()
   if [ -z "$had_corpus" ] && { [ "${ANSWERS:-1}" -gt 1 ] || [ -n "$ASKED_SFX" ]; } && [ "${SEQS:-2400}" = 2400 ] &&
      [ "${MAXNEW:-256}" = 256 ]; then
-    local a f names=()
-    for ((a = ${ANSWERS:-1} - 1; a >= 2; a--)); do names+=("corpus-2400x256-a$a$ASKED_SFX.pt"); done
+    local a f names=() low=2
+    # (a self-asked one-answer corpus is named after its recipe; the pool's one-answer corpus is corpus.pt, below)
+    [ -n "$ASKED_SFX" ] && low=1
+    for ((a = ${ANSWERS:-1} - 1; a >= low; a--)); do names+=("corpus-2400x256-a$a$ASKED_SFX.pt"); done
     if [ -n "$ASKED_SFX" ]; then
       for ((a = ${ANSWERS:-1}; a >= 2; a--)); do names+=("corpus-2400x256-a$a.pt"); done
     fi
