@@ -13,8 +13,9 @@
 #                                                      ANSWERS=N answers per prompt, SELF_ASKED=N prompts the target
 #                                                      asks itself (a fresh drafter: their held-out split differs),
 #                                                      e.g. SELF_ASKED=4800 STEPS=8000 TRAIN_S=540 TRAIN_LIMIT=585
-#   drafter   .carry/drafter [.carry/jit]              a drafter an earlier gate30 returned, for gate30 (and
-#                                                      the JIT cache a matrix step returned)
+#   drafter   .carry/drafter [.carry/jit]              a drafter an earlier call returned (and the corpora beside it,
+#                                                      into /tmp/corpus for a later train), for gate30 / real /
+#                                                      RESUME=1 train (and the JIT cache a matrix step returned)
 #   matrix    .carry/gguf/p3 .carry/ddtree-srv         the full serve matrix (28 servers, two waves); warms
 #                                                      the JIT caches for gate30
 #   gate30    .carry/ddtree-srv                        issue 30: correct builds gated 10 times each, the mutant once
@@ -204,7 +205,11 @@ case $step in
       tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-" ;;
   drafter)
     # a drafter an earlier gate30 returned (drafter.tar.part-*), carried as .carry/drafter, for gate30 to unpack
-    mkdir -p /tmp/drafter-parts && cp .carry/drafter/drafter.tar.part-* /tmp/drafter-parts/ && ls /tmp/drafter-parts ;;
+    # and the corpora beside it, so that a later `train` (whose call carries the target's gguf/p3, too large to ride
+    # with them) finds its recipe's corpus or base in /tmp/corpus (corpus_in): RESUME=1 on the drafter's own corpus,
+    # or ANSWERS=2 SELF_ASKED=N on the self-asked one
+    mkdir -p /tmp/drafter-parts /tmp/corpus && cp .carry/drafter/drafter.tar.part-* /tmp/drafter-parts/ &&
+      { cp .carry/drafter/corpus*.pt /tmp/corpus/ 2>/dev/null || true; } && ls /tmp/drafter-parts /tmp/corpus ;;
   gate30)
     # issue 30 in one call: the correct b7/k4 and b16/k4 builds gated 10 times each and the mutant once,
     # against a baseline recorded while a drafter trains (carry .carry/gguf/p3 and .carry/ddtree-srv; the
