@@ -31,7 +31,7 @@
 #                                                      target-only stopped; every candidate gated with --baseline
 #                                                      FILE only. KEEP=1 leaves the candidates serving for the next
 #                                                      prodseq call on the same warm machine, which goes on
-#   real      .carry/ddtree-srv                        issue 39: the 135M target and drafter inflated to Llama-3-8B's
+#   real      .carry/ddtree-srv [.carry/jit]           issue 39: the 135M target and drafter inflated to Llama-3-8B's
 #                                                      cost, served and measured (bench/ddtree_real.py; REAL_ARGS
 #                                                      adds the overlap-scheduler servers and the churn check)
 #   kernel-level tree-verify proof (tests/ddtree/gpu_proof.sh; .carry/proof from tests/ddtree/make_proof_carry.sh),
@@ -59,6 +59,13 @@ for f in .carry/gguf/p*/part*; do [ -f "$f" ] && cp "$f" /tmp/gguf/; done
 if [ -f .carry/jit/fijit.tgz ] && [ ! -f /tmp/fijit/.from-carry ]; then
   tar -C /tmp -xzf .carry/jit/fijit.tgz && touch /tmp/fijit/.from-carry && echo "jit cache in"
 fi
+# Triton's compiled kernels likewise (triton.tgz, from a `real` step's jit_caches): on a fresh H100 (2026-12-07) the
+# servers' CUDA-graph captures spent 82-88 s compiling the attention kernels, and the speculative servers waited
+# 148 s more at DFLASH's sampling pre-warm for FlashInfer's JIT; on the same machine warm they were up in 69-75 s
+if [ -f .carry/jit/triton.tgz ] && [ ! -f ~/.triton/.from-carry ]; then
+  mkdir -p ~/.triton && tar -C ~/.triton -xzf .carry/jit/triton.tgz && touch ~/.triton/.from-carry &&
+    echo "triton cache in"
+fi
 # src/sglfleet/ of one commit for prodseq's gates (tests/ddtree/prodseq.py SRC; built here with
 #   mkdir -p .carry/src && git archive HEAD src/sglfleet | gzip > .carry/src/src.tgz &&
 #   git rev-parse --short HEAD > .carry/src/COMMIT ), unpacked once per warm machine
@@ -80,6 +87,8 @@ jit_caches() {
   du -sh /tmp/fijit ~/.triton/cache ~/.cache 2>/dev/null | tee "$OUT/jit-caches.txt"
   local kb; kb=$(du -sk /tmp/fijit 2>/dev/null | cut -f1)
   if [ -n "$kb" ] && [ "$kb" -lt 40000 ]; then tar -C /tmp -czf "$OUT/fijit.tgz" fijit; fi
+  kb=$(du -sk ~/.triton/cache 2>/dev/null | cut -f1)
+  if [ -n "$kb" ] && [ "$kb" -lt 60000 ]; then tar -C ~/.triton -czf "$OUT/triton.tgz" cache; fi
 }
 # the corpus the target writes for the drafter (2,400 answers of up to 256 tokens, seed 0: 146 s on the H100) is
 # kept in the tree, xz-compressed (testbed/models/corpora/, written by the thirty-sixth session's trainwarm), so a
@@ -305,7 +314,8 @@ case $step in
     # "--no-small --no-chain --overlap-budgets 8,16,31" measures only the overlap servers beside the target alone
     # shellcheck disable=SC2086
     timeout "${LIMIT:-560}" python3 bench/ddtree_real.py --deadline "${DEADLINE:-520}" ${BUDGETS+--budgets "$BUDGETS"} \
-      ${REAL_ARGS:-} 2>&1 | tee "$OUT/ddtree-real.log" | tail -60 ;;
+      ${REAL_ARGS:-} 2>&1 | tee "$OUT/ddtree-real.log" | tail -60
+    jit_caches ;;  # FlashInfer's modules and Triton's kernels these servers built, for a later session's .carry/jit
   seeded)
     # tests/ddtree/seeded_identity.py: target-only, the correct DDTree b16/k4 and its step_shared_random fault, all
     # with --enable-deterministic-inference, the same seeded T>0 requests to each (carry .carry/gguf/p3 and
