@@ -49,7 +49,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -300,7 +300,7 @@ def run_server(s: RealServer, ps: list[dict[str, Any]], ref: dict[str, list[int]
 
 
 def server_plan(budgets: list[int], ov_budgets: list[int], overlap_chain: bool = False,
-                chain: bool = True, sync_budgets: tuple[int, ...] | list[int] = ()
+                chain: bool = True, sync_budgets: Sequence[int] = ()
                 ) -> list[tuple[str, str, int | None, bool]]:
     """The measured servers after the target alone, in the order they are measured: (name, kind, budget, overlap).
     The first DDTree budget and the chain, then DDTree under the overlap scheduler (each followed by its twin that
