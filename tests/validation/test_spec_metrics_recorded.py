@@ -1,6 +1,6 @@
 """The gate's SGLang speculative-metric readers on shapes a real sglang 0.5.23 server returned:
 /server_info's internal_states and the Prometheus spec lines recorded from a DDTree server on the
-H200 (docs/results/ddtree-serve-smoke-tiny-2026-12-01.json.gz, server patched-b16-graph, after its
+H200 (docs/results/ddtree-serve-smoke-tiny-2026-12-01.json.xz, server patched-b16-graph, after its
 requests), served back by a local HTTP peer."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import pytest
 from sglfleet.pipeline.client import OpenAIClient
 from sglfleet.validation.spec import parse_prometheus, read_spec_metrics
 
-RAW = Path(__file__).resolve().parents[2] / "docs" / "results" / "ddtree-serve-smoke-tiny-2026-12-01.json.gz"
+RAW = Path(__file__).resolve().parents[2] / "docs" / "results" / "ddtree-serve-smoke-tiny-2026-12-01.json.xz"
 
 
 @pytest.fixture(scope="module")
 def recorded() -> dict:
-    import gzip
+    import lzma
 
-    doc = json.loads(gzip.decompress(RAW.read_bytes()))
+    doc = json.loads(lzma.decompress(RAW.read_bytes()))
     return next(s for s in doc["servers"] if s["name"] == "patched-b16-graph")
 
 
