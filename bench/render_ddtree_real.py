@@ -42,7 +42,8 @@ def _sched(s: dict[str, Any]) -> str:
 
 
 def _label(s: dict[str, Any], k: int | None = None) -> str:
-    ov = f", {_sched(s)}" if s.get("overlap") else ""
+    sched = _sched(s)
+    ov = f", {sched}" if sched else ""
     if s["kind"] == "target":
         return "target alone"
     if s["kind"] == "chain":
@@ -158,7 +159,8 @@ def path_lines(raw: dict[str, Any]) -> list[str]:
         cells = {p: _cell(s, 0.0, 1, 4, p) for p in ("device", "graphed", "host")}
         if cells["graphed"] is None and cells["host"] is None:
             continue
-        ov = f" ({_sched(s)})" if s.get("overlap") else ""
+        sched = _sched(s)
+        ov = f" ({sched})" if sched else ""
         rows.append(f"| b{s['budget']}{ov} | " + " | ".join(
             f"{_f(c and c.get('tok_s'))} / {_f(c and c.get('accept_length'), 2)}" for c in cells.values()) + " |")
     if not rows:

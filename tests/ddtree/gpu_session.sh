@@ -213,7 +213,7 @@ case $step in
     [ "$rc" = 0 ] && cp /tmp/smollm2-dflash/train.json "$OUT/drafter-train.json" &&
       tar -C /tmp -cf - smollm2-dflash | split -b 15m - "$OUT/drafter.tar.part-" ;;
   drafter)
-    # a drafter an earlier gate30 returned (drafter.tar.part-*), carried as .carry/drafter, for gate30 to unpack
+    # a drafter an earlier call returned (drafter.tar.part-*), carried as .carry/drafter, for gate30 / real / train
     # and the corpora beside it, so that a later `train` (whose call carries the target's gguf/p3, too large to ride
     # with them) finds its recipe's corpus or base in /tmp/corpus (corpus_in): RESUME=1 on the drafter's own corpus,
     # or ANSWERS=2 SELF_ASKED=N on the self-asked one

@@ -18,9 +18,9 @@ RAW = Path(__file__).resolve().parents[2] / "docs" / "results" / "ddtree-serve-s
 
 @pytest.fixture(scope="module")
 def recorded() -> dict:
-    import lzma
+    from bench.history import raw_text  # the project's reader of a committed raw, gzip or xz
 
-    doc = json.loads(lzma.decompress(RAW.read_bytes()))
+    doc = json.loads(raw_text(RAW))
     return next(s for s in doc["servers"] if s["name"] == "patched-b16-graph")
 
 
