@@ -85,6 +85,27 @@ ALL_FAULTS = ("verify_temperature_one", "verify_no_top_p", "row_shift", "min_p_o
 FAULTS = tuple(f for f in os.environ.get("PRODSEQ_FAULTS", ",".join(ALL_FAULTS)).split(",") if f)
 if not set(FAULTS) <= set(ALL_FAULTS):
     raise SystemExit(f"PRODSEQ_FAULTS: unknown fault(s) {sorted(set(FAULTS) - set(ALL_FAULTS))}; known: {ALL_FAULTS}")
+
+
+def _overlap_trees(text: str) -> tuple[tuple[int, int], ...]:
+    """PRODSEQ_OVERLAP_TREES=16:4,31:4: the DDTree budget:top-k builds gated under the overlap scheduler
+    (16:4 unset)."""
+    out = []
+    for item in (x for x in text.split(",") if x):
+        b, _, k = item.partition(":")
+        if not (b.isdigit() and k.isdigit() and int(b) >= 1 and int(k) >= 1):
+            raise SystemExit(f"PRODSEQ_OVERLAP_TREES: {item!r} is not BUDGET:TOPK (e.g. 16:4,31:4)")
+        out.append((int(b), int(k)))
+    return tuple(out)
+
+
+# with --overlap: the correct trees under the overlap scheduler, and the worker faults served there as well
+# (PRODSEQ_OVERLAP_FAULTS=a,b: each a build that must be refused on the overlap path too; none unset)
+OVERLAP_TREES = _overlap_trees(os.environ.get("PRODSEQ_OVERLAP_TREES", "16:4"))
+OVERLAP_FAULTS = tuple(f for f in os.environ.get("PRODSEQ_OVERLAP_FAULTS", "").split(",") if f)
+if not set(OVERLAP_FAULTS) <= set(ALL_FAULTS):
+    raise SystemExit(f"PRODSEQ_OVERLAP_FAULTS: unknown fault(s) {sorted(set(OVERLAP_FAULTS) - set(ALL_FAULTS))}; "
+                     f"known: {ALL_FAULTS}")
 BASE_PORT = 31300
 # a later session's runs take seeds no earlier session used (PRODSEQ_RUN_OFFSET=100: run r seeds 10000 * (r + 100) + j)
 RUN_OFFSET = int(os.environ.get("PRODSEQ_RUN_OFFSET", "0"))
@@ -212,9 +233,10 @@ def gate_concurrency() -> int:
 
 
 def plan(dummy_drafter: bool = False, overlap: bool = False) -> list[Srv]:
-    """The target-only server and the nine candidates, as the grid's sglang kind renders them. ``overlap``: a tenth,
-    DDTree b16/k4 under sglang's overlap scheduler (the plugin's opt-in, SGLANG_DDTREE_OVERLAP=1, and the grid's
-    --disable-overlap-schedule left out), a correct build that must pass like its non-overlap twin."""
+    """The target-only server and the nine candidates, as the grid's sglang kind renders them. ``overlap``: DDTree
+    under sglang's overlap scheduler too (the plugin's opt-in, SGLANG_DDTREE_OVERLAP=1, and the grid's
+    --disable-overlap-schedule left out): OVERLAP_TREES, correct builds that must pass like their non-overlap twins
+    (b16/k4 unset), and OVERLAP_FAULTS, worker faults that must be refused on that path too."""
     from sglfleet.flow.sweep import load_sweep_config
     from sglfleet.flow.sweep_sglang import cell_command, server_command
 
@@ -239,9 +261,15 @@ def plan(dummy_drafter: bool = False, overlap: bool = False) -> list[Srv]:
                 for f in FAULTS]
     servers.append(tree("unpatched-b7-k4", "unpatched", 7, 4, "unpatched"))
     if overlap:
-        ov = tree("b16-k4-overlap", "patched", 16, 4, "correct", {"SGLANG_DDTREE_OVERLAP": "1"})
-        ov.argv = [x for x in ov.argv if x != "--disable-overlap-schedule"]
-        servers.insert(4, ov)
+        def over(name: str, b: int, k: int, role: str, env: dict[str, str]) -> Srv:
+            s = tree(name, "patched", b, k, role, {"SGLANG_DDTREE_OVERLAP": "1", **env})
+            s.argv = [x for x in s.argv if x != "--disable-overlap-schedule"]
+            return s
+
+        trees = [over(f"b{b}-k{k}-overlap", b, k, "correct", {}) for b, k in OVERLAP_TREES]
+        trees += [over(f"fault-{f}-b16-k4-overlap", 16, 4, "fault", {"SGLANG_DDTREE_TEST_FAULT": f})
+                  for f in OVERLAP_FAULTS]
+        servers[4:4] = trees
     # PRODSEQ_ONLY=a,b: only these candidates get a server (with the target-only one, which records the baseline)
     only = [x for x in os.environ.get("PRODSEQ_ONLY", "").split(",") if x]
     if only:
@@ -810,7 +838,8 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="leave the candidates serving for a later call")
     ap.add_argument("--dummy", action="store_true", help="plan: the warm phase's dummy-drafter commands")
     ap.add_argument("--overlap", action="store_true",
-                    help="also gate DDTree b16/k4 under the overlap scheduler (a correct build); every call the same")
+                    help="also gate DDTree under the overlap scheduler (PRODSEQ_OVERLAP_TREES, b16/k4 unset: correct "
+                    "builds; PRODSEQ_OVERLAP_FAULTS: faults there); every call the same")
     a = ap.parse_args()
     if a.runs < 1 or a.fault_runs < 1 or a.workers < 1 or a.min_gate_s <= 0:
         print("error: --runs, --fault-runs, --workers must be >= 1 and --min-gate-s > 0", file=sys.stderr)

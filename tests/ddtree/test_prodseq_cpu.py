@@ -268,3 +268,28 @@ def test_the_threshold_reach_is_kept_and_gets_its_table_only_where_a_run_ran_the
     for g in raw["gates"]:  # runs from before the rule (no margin, or the rule off: inf)
         g["likelihood"]["T0.8"]["per_token"]["reach_margin"] = float("inf")
     assert "numeric reach" not in render_prodseq.render(raw, "r")
+
+
+def test_overlap_trees_and_faults_are_served_under_the_overlap_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PRODSEQ_OVERLAP_TREES / PRODSEQ_OVERLAP_FAULTS: each tree a correct build and each fault a build that must be
+    refused, all on the overlap path (opt-in set, --disable-overlap-schedule left out), the fault's env beside the
+    opt-in; the non-overlap servers keep their commands; a bad entry stops the plan with its name."""
+    prodseq.sm.MODEL.update(path="/tmp/smollm2", draft="/tmp/smollm2-dflash", load=[], real=True)
+    plain = {s.name: s.cmd() for s in prodseq.plan(overlap=True)}
+    monkeypatch.setattr(prodseq, "OVERLAP_TREES", prodseq._overlap_trees("16:4,16:8,31:4"))
+    monkeypatch.setattr(prodseq, "OVERLAP_FAULTS", ("row_shift",))
+    over = prodseq.plan(overlap=True)
+    added = [s for s in over if s.name not in plain]
+    assert [s.name for s in added] == ["b16-k8-overlap", "b31-k4-overlap", "fault-row_shift-b16-k4-overlap"]
+    for s in added + [x for x in over if x.name == "b16-k4-overlap"]:
+        assert s.env["SGLANG_DDTREE_OVERLAP"] == "1" and "--disable-overlap-schedule" not in s.cmd(), s.name
+    fault = added[-1]
+    assert fault.broken and fault.env["SGLANG_DDTREE_TEST_FAULT"] == "row_shift"
+    assert not any(s.broken for s in added[:-1])
+    for s, (b, k) in zip(added, [("16", "8"), ("31", "4"), ("16", "4")], strict=True):
+        argv = s.cmd()
+        assert argv[argv.index("--speculative-ddtree-budget") + 1] == b, s.name
+        assert argv[argv.index("--speculative-ddtree-topk") + 1] == k, s.name
+    assert all(s.cmd() == plain[s.name] for s in over if s.name in plain and "overlap" not in s.name)
+    with pytest.raises(SystemExit, match="BUDGET:TOPK"):
+        prodseq._overlap_trees("16:4,31")
