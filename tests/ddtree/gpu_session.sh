@@ -339,7 +339,12 @@ case $step in
     ensure_target || exit 1
     # ONLY=overlap: DDTree b7/b16/b31 under the overlap scheduler beside their non-overlap twins and an overlap
     # mutant (serve_matrix.py plan "overlap"); with a trained drafter at /tmp/smollm2-dflash, DRAFTER=1 serves it
-    drafter=(); [ -n "${DRAFTER:-}" ] && drafter=(--drafter /tmp/smollm2-dflash)
+    drafter=()
+    if [ -n "${DRAFTER:-}" ]; then  # the `train` step's drafter on this warm machine, else the `drafter` step's parts
+      [ -f /tmp/smollm2-dflash/model.safetensors ] ||
+        { cat /tmp/drafter-parts/drafter.tar.part-* | tar -C /tmp -xf - ; } || { echo "no drafter" >&2; exit 2; }
+      drafter=(--drafter /tmp/smollm2-dflash)
+    fi
     timeout "${LIMIT:-560}" python3 tests/ddtree/serve_matrix.py --only "${ONLY:-full}" --model smollm2 --max-new 64 \
       --deadline "${DEADLINE:-470}" ${drafter[@]+"${drafter[@]}"} 2>&1 | tail -4
     jit_caches ;;
