@@ -58,6 +58,25 @@ def test_the_candidates_suite_is_asked_of_its_own_client_without_the_baselines_a
     assert {kw["top_logprobs"] for kw in cand.asked} == {None}
 
 
+def test_against_a_baseline_the_candidates_t0_answers_come_with_their_own_tokens() -> None:
+    """lossless_t0 reads where an answer parted from the baseline by the candidate's own tokens (one listed
+    alternative each, validation/lossless.py compare_answer); its T>0 answers are asked as before."""
+    gate, cand, base = _gate()
+    gate.cfg.temperatures = [0.0, 0.8]
+    gate.t0_tokens = True
+    with Progress(console=gate.console) as progress:
+        samples = gate._request_phases(progress, False)
+    suite_t0 = [s for s in samples if s.purpose == "suite" and s.temperature == 0]
+    assert len(suite_t0) == len(gate.suite.prompts) and base.asked == []
+    asked = [(kw["temperature"], kw["top_logprobs"]) for kw in cand.asked]
+    assert asked.count((0.0, 1)) == len(suite_t0)  # every T=0 suite answer, and nothing else at T=0, asks
+    gate.t0_tokens, cand.asked = False, []
+    with Progress(console=gate.console) as progress:
+        gate._request_phases(progress, False)
+    before = [(kw["temperature"], kw["top_logprobs"]) for kw in cand.asked]
+    assert (0.0, 1) not in before and sorted(a for a in asked if a[0] > 0) == sorted(a for a in before if a[0] > 0)
+
+
 def test_the_live_baselines_hot_answers_are_asked_of_the_baseline_client() -> None:
     gate, cand, base = _gate(likelihood={"baseline_seeds": [7]})
     gate.cfg.temperatures = [0.0, 0.8]

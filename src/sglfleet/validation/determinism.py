@@ -147,7 +147,8 @@ def _view(got: Answer, ref: Answer, char: int, tol: float, ends: frozenset[bytes
     if not ref.logprobs:
         return TokenView(None, None, None, None, "unknown", None)
     stop = ends if got.finish_reason == "stop" else frozenset()
-    c = compare_answer(got.text, ref.text, ref.logprobs, tol, stop)
+    c = compare_answer(got.text, ref.text, ref.logprobs, tol, stop,
+                       got_tokens=[t for t, _, _ in got.logprobs] if got.logprobs else None)  # got's own tokens
     byte_pos = len(ref.text[:char].encode())
     at = _token_at(ref.logprobs, byte_pos)
     if c.token is not None and c.token < len(ref.logprobs):

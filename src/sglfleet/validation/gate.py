@@ -157,6 +157,9 @@ class Gate:
         self.judge_s: float | None = None
         # record-baseline (and a live baseline) ask for T=0 log-probs: the lossless check's near-ties
         self.t0_logprobs: int | None = None
+        # lossless_t0 compares the T=0 suite answers against a baseline: each answer comes with its own tokens
+        # (one listed alternative), which name where it parted from the baseline (lossless.compare_answer)
+        self.t0_tokens = False
         self.baseline_logprobs: dict[str, list[Any]] = {}  # a live baseline's, filled by _baseline_answers
         for pid in [*cfg.determinism.prompt_ids, *cfg.variation.prompt_ids]:
             try:
@@ -258,6 +261,8 @@ class Gate:
             return None
         want = (self.cfg.lossless.top_logprobs if purpose == "baseline" else
                 self.t0_logprobs if purpose == "suite" else None)
+        if purpose == "suite" and self.t0_tokens:  # the candidate's own tokens for lossless_t0 (compare_answer)
+            want = max(want or 0, 1)
         dc = self.cfg.determinism
         if dc.enabled and p.id in dc.prompt_ids and purpose in ("suite", "determinism-seq", "determinism-conc"):
             want = max(want or 0, dc.top_logprobs)
@@ -295,6 +300,7 @@ class Gate:
                 self.baseline_logprobs = baseline_logprobs_of(doc, path)
         oracle_t0 = cfg.lossless.enabled and bool(cfg.lossless.baseline or cfg.baseline_url) \
             and not self.recording_baseline
+        self.t0_tokens = oracle_t0
         likely = None if self.recording_baseline else self._likelihood_plan(model)
         self.derive_seeds = self.derive_seeds or likely is not None
         hot = hot_temperatures(cfg)
@@ -666,9 +672,10 @@ class Gate:
             def pl(pid: str, before: str) -> list[tuple[bytes, float]] | None:
                 calls.append(pid)
                 return place_fn(pid, before)
+        toks = {pid: [t for t, _, _ in decode_logprobs(s.logprobs)] for pid, s in mine.items() if s.logprobs}
         first = {pid: compare_answer(mine[pid].text if pid in mine else None, text, lps.get(pid), tol,
                                      ends if pid in mine and mine[pid].finish_reason == "stop" else frozenset(),
-                                     place_at(pl, pid))
+                                     place_at(pl, pid), toks.get(pid))
                  for pid, text in ref.items()}
         tied = [pid for pid, c in first.items() if c.verdict == "near_tie" and not c.ended]
         info: dict[str, Any] = {"url": None, "control": None, "off": None, "placer": placer[1], "placed": calls}
@@ -693,11 +700,11 @@ class Gate:
             info["off"] = "lossless.max_reanchors is 0"
         if forced:
             comps = {pid: (compare_forced(pid, mine[pid].text, mine[pid].finish_reason, ref[pid], lps.get(pid), tol,
-                                          cont, cfg.lossless.max_reanchors, ends, pl)
+                                          cont, cfg.lossless.max_reanchors, ends, pl, toks.get(pid))
                            if c.verdict == "near_tie" else c) for pid, c in first.items()}
             return comps, info
         comps = {pid: (compare_path(pid, mine[pid].text, mine[pid].finish_reason, ref[pid], lps.get(pid), tol, cont,
-                                    cfg.lossless.max_reanchors, info["off"] or "", ends, pl)
+                                    cfg.lossless.max_reanchors, info["off"] or "", ends, pl, toks.get(pid))
                        if c.verdict == "near_tie" else c) for pid, c in first.items()}
         return comps, info
 

@@ -238,12 +238,14 @@ def _quote(text: str, limit: int = 90) -> str:
 
 def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
                    near_tie: float | NearTieRule, end_tokens: frozenset[bytes] = frozenset(),
-                   place: Place | None = None) -> Comparison:
+                   place: Place | None = None, got_tokens: list[bytes] | None = None) -> Comparison:
     """Compare a candidate's T=0 answer with the baseline's (see the module docstring). `end_tokens`: the
     server's end-of-turn token(s) as its log-probs list them ('<|im_end|>'): a candidate that stops where
     the baseline goes on chose one of those, a near-tie when it is listed close to the baseline's token.
     `place`: a scorer of the target model, asked where the candidate's token is not among the baseline's
-    recorded alternatives (module docstring, "Placing")."""
+    recorded alternatives (module docstring, "Placing"). `got_tokens`: the candidate's own tokens as its server
+    listed them; where they spell `got`, the decision is the first token the candidate chose differently from
+    the baseline (see "Whose token"), else it is inferred from the text."""
     rule = as_rule(near_tie)
     if got is None:
         return Comparison("missing", "no T=0 answer")
@@ -272,18 +274,27 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
         starts.append(start)
         start += len(tok)
     j = len(starts) - 1  # the baseline token holding the first differing byte
-    # The candidate's own token can start before that one: where it picked a longer token (' mixture' where
-    # the baseline wrote ' mix' + ' of'), the texts agree past the baseline's token and differ only in the next.
-    # The decision is at the latest baseline token, from j back over a few, where one of its listed
-    # alternatives is what the candidate wrote from that token's start.
     took, k = None, j
-    for k in range(j, max(-1, j - 4), -1):
-        tok_k, _, top_k = ref_logprobs[k]
-        rest = got_b[starts[k]:]
-        took = next(((a, alp) for a, alp in sorted(top_k, key=lambda x: -x[1]) if a and a != tok_k
-                     and rest.startswith(a) and (k == j or starts[k] + len(a) > byte_i)), None)
-        if took is not None:
-            break
+    own = _first_own_token(got_tokens, got, ref_logprobs)
+    if own is not None:
+        # Whose token: the candidate's own tokens name its decision, the first token it chose differently
+        # (the tokens before it are the baseline's, so it starts at the same byte); its text can agree with the
+        # baseline's for a while past it (' well-' 'drained' against 'd' 'raining': the first differing byte
+        # lies in 'raining', where 'rain', 6 nats below, would read as the candidate's choice)
+        k, piece = own
+        took = next(((a, alp) for a, alp in ref_logprobs[k][2] if a == piece), None)
+    else:
+        # The candidate's own token can start before that one: where it picked a longer token (' mixture' where
+        # the baseline wrote ' mix' + ' of'), the texts agree past the baseline's token and differ only in the
+        # next. The decision is at the latest baseline token, from j back over a few, where one of its listed
+        # alternatives is what the candidate wrote from that token's start.
+        for k in range(j, max(-1, j - 4), -1):
+            tok_k, _, top_k = ref_logprobs[k]
+            rest = got_b[starts[k]:]
+            took = next(((a, alp) for a, alp in sorted(top_k, key=lambda x: -x[1]) if a and a != tok_k
+                         and rest.startswith(a) and (k == j or starts[k] + len(a) > byte_i)), None)
+            if took is not None:
+                break
     ended = False
     stopped = len(got_b) == byte_i < len(ref_b) and starts[j] == byte_i and bool(end_tokens)
     if took is None and stopped:
@@ -292,12 +303,12 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
         k, ended = j, took is not None
     placed = None
     if took is None and place is not None:
-        placed = _place(place, ref_b, got_b, ref_logprobs, starts, j, byte_i, rule,
-                        end_tokens if stopped else frozenset())
+        placed = _place(place, ref_b, got_b, ref_logprobs, starts, k if own else j, byte_i, rule,
+                        end_tokens if stopped else frozenset(), piece=own[1] if own else None)
         if placed[0] is not None:
             k, took = placed[0], placed[1]
             ended = stopped and took is not None and took[0] in end_tokens
-    if took is None:
+    if took is None and own is None:
         k = j
     tok, lp, top = ref_logprobs[k]
     j, start = k, starts[k]
@@ -316,7 +327,7 @@ def compare_answer(got: str | None, ref: str, ref_logprobs: list[TokenLogprob] |
 
 
 def _place(place: Place, ref_b: bytes, got_b: bytes, rows: list[TokenLogprob], starts: list[int], j: int,
-           byte_i: int, rule: NearTieRule, end_tokens: frozenset[bytes] = frozenset()
+           byte_i: int, rule: NearTieRule, end_tokens: frozenset[bytes] = frozenset(), piece: bytes | None = None
            ) -> tuple[int | None, tuple[bytes, float] | None, str]:
     """The candidate's token placed by a scorer of the target where the baseline listed too few alternatives: at
     the latest baseline token k (j back over a few, as compare_answer looks) whose start the scorer can be asked
@@ -325,9 +336,10 @@ def _place(place: Place, ref_b: bytes, got_b: bytes, rows: list[TokenLogprob], s
     then the longest listed piece it wrote from there, or, where it stopped there (`end_tokens`: the end-of-turn
     token(s) it may have chosen), the end of turn. Its log-prob is returned on the baseline's scale: the
     baseline's recorded log-prob minus the two tokens' gap in the scorer's row (one row, one numeric context).
-    (k, (piece, log p), note), or (None, None, why not)."""
+    (k, (piece, log p), note), or (None, None, why not). `piece`: the candidate's own token at baseline token j
+    (its tokens are known): only that row is asked, and only that piece is placed."""
     why = "no scorer row at its start"
-    for k in range(j, max(-1, j - 4), -1):
+    for k in (range(j, max(-1, j - 4), -1) if piece is None else (j,)):
         try:
             before = ref_b[:starts[k]].decode()
         except UnicodeDecodeError:
@@ -346,7 +358,8 @@ def _place(place: Place, ref_b: bytes, got_b: bytes, rows: list[TokenLogprob], s
             continue
         rest = got_b[starts[k]:]
         hit = max(((a, alp) for a, alp in row if a and a != tok and rest.startswith(a)
-                   and (k == j or starts[k] + len(a) > byte_i)), key=lambda x: len(x[0]), default=None)
+                   and (k == j or starts[k] + len(a) > byte_i) and (piece is None or a == piece)),
+                  key=lambda x: len(x[0]), default=None)
         if hit is None and k == j and not rest and end_tokens:
             hit = next(((a, alp) for a, alp in row if a in end_tokens and a != tok), None)
         if hit is None:
@@ -374,13 +387,16 @@ def end_tokens_of(rows_by_text: list[tuple[list[TokenLogprob], str]]) -> frozens
 def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
                  near_tie_nats: float | NearTieRule, cont: Continue | None = None, max_reanchors: int = 16,
                  no_reanchor: str = "no lossless.reanchor_url",
-                 end_tokens: frozenset[bytes] = frozenset(), place: PlaceAt | None = None) -> Comparison:
+                 end_tokens: frozenset[bytes] = frozenset(), place: PlaceAt | None = None,
+                 got_tokens: list[bytes] | None = None) -> Comparison:
     """compare_answer, then, at each near-tie, re-anchor on the target-only server (module docstring).
 
     `cont` None: the first near-tie ends the comparison (`near_tie`, the reason `no_reanchor` in the detail).
-    A candidate that stops at a near-tie with the end of turn is the target's own text to its end."""
+    A candidate that stops at a near-tie with the end of turn is the target's own text to its end.
+    `got_tokens`: the candidate's own tokens (compare_answer), for its answer and each rest after a re-anchor."""
     stop = end_tokens if got_finish == "stop" else frozenset()
-    first = compare_answer(got, ref, ref_logprobs, near_tie_nats, stop, place_at(place, pid))
+    mine = own_tokens(got_tokens, got) if got is not None else None
+    first = compare_answer(got, ref, ref_logprobs, near_tie_nats, stop, place_at(place, pid), mine)
     if first.verdict != "near_tie" or got is None:
         return first
     if first.ended:
@@ -416,7 +432,7 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
                               reanchors=steps)
         cmp = compare_answer(rest, c.text, c.logprobs, near_tie_nats,
                              stop | end_tokens_of([(c.logprobs, c.text)]) if c.logprobs and stop else stop,
-                             place_at(place, pid, prefix))
+                             place_at(place, pid, prefix), tokens_after(mine, done))
         if cmp.verdict == "diverged" and rest.startswith(c.text):  # and not at a near-tie with its end of turn
             return Comparison("diverged", f"{at}: the target-only server ends here (finish_reason "
                               f"{c.finish_reason!r}), the candidate goes on: {_quote(rest[len(c.text):])}"
@@ -435,16 +451,18 @@ def compare_path(pid: str, got: str | None, got_finish: str | None, ref: str, re
 
 def compare_forced(pid: str, got: str | None, got_finish: str | None, ref: str, ref_logprobs: list[TokenLogprob] | None,
                    near_tie: float | NearTieRule, cont: Continue | None, max_reanchors: int = 16,
-                   end_tokens: frozenset[bytes] = frozenset(), place: PlaceAt | None = None) -> Comparison:
+                   end_tokens: frozenset[bytes] = frozenset(), place: PlaceAt | None = None,
+                   got_tokens: list[bytes] | None = None) -> Comparison:
     """compare_answer, then, at each near-tie, the candidate is put back on the baseline's path: it continues,
     greedily, from the baseline's own text up to and including the baseline's token there, and its continuation
     must equal the rest of the baseline's recorded answer, up to near-ties of the recorded log-probs, forced
     again at each (at most `max_reanchors`). No live target-only server: the recorded answer is the target's
     greedy path, and the candidate must be able to walk all of it. An answer that survives (`reanchored`) shows
     the candidate's engine reproduces the target's whole greedy text; its own answer past the first near-tie is
-    another greedy path, judged by the text detectors."""
+    another greedy path, judged by the text detectors. `got_tokens`: the candidate's own tokens of `got`; each
+    continuation's own come with it (compare_answer)."""
     stop = end_tokens if got_finish == "stop" else frozenset()
-    first = compare_answer(got, ref, ref_logprobs, near_tie, stop, place_at(place, pid))
+    first = compare_answer(got, ref, ref_logprobs, near_tie, stop, place_at(place, pid), got_tokens)
     if first.verdict != "near_tie" or got is None or ref_logprobs is None:
         return first
     if first.ended:
@@ -485,7 +503,8 @@ def compare_forced(pid: str, got: str | None, got_finish: str | None, ref: str, 
                               f"budget after {steps} forced near-tie(s)", char=first.char, token=first.token,
                               gap_nats=first.gap_nats, reanchors=steps)
         cmp = compare_answer(c.text, rest, rows[j + 1:], near_tie, end_tokens if c.finish_reason == "stop"
-                             else frozenset(), place_at(place, pid, prefix))
+                             else frozenset(), place_at(place, pid, prefix),
+                             [t for t, _, _ in c.logprobs] if c.logprobs else None)
         if cmp.verdict == "near_tie" and not cmp.ended and cmp.token is not None:
             ties.append(cmp.gap_nats)
             j = j + 1 + cmp.token
@@ -511,6 +530,43 @@ def spelled(rows: list[TokenLogprob], text: str) -> list[TokenLogprob] | None:
     if rows and joined.startswith(want) and len(joined) - len(want) == len(rows[-1][0]):
         return rows[:-1]
     return None
+
+
+def own_tokens(tokens: list[bytes] | None, text: str) -> list[bytes] | None:
+    """A candidate's tokens as its server listed them, where they spell its text (or all but a last end-of-turn
+    token past it, as `spelled`); None otherwise (none listed, or they do not spell it: the text decides)."""
+    if not tokens:
+        return None
+    joined, want = b"".join(tokens), text.encode()
+    if joined == want:
+        return list(tokens)
+    if joined.startswith(want) and len(joined) - len(want) == len(tokens[-1]):
+        return list(tokens[:-1])
+    return None
+
+
+def tokens_after(tokens: list[bytes] | None, nbytes: int) -> list[bytes] | None:
+    """The tokens past the first `nbytes` bytes they spell; None where no token boundary falls there."""
+    if tokens is None:
+        return None
+    done = 0
+    for i, t in enumerate(tokens):
+        if done == nbytes:
+            return tokens[i:]
+        done += len(t)
+    return [] if done == nbytes else None
+
+
+def _first_own_token(tokens: list[bytes] | None, text: str, rows: list[TokenLogprob]) -> tuple[int, bytes] | None:
+    """(i, the candidate's token i) for the first token where the candidate's own tokens (spelling `text`) part
+    from the baseline's recorded ones; None where its tokens are unknown or end first (it stopped there)."""
+    mine = own_tokens(tokens, text)
+    if mine is None:
+        return None
+    i = 0
+    while i < len(mine) and i < len(rows) and mine[i] == rows[i][0]:
+        i += 1
+    return (i, mine[i]) if i < len(mine) and i < len(rows) else None
 
 
 def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont: Continue,
@@ -550,8 +606,8 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
 
 __all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "NearTieRule", "Place", "PlaceAt", "as_rule",
            "compare_answer", "compare_forced", "compare_path", "control_reanchor", "decode_logprobs", "encode_logprobs",
-           "end_tokens_of", "infer_logprob_step", "near_tie_rule", "place_at", "read_baseline", "recorded_differences",
-           "spelled"]
+           "end_tokens_of", "infer_logprob_step", "near_tie_rule", "own_tokens", "place_at", "read_baseline",
+           "recorded_differences", "spelled", "tokens_after"]
 
 
 # ------------------------------------------------------------------------------------------- the check's case
