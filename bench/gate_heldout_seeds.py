@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError, subprocess.CalledProcessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    # compact: the digest grows a row per seed and docs/ is kept small
+    Path(args.out).write_text(json.dumps(out, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {args.out}: {len(out['seeds'])} seeds")
     return 0
 

@@ -33,7 +33,7 @@ GRID = ROOT / "src" / "sglfleet" / "validation" / "grids" / "sglang-smollm2.yaml
 # A GPU-sized capacity search (the CI `--quick` one tops out at 8 users of 8 tokens): 64-token answers,
 # users doubled from 2 to 64 then bisected, SLOs that a 135M model on an H200 can miss (TTFT p95 500 ms,
 # ITL p95 40 ms). The grid captures decode CUDA graphs up to batch 64: with graphs only up to 4 (the
-# first try, docs/results/loadtest-sglang-h200-graphbs4-2026-12-01.json) ITL jumped to 22 ms at 8 users.
+# first try, docs/results/loadtest-sglang-h200-graphbs4-2026-12-01.json.xz) ITL jumped to 22 ms at 8 users.
 CAPACITY_ARGS = ["--quick", "--start", "2", "--max-load", "64", "--max-tokens", "64", "--output-tokens", "64",
                  "--input-tokens", "128", "--step-duration", "6", "--min-samples", "8",
                  "--slo-ttft-ms", "500", "--slo-itl-ms", "40"]

@@ -205,7 +205,7 @@ def test_metric_definitions_are_shared() -> None:
 
 def test_explicit_flags_win_over_the_quick_preset() -> None:
     """`capacity --quick --max-tokens 64` asks for 64 tokens: the H200 run of 2026-12-01 asked for 64 and
-    got the preset's 8 (docs/results/loadtest-sglang-h200-2026-12-01.json, output_asked_mean 8.0)."""
+    got the preset's 8 (docs/results/loadtest-sglang-h200-2026-12-01.json.xz, output_asked_mean 8.0)."""
     from sglfleet.loadtests.__main__ import build_parser, capacity_config
     from sglfleet.loadtests.capacity import QUICK
 

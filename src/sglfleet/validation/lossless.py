@@ -38,6 +38,19 @@ baseline's own token within the near-tie limit of the recorded log-prob (else th
 baseline's and nothing is placed); the gap between the baseline's token and the candidate's is measured inside
 that one row and judged by the same rule. So nothing is excused that the target would not write as a near-tie.
 
+Whose token. The first difference is a byte of text, but the decision is a token, and one text has many
+tokenizations. Where the candidate took a longer token at a tie, the texts agree past it and part inside a later
+baseline token, whose listed shorter alternative can be a prefix of what the candidate wrote (' well-' then
+'drained' against the baseline's 'd' 'raining': the three were tied, and read from the text alone the candidate
+chose 'rain', 6 nats below 'raining'; DDTree b31/k4 under the overlap scheduler was refused twice on that reading,
+H100, 2026-12-07). So the gate asks each T=0 answer it compares with one listed alternative, which names the
+candidate's own tokens, and the decision is the first token the candidate chose differently from the baseline
+(the tokens before it are the baseline's, so it starts where the baseline's does). A faulty engine that writes the
+same text as 'd' 'rain' 'ed' is still refused at 'rain'. Forced continuations and the live re-anchor's rests are
+read by their own tokens the same way; with no tokens (a server that lists none, tokens that do not spell the
+text) the decision is inferred from the text, at the latest baseline token one of whose listed alternatives the
+candidate wrote: a guess where tokenizations differ, as above.
+
 Re-anchoring (`lossless.reanchor_url`, a live target-only server that continues a final assistant
 message: sglang's `continue_final_message`) compares that other path too. The target-only server is
 asked to continue, greedily, from the candidate's own text up to and including its token at the
