@@ -23,8 +23,8 @@ def _cfg(inv: Path, tmp_path: Path) -> RolloutConfig:
 def test_example_fleet_renders_startable_ddtree_commands(tmp_path: Path) -> None:
     st = serve_args_stage(_cfg(ROOT / "src/sglfleet/ansible/inventories/example", tmp_path), "all", "r.example/x:1")
     assert st.ok and set(st.data) == {"b300-01", "b300-02", "pcie-01", "pcie-02"}
-    assert all(v == {"budget": 16, "topk": 4, "verify_width": 17, "overlap": True} for v in st.data.values())
-    assert "b300-01: DDTree budget 16 top-k 4 (verify width 17, overlap scheduler)" in st.summary
+    assert all(v == {"budget": 16, "topk": 8, "verify_width": 17, "overlap": True} for v in st.data.values())
+    assert "b300-01: DDTree budget 16 top-k 8 (verify width 17, overlap scheduler)" in st.summary
 
 
 def _inventory(tmp_path: Path, *edits: tuple[str, str]) -> Path:

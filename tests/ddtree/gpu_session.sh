@@ -30,7 +30,10 @@
 #                                                      gates): target-only server and 9 candidates; baseline file;
 #                                                      target-only stopped; every candidate gated with --baseline
 #                                                      FILE only. KEEP=1 leaves the candidates serving for the next
-#                                                      prodseq call on the same warm machine, which goes on
+#                                                      prodseq call on the same warm machine, which goes on;
+#                                                      PRODSEQ_OVERLAP=1 with PRODSEQ_OVERLAP_TREES=16:4,31:4 and
+#                                                      PRODSEQ_OVERLAP_FAULTS=row_shift gates builds under the
+#                                                      overlap scheduler (tests/ddtree/prodseq.py)
 #   real      .carry/ddtree-srv [.carry/jit]           issue 39: the 135M target and drafter inflated to Llama-3-8B's
 #                                                      cost, served and measured (bench/ddtree_real.py; REAL_ARGS
 #                                                      adds the overlap-scheduler servers and the churn check)
