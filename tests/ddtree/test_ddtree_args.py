@@ -112,14 +112,18 @@ def test_every_rendered_command_passes_sglangs_parser(patched_sglang: Path,
     for host, (argv, env) in rendered.items():
         assert "--disable-overlap-schedule" not in argv and env.get("SGLANG_DDTREE_OVERLAP") == "1", (host, env)
         by_opt_in.setdefault(env.get("SGLANG_DDTREE_OVERLAP", ""), []).append(host)
+    import yaml
+
+    gv = yaml.safe_load((ROOT / "src/sglfleet/ansible/inventories/example/group_vars/all.yml").read_text())
+    budget, topk = int(gv["serve_spec_ddtree_budget"]), int(gv["serve_spec_topk"])  # what the inventory serves
     for opt_in, hosts in by_opt_in.items():
         results = parse(patched_sglang, [rendered[h][0] for h in hosts], SGLANG_DDTREE_OVERLAP=opt_in)
         for host, res in zip(hosts, results, strict=True):
             argv = rendered[host][0]
             assert res["rc"] == 0, f"{host}: sglang rejects {' '.join(argv)}\n{res['stderr']}"
-            assert res["ddtree"] == {"budget": 16, "topk": 4, "verify_width": 17}, (host, res)
+            assert res["ddtree"] == {"budget": budget, "topk": topk, "verify_width": budget + 1}, (host, res)
             # sglang's own resolution (patch 0015) derives the same width from the same rules
-            assert res["resolved"] == {"verify_width": 17, "topk": 4, "block": 8}, (host, res)
+            assert res["resolved"] == {"verify_width": budget + 1, "topk": topk, "block": 8}, (host, res)
 
 
 def _decode_reserve(root: Path):
