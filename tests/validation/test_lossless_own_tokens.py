@@ -18,6 +18,7 @@ from sglfleet.validation.lossless import (
     compare_answer,
     compare_forced,
     compare_path,
+    control_reanchor,
     own_tokens,
     tokens_after,
 )
@@ -132,3 +133,12 @@ def test_on_the_recorded_baseline_the_tie_is_read_from_the_tokens() -> None:
     by_tokens = compare_answer(got, d["rest"], ref_rows, 0.25, got_tokens=toks)
     assert by_tokens.verdict == "near_tie" and by_tokens.gap_nats is not None and by_tokens.gap_nats < 0.01
     assert ref_rows[by_tokens.token][0] == b"d" and toks[by_tokens.token] == b"drained"
+
+
+def test_the_re_anchoring_control_reads_the_continuation_by_its_tokens() -> None:
+    """The control (the baseline's answer cut at its middle and continued on this server) reads the continuation
+    by its own tokens too: the other side of the tie as one token keeps re-anchoring on; 'rain' turns it off."""
+    cut = " a well-"  # the first three of the baseline's seven spelled tokens
+    assert control_reanchor("p", REF, BASE, Candidate({cut: TIED[3:]}), 0.25) is None
+    off = control_reanchor("p", REF, BASE, Candidate({cut: FAULT[3:]}), 0.25)
+    assert off is not None and "does not continue a final assistant message faithfully" in off

@@ -610,7 +610,8 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
             break
         acc += len(t)
     cmp = compare_answer(c.text, rest, ref_logprobs[n:] if n is not None else None, near_tie_nats,
-                         place=place_at(place, pid, prefix))
+                         place=place_at(place, pid, prefix),
+                         got_tokens=[t for t, _, _ in c.logprobs] if c.logprobs else None)
     if cmp.ok:
         return None
     return (f"control {pid}: continuing the baseline's own answer from char {len(prefix)} does not give its rest "
