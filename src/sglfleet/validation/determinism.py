@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglfleet.pipeline.client import TokenLogprob
-from sglfleet.validation.lossless import compare_answer, end_tokens_of
+from sglfleet.validation.lossless import compare_answer, end_tokens_of, token_bytes
 
 QUOTE_BEFORE = 40
 QUOTE_AFTER = 60
@@ -148,7 +148,7 @@ def _view(got: Answer, ref: Answer, char: int, tol: float, ends: frozenset[bytes
         return TokenView(None, None, None, None, "unknown", None)
     stop = ends if got.finish_reason == "stop" else frozenset()
     c = compare_answer(got.text, ref.text, ref.logprobs, tol, stop,
-                       got_tokens=[t for t, _, _ in got.logprobs] if got.logprobs else None)  # got's own tokens
+                       got_tokens=token_bytes(got.logprobs))  # got's own tokens
     byte_pos = len(ref.text[:char].encode())
     at = _token_at(ref.logprobs, byte_pos)
     if c.token is not None and c.token < len(ref.logprobs):

@@ -62,6 +62,7 @@ from sglfleet.validation.lossless import (  # noqa: F401  (re-exported)
     near_tie_rule,
     place_at,
     read_baseline,
+    token_bytes,
 )
 from sglfleet.validation.samples import Sample, quote  # noqa: F401  (quote: re-exported)
 from sglfleet.validation.scorers import check_recorded_scores, ended_at_end_of_turn, make_scorer
@@ -672,7 +673,7 @@ class Gate:
             def pl(pid: str, before: str) -> list[tuple[bytes, float]] | None:
                 calls.append(pid)
                 return place_fn(pid, before)
-        toks = {pid: [t for t, _, _ in decode_logprobs(s.logprobs)] for pid, s in mine.items() if s.logprobs}
+        toks = {pid: token_bytes(decode_logprobs(s.logprobs)) for pid, s in mine.items() if s.logprobs}
         first = {pid: compare_answer(mine[pid].text if pid in mine else None, text, lps.get(pid), tol,
                                      ends if pid in mine and mine[pid].finish_reason == "stop" else frozenset(),
                                      place_at(pl, pid), toks.get(pid))

@@ -517,7 +517,7 @@ def compare_forced(pid: str, got: str | None, got_finish: str | None, ref: str, 
                               gap_nats=first.gap_nats, reanchors=steps)
         cmp = compare_answer(c.text, rest, rows[j + 1:], near_tie, end_tokens if c.finish_reason == "stop"
                              else frozenset(), place_at(place, pid, prefix),
-                             [t for t, _, _ in c.logprobs] if c.logprobs else None)
+                             token_bytes(c.logprobs))
         if cmp.verdict == "near_tie" and not cmp.ended and cmp.token is not None:
             ties.append(cmp.gap_nats)
             j = j + 1 + cmp.token
@@ -534,28 +534,34 @@ def _replace(c: Comparison, **kw: Any) -> Comparison:
     return Comparison(**{**c.__dict__, **kw})
 
 
-def spelled(rows: list[TokenLogprob], text: str) -> list[TokenLogprob] | None:
-    """The recorded tokens that spell `text`: all of them, or all but a last one past its end (SGLang lists
-    the end-of-turn token, '<|im_end|>', with its log-prob after an answer that stopped). None otherwise."""
-    joined, want = b"".join(t for t, _, _ in rows), text.encode()
+def _spelling(tokens: list[bytes], text: str) -> int | None:
+    """How many of `tokens` spell `text`: all of them, or all but a last one past its end (SGLang lists the
+    end-of-turn token, '<|im_end|>', after an answer that stopped). None when they do not spell it."""
+    joined, want = b"".join(tokens), text.encode()
     if joined == want:
-        return rows
-    if rows and joined.startswith(want) and len(joined) - len(want) == len(rows[-1][0]):
-        return rows[:-1]
+        return len(tokens)
+    if tokens and joined.startswith(want) and len(joined) - len(want) == len(tokens[-1]):
+        return len(tokens) - 1
     return None
+
+
+def token_bytes(rows: list[TokenLogprob] | None) -> list[bytes] | None:
+    """The tokens of log-prob rows (a server's own, as it listed them); None without rows."""
+    return [t for t, _, _ in rows] if rows else None
+
+
+def spelled(rows: list[TokenLogprob], text: str) -> list[TokenLogprob] | None:
+    """The recorded tokens that spell `text` (`_spelling`): all of them, or all but the end-of-turn row after
+    them. None otherwise."""
+    n = _spelling([t for t, _, _ in rows], text)
+    return None if n is None else rows[:n]
 
 
 def own_tokens(tokens: list[bytes] | None, text: str) -> list[bytes] | None:
-    """A candidate's tokens as its server listed them, where they spell its text (or all but a last end-of-turn
-    token past it, as `spelled`); None otherwise (none listed, or they do not spell it: the text decides)."""
-    if not tokens:
-        return None
-    joined, want = b"".join(tokens), text.encode()
-    if joined == want:
-        return list(tokens)
-    if joined.startswith(want) and len(joined) - len(want) == len(tokens[-1]):
-        return list(tokens[:-1])
-    return None
+    """A candidate's tokens as its server listed them, where they spell its text (`_spelling`); None otherwise
+    (none listed, or they do not spell it: the text decides)."""
+    n = _spelling(tokens, text) if tokens else None
+    return None if n is None or tokens is None else list(tokens[:n])
 
 
 def tokens_after(tokens: list[bytes] | None, nbytes: int) -> list[bytes] | None:
@@ -611,7 +617,7 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
         acc += len(t)
     cmp = compare_answer(c.text, rest, ref_logprobs[n:] if n is not None else None, near_tie_nats,
                          place=place_at(place, pid, prefix),
-                         got_tokens=[t for t, _, _ in c.logprobs] if c.logprobs else None)
+                         got_tokens=token_bytes(c.logprobs))
     if cmp.ok:
         return None
     return (f"control {pid}: continuing the baseline's own answer from char {len(prefix)} does not give its rest "
@@ -621,7 +627,7 @@ def control_reanchor(pid: str, ref: str, ref_logprobs: list[TokenLogprob], cont:
 __all__ = ["Comparison", "Continuation", "Continue", "EncodedLogprobs", "NearTieRule", "Place", "PlaceAt", "as_rule",
            "compare_answer", "compare_forced", "compare_path", "control_reanchor", "decode_logprobs", "encode_logprobs",
            "end_tokens_of", "infer_logprob_step", "near_tie_rule", "own_tokens", "place_at", "read_baseline",
-           "recorded_differences", "spelled", "tokens_after"]
+           "recorded_differences", "spelled", "token_bytes", "tokens_after"]
 
 
 # ------------------------------------------------------------------------------------------- the check's case
